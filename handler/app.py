@@ -1,0 +1,18 @@
+"""The Lambda entry point: `handler.app.lambda_handler`.
+
+Importing this module IS the init phase (awslambdaric imports it before the first invocation), so the
+model is loaded and warmed here, once per instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handler.runtime import Runtime
+from handler.types import JSON, Event
+
+runtime = Runtime.start()
+
+
+def lambda_handler(event: Event, context: Any) -> JSON:
+    return runtime.handle(event, context)

@@ -1,0 +1,99 @@
+"""PyTorch backend: the encoder built on the meta device, safetensors weights mapped in with `assign=True`.
+
+No `torch.load`: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from handler.backends import BackendSettings
+from handler.bert_torch import BertConfig, BertMeanPooled
+from handler.errors import ModelLoadError
+from handler.manifest import Manifest
+from handler.report import PhaseTimer
+from handler.types import Arrays, BackendName
+from handler.weights import mmap_safetensors
+
+_ARCHITECTURES = ("bert-mean-pooled",)
+
+
+class TorchBackend:
+    name: BackendName = "torch"
+
+    def __init__(self) -> None:
+        self.model: BertMeanPooled | None = None
+        self.device = torch.device("cpu")
+        self.device_reason = ""
+        self.threads = 0
+        self.output = "sentence_embedding"
+
+    def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
+        spec = manifest.backends["torch"]
+        if spec.get("architecture") not in _ARCHITECTURES:
+            raise ModelLoadError(
+                f"{manifest.root / 'manifest.json'}: torch architecture {spec.get('architecture')!r}; "
+                f"valid: {', '.join(_ARCHITECTURES)}"
+            )
+        path = manifest.path(spec["weights"])
+        self.threads = settings.threads
+        torch.set_num_threads(settings.threads)
+        if torch.get_num_interop_threads() != 1:
+            # Only settable before any parallel work has run; keep whatever it is then.
+            with contextlib.suppress(RuntimeError):
+                torch.set_num_interop_threads(1)
+        with timer.phase("load"):
+            weights = mmap_safetensors(path)
+            with torch.device("meta"):
+                model = BertMeanPooled(
+                    BertConfig.from_dict(spec["config"]), bool(manifest.pooling.get("normalize", True))
+                )
+            expected = set(model.state_dict())
+            missing = expected - set(weights)
+            if missing:
+                raise ModelLoadError(f"{path}: missing tensors {sorted(missing)[:5]} ({len(missing)} in all)")
+            # assign=True adopts the mapped tensors as parameters instead of copying into fresh ones.
+            model.load_state_dict({k: weights[k] for k in expected}, assign=True, strict=True)
+            model.eval().requires_grad_(False)
+        self.device_reason = settings.cuda.reason
+        if settings.cuda.usable and torch.cuda.is_available():
+            with timer.phase("to_device"):
+                self.device = torch.device("cuda")
+                model = model.to(self.device)
+        elif settings.cuda.usable:
+            self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
+        self.model = model
+
+    def warm_device(self) -> dict[str, Any]:
+        if self.device.type != "cuda":
+            return {"cuda": False, "reason": self.device_reason}
+        # A real allocation and a real kernel (cuBLAS init included), then wait for it.
+        x = torch.ones((256, 256), device=self.device)
+        (x @ x).sum().item()
+        torch.cuda.synchronize()
+        return {"cuda": True, "reason": self.device_reason, "name": torch.cuda.get_device_name(self.device)}
+
+    def run(self, feeds: Arrays) -> Arrays:
+        assert self.model is not None
+        with torch.inference_mode():
+            ids = torch.from_numpy(feeds["input_ids"]).to(self.device)
+            mask = torch.from_numpy(feeds["attention_mask"]).to(self.device)
+            out = self.model(ids, mask)
+        return {self.output: out.cpu().numpy()}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "providers": [f"torch-{self.device.type}"],
+            "device": self.device.type,
+            "device_reason": self.device_reason,
+            "threads": self.threads,
+            "torch": torch.__version__,
+        }
+
+
+def create() -> TorchBackend:
+    return TorchBackend()

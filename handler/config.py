@@ -1,0 +1,83 @@
+"""Settings read once at init from the environment (`environ=None` means `os.environ`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from handler.errors import ConfigError
+from handler.types import BACKEND_NAMES, BackendName
+
+# Lambda's synchronous invoke limit, request and response alike.
+LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# Where the embedded default model is looked for, in order: next to the code (image, repo), then a layer.
+DEFAULT_MODEL_DIRS = (_PACKAGE_ROOT / "models" / "default", Path("/opt/models/default"))
+
+
+def parse_backend(value: str) -> BackendName:
+    for name in BACKEND_NAMES:
+        if value == name:
+            return name
+    raise ConfigError(f"unknown backend {value!r}; valid backends: {', '.join(BACKEND_NAMES)}")
+
+
+def _int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{key}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}={raw!r}; valid values: 1, 0, true, false, yes, no, on, off")
+
+
+@dataclass(frozen=True)
+class Config:
+    model_dir: Path
+    backend: BackendName | None  # None: the manifest's default backend
+    max_inputs: int = 256
+    max_chars: int = 20_000
+    max_hold_ms: int = 10_000
+    verify_sha256: bool = False
+    threads: int | None = None  # None: from the CPU quota really available
+    warmup: bool = True
+    device: str = "auto"  # auto | cpu | cuda
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if environ is None else environ
+        model = env.get("WARMSTART_MODEL")
+        model_dir = Path(model) if model else next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+        backend_raw = env.get("WARMSTART_BACKEND")
+        device = env.get("WARMSTART_DEVICE", "auto")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"WARMSTART_DEVICE={device!r}; valid values: auto, cpu, cuda")
+        threads = _int(env, "WARMSTART_THREADS", 0, 0, 1024)
+        return cls(
+            model_dir=model_dir,
+            backend=parse_backend(backend_raw) if backend_raw else None,
+            max_inputs=_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
+            max_chars=_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
+            max_hold_ms=_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
+            verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
+            threads=threads or None,
+            warmup=_bool(env, "WARMSTART_WARMUP", cls.warmup),
+            device=device,
+        )

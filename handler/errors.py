@@ -1,0 +1,55 @@
+"""Typed errors. The class name is the contract: awslambdaric reports it as `errorType` on direct
+invokes, and HTTP sources put it in `{"error": {"type": ...}}`."""
+
+from __future__ import annotations
+
+
+class WarmstartError(Exception):
+    """Base of every error warmstart raises on purpose."""
+
+
+class RequestError(WarmstartError):
+    """The request is at fault; the instance is fine and keeps serving."""
+
+    status = 400
+
+    def to_body(self) -> dict[str, dict[str, str]]:
+        return {"error": {"type": type(self).__name__, "message": str(self)}}
+
+
+class InvalidJSONError(RequestError):
+    """The payload or body is not valid JSON."""
+
+
+class InvalidEncodingError(RequestError):
+    """The body is not valid UTF-8 (or not valid base64 where the source says it is)."""
+
+
+class InvalidInputError(RequestError):
+    """The JSON is fine but its shape or types are not what the task takes."""
+
+
+class TooManyInputsError(RequestError):
+    """More inputs in one request than `WARMSTART_MAX_INPUTS` allows."""
+
+
+class InputTooLongError(RequestError):
+    """An input longer than `WARMSTART_MAX_CHARS` characters."""
+
+
+class PayloadTooLargeError(RequestError):
+    """The request body is over Lambda's 6 MB synchronous payload limit."""
+
+    status = 413
+
+
+class UnsupportedRequestError(RequestError):
+    """A well-formed request this model cannot answer (wrong task, unknown method)."""
+
+
+class ModelLoadError(WarmstartError):
+    """The packed model is missing, incomplete or corrupt; raised at init and names the file."""
+
+
+class ConfigError(WarmstartError, ValueError):
+    """A setting outside its closed set or range; the message lists what is valid."""

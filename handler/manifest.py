@@ -1,0 +1,157 @@
+"""The packed-model manifest: what a packed model directory holds and how to check it at init."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handler.errors import ModelLoadError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "warmstart-packed-model"
+FORMAT_VERSION = 1
+TASKS = ("embedding", "tensor")
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]  # a str is a symbolic (free) dimension
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> TensorSpec:
+        try:
+            name, dtype, shape = raw["name"], raw["dtype"], raw["shape"]
+        except (TypeError, KeyError) as e:
+            raise ValueError(f"{where}: a tensor spec needs name, dtype and shape ({e})") from None
+        if dtype not in DTYPES:
+            raise ValueError(f"{where}: dtype {dtype!r} of {name!r}; valid: {', '.join(DTYPES)}")
+        return cls(str(name), dtype, tuple(d if isinstance(d, int) else str(d) for d in shape))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    id: str
+    version: str
+    task: str
+    default_backend: str
+    files: dict[str, FileEntry]
+    backends: dict[str, dict[str, Any]]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    pooling: dict[str, Any] = field(default_factory=dict)
+    max_seq_length: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.id}@{self.version}"
+
+    def files_for(self, backend: str) -> list[str]:
+        """The files one backend needs (its weights, the tokenizer): what init checks and maps."""
+        names = list(self.backends[backend].get("files", []))
+        if self.tokenizer.get("file"):
+            names.append(self.tokenizer["file"])
+        return [n for n in names if n in self.files]
+
+    def path(self, name: str) -> Path:
+        if name not in self.files:
+            raise ModelLoadError(f"{self.root / MANIFEST_NAME}: file {name!r} is used but not listed in 'files'")
+        return self.root / name
+
+
+def load_manifest(root: Path) -> Manifest:
+    """Read and check a manifest: structure, and that every listed file exists with its listed size.
+
+    Sizes are cheap (one stat each) and catch truncated copies; SHA-256 is `verify_sha256`'s job.
+    """
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise ModelLoadError(
+            f"model directory {root} does not exist (set WARMSTART_MODEL or run `warmstart pack --default`)"
+        )
+    try:
+        raw = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    try:
+        manifest = _parse(root, raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{path}: invalid manifest: {e}") from None
+    for name, entry in manifest.files.items():
+        file = root / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise ModelLoadError(f"{file}: listed in the manifest but missing") from None
+        if size != entry.size:
+            raise ModelLoadError(f"{file}: size {size} bytes, manifest says {entry.size} (truncated or replaced)")
+    return manifest
+
+
+def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
+    if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"format must be {FORMAT!r} version {FORMAT_VERSION}")
+    task = raw["task"]
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}; valid tasks: {', '.join(TASKS)}")
+    files = {}
+    for name, entry in raw["files"].items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"file name {name!r} must be relative and stay inside the model directory")
+        files[name] = FileEntry(int(entry["size"]), str(entry["sha256"]))
+    backends = {str(k): dict(v) for k, v in raw["backends"].items()}
+    if raw["default_backend"] not in backends:
+        raise ValueError(f"default_backend {raw['default_backend']!r} is not among backends {sorted(backends)}")
+    return Manifest(
+        root=root,
+        id=str(raw["id"]),
+        version=str(raw["version"]),
+        task=task,
+        default_backend=str(raw["default_backend"]),
+        files=files,
+        backends=backends,
+        inputs=tuple(TensorSpec.parse(t, "inputs") for t in raw["inputs"]),
+        outputs=tuple(TensorSpec.parse(t, "outputs") for t in raw["outputs"]),
+        tokenizer=dict(raw.get("tokenizer") or {}),
+        pooling=dict(raw.get("pooling") or {}),
+        max_seq_length=raw.get("max_seq_length"),
+        raw=raw,
+    )
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
+    """Hash the listed files (or `names`) and compare; reads every byte, so it is opt-in at init."""
+    for name in names if names is not None else list(manifest.files):
+        actual = sha256_file(manifest.root / name)
+        if actual != manifest.files[name].sha256:
+            raise ModelLoadError(
+                f"{manifest.root / name}: SHA-256 {actual[:16]}… does not match the manifest's "
+                f"{manifest.files[name].sha256[:16]}… (corrupt or replaced)"
+            )

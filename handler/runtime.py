@@ -1,0 +1,148 @@
+"""One function instance: the init phase (once) and the per-invocation path.
+
+`Runtime.start()` is Lambda's init phase: import only the chosen backend, check the manifest, map the
+weights, build the session with the threads the CPU quota allows, warm the device, run a warm-up
+inference, then print one JSON init report line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from handler import report
+from handler.backends import Backend, BackendSettings, create_backend
+from handler.config import Config
+from handler.cpu import cpu_budget
+from handler.device import probe_cuda
+from handler.errors import RequestError
+from handler.manifest import Manifest, load_manifest, verify_sha256
+from handler.ping import hold_ms, is_ping
+from handler.sources import error_response, infer_source
+from handler.tasks import TASKS, Task
+from handler.types import JSON, Event
+
+log = logging.getLogger("warmstart")
+
+
+class Runtime:
+    def __init__(self, config: Config, manifest: Manifest, backend: Backend, task: Task, init: dict[str, Any]) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.backend = backend
+        self.task = task
+        self.init_report = init
+        self.instance_id = uuid.uuid4().hex
+        self.invocations = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls,
+        config: Config | None = None,
+        environ: Mapping[str, str] | None = None,
+        emit: Callable[[dict[str, Any]], None] | None = report.emit,
+    ) -> Runtime:
+        env = os.environ if environ is None else environ
+        config = config or Config.from_environ(env)
+        timer = report.PhaseTimer()
+        age_at_start = report.process_age_ms()
+        with timer.phase("manifest"):
+            manifest = load_manifest(config.model_dir)
+        name = config.backend or manifest.default_backend
+        with timer.phase("imports"):
+            backend = create_backend(name, manifest)
+        files = manifest.files_for(name)
+        if config.verify_sha256:
+            with timer.phase("sha256"):
+                verify_sha256(manifest, files)
+        budget = cpu_budget(env)
+        threads = config.threads or budget.cpus
+        on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
+        cuda = probe_cuda(config.device)
+        settings = BackendSettings(
+            threads=threads,
+            cuda=cuda,
+            spin=not on_lambda and threads > 1,
+            prepack=env.get("WARMSTART_ORT_PREPACK", "1") != "0",
+        )
+        backend.initialize(manifest, settings, timer)
+        with timer.phase("device"):
+            device = backend.warm_device()
+        with timer.phase("task"):
+            task: Task = TASKS[manifest.task](manifest, backend, config)
+        warmup_error = None
+        if config.warmup:
+            with timer.phase("warmup"):
+                try:
+                    task.warmup()
+                except Exception as e:
+                    if manifest.task == "embedding":
+                        raise
+                    # A generic model may reject all-zero inputs; that is not a reason to refuse to serve.
+                    warmup_error = f"{type(e).__name__}: {e}"
+        init = {
+            "warmstart": "init",
+            "model": manifest.key,
+            "task": manifest.task,
+            "init_type": env.get("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand"),
+            **backend.describe(),
+            "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": budget.source, **budget.detail},
+            "device_warmup": device,
+            "phases_ms": dict(timer.phases),
+            "total_ms": timer.total_ms(),
+            "process_age_at_init_ms": age_at_start,
+            **report.memory_mb(),
+            "weights_mb": round(sum(manifest.files[n].size for n in files) / 2**20, 1),
+        }
+        if warmup_error:
+            init["warmup_error"] = warmup_error
+        if emit:
+            emit(init)
+        return cls(config, manifest, backend, task, init)
+
+    def ping(self, payload: dict[str, Any], context: Any, cold: bool, count: int) -> dict[str, Any]:
+        remaining = context.get_remaining_time_in_millis() if context is not None else None
+        held = hold_ms(payload, self.config.max_hold_ms, remaining)
+        if held:
+            time.sleep(held / 1000)
+        reply = {
+            "warm": True,
+            "instance_id": self.instance_id,
+            "cold": cold,
+            "init_ms": self.init_report["total_ms"],
+            "invocations": count,
+            "held_ms": held,
+            "model": self.manifest.key,
+        }
+        if "correlation_id" in payload:
+            reply["correlation_id"] = payload["correlation_id"]
+        return reply
+
+    def handle(self, event: Event, context: Any = None) -> JSON:
+        with self._lock:
+            self.invocations += 1
+            count = self.invocations
+        source = infer_source(event)
+        try:
+            payload = source.payload(event)
+            if not source.http and is_ping(payload):
+                return self.ping(payload, context, count == 1, count)
+            return source.respond(event, self.task(payload))
+        except RequestError as e:
+            log.warning("rejected request from %s: %s: %s", source.name, type(e).__name__, e)
+            if not source.http:
+                raise
+            return error_response(source, event, e)
+        except Exception as e:
+            if not source.http:
+                raise
+            log.exception("internal error")
+            return source.respond(
+                event, {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
+            )

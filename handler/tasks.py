@@ -1,0 +1,178 @@
+"""Tasks: validate a request's JSON, turn it into backend feeds, and the outputs into the response.
+
+`embedding`: {"inputs": ["text", ...]} → {"embeddings": [[...]], "model": "id@version"}.
+`tensor`:    {"inputs": {"name": nested list | {"npy": "<base64 .npy>"}}, "output_format": "list" | "npy"}
+             → {"outputs": {"name": ...}, "model": "id@version"}; dtypes and shapes checked against the manifest.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from handler.backends import Backend
+from handler.config import Config
+from handler.errors import InputTooLongError, InvalidInputError, TooManyInputsError
+from handler.manifest import Manifest, TensorSpec
+from handler.tokens import TextEncoder
+from handler.types import JSON, Arrays
+
+OUTPUT_FORMATS = ("list", "npy")
+
+
+class Task(Protocol):
+    name: str
+
+    def __call__(self, payload: JSON) -> dict[str, Any]: ...
+
+    def warmup(self) -> None: ...
+
+
+def _require_object(payload: JSON) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise InvalidInputError(f'request must be a JSON object with "inputs", got {type(payload).__name__}')
+    if "inputs" not in payload:
+        raise InvalidInputError('request has no "inputs" field')
+    return payload
+
+
+class EmbeddingTask:
+    name = "embedding"
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config) -> None:
+        tok = manifest.tokenizer
+        max_length = int(tok.get("truncation") or manifest.max_seq_length or 512)
+        self.encoder = TextEncoder(
+            manifest.path(tok.get("file", "tokenizer.json")), max_length, int(tok.get("pad_id", 0))
+        )
+        self.backend = backend
+        self.model = manifest.key
+        self.output = manifest.outputs[0].name
+        self.max_inputs = config.max_inputs
+        self.max_chars = config.max_chars
+
+    def texts(self, payload: JSON) -> list[str]:
+        inputs = _require_object(payload)["inputs"]
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list):
+            raise InvalidInputError(f'"inputs" must be a list of strings, got {type(inputs).__name__}')
+        if not inputs:
+            raise InvalidInputError('"inputs" is empty; send at least one string')
+        if len(inputs) > self.max_inputs:
+            raise TooManyInputsError(
+                f"{len(inputs)} inputs; at most {self.max_inputs} per request (WARMSTART_MAX_INPUTS)"
+            )
+        for i, text in enumerate(inputs):
+            if not isinstance(text, str):
+                raise InvalidInputError(f"inputs[{i}] must be a string, got {type(text).__name__}")
+            if len(text) > self.max_chars:
+                raise InputTooLongError(
+                    f"inputs[{i}] has {len(text)} characters; at most {self.max_chars} (WARMSTART_MAX_CHARS)"
+                )
+        return inputs
+
+    def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
+        ids, mask = self.encoder.encode(texts)
+        out = self.backend.run({"input_ids": ids, "attention_mask": mask})[self.output]
+        return out, int(mask.sum())
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        vectors, tokens = self.embed(self.texts(payload))
+        return {"embeddings": vectors.tolist(), "model": self.model, "usage": {"tokens": tokens}}
+
+    def warmup(self) -> None:
+        # Representative shapes: one short query, and a small batch at a typical passage length.
+        self.embed(["warm-up"])
+        self.embed(["warm up " * 30] * 4)
+
+
+_KIND_OK = {
+    "f": ("f", "i", "u", "b"),
+    "i": ("i", "u", "b"),
+    "u": ("u", "b"),
+    "b": ("b",),
+}
+
+
+class TensorTask:
+    name = "tensor"
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config) -> None:
+        self.inputs = {s.name: s for s in manifest.inputs}
+        self.outputs = [s.name for s in manifest.outputs]
+        self.backend = backend
+        self.model = manifest.key
+
+    def _array(self, name: str, value: JSON, spec: TensorSpec) -> npt.NDArray[Any]:
+        dtype = np.dtype(spec.dtype)
+        if isinstance(value, dict) and set(value) == {"npy"}:
+            try:
+                raw = base64.b64decode(value["npy"], validate=True)
+                array = np.load(io.BytesIO(raw), allow_pickle=False)
+            except (binascii.Error, ValueError, TypeError, OSError, EOFError) as e:
+                raise InvalidInputError(f"inputs.{name}: not a base64-encoded .npy array ({e})") from None
+            if array.dtype != dtype:
+                raise InvalidInputError(f"inputs.{name}: dtype {array.dtype}, the model takes {dtype}")
+        else:
+            try:
+                array = np.asarray(value)
+            except ValueError as e:  # ragged nesting
+                raise InvalidInputError(f"inputs.{name}: not a rectangular nested list ({e})") from None
+            if array.dtype.kind not in _KIND_OK.get(dtype.kind, ()) or (array.size == 0 and array.ndim == 0):
+                raise InvalidInputError(
+                    f"inputs.{name}: values of kind {array.dtype.name}, the model takes {dtype} "
+                    '(nested lists of numbers, or {"npy": base64})'
+                )
+            array = array.astype(dtype)
+        if array.ndim != len(spec.shape) or any(
+            isinstance(want, int) and want != got for want, got in zip(spec.shape, array.shape, strict=True)
+        ):
+            raise InvalidInputError(f"inputs.{name}: shape {list(array.shape)}, the model takes {list(spec.shape)}")
+        return np.ascontiguousarray(array)
+
+    def feeds(self, payload: JSON) -> tuple[Arrays, str]:
+        body = _require_object(payload)
+        inputs = body["inputs"]
+        if not isinstance(inputs, dict):
+            raise InvalidInputError(f'"inputs" must be an object of named tensors {sorted(self.inputs)}')
+        missing, unknown = set(self.inputs) - set(inputs), set(inputs) - set(self.inputs)
+        if missing or unknown:
+            raise InvalidInputError(
+                f"inputs must be exactly {sorted(self.inputs)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
+        fmt = body.get("output_format", "list")
+        if fmt not in OUTPUT_FORMATS:
+            raise InvalidInputError(f"output_format {fmt!r}; valid: {', '.join(OUTPUT_FORMATS)}")
+        return {n: self._array(n, v, self.inputs[n]) for n, v in inputs.items()}, fmt
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        feeds, fmt = self.feeds(payload)
+        results = self.backend.run(feeds)
+        outputs: dict[str, Any] = {}
+        for name in self.outputs:
+            array = results[name]
+            if fmt == "npy":
+                buf = io.BytesIO()
+                np.save(buf, array, allow_pickle=False)
+                outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
+            else:
+                outputs[name] = array.tolist()
+        return {"outputs": outputs, "model": self.model}
+
+    def warmup(self) -> None:
+        # Free dimensions get 1: the smallest valid shape, so the warm-up cannot fail on size.
+        feeds = {
+            n: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], dtype=np.dtype(s.dtype))
+            for n, s in self.inputs.items()
+        }
+        self.backend.run(feeds)
+
+
+TASKS: dict[str, Callable[[Manifest, Backend, Config], Task]] = {"embedding": EmbeddingTask, "tensor": TensorTask}
