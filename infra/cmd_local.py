@@ -1,0 +1,161 @@
+"""`warmstart local` (serve the local Lambda), `warmstart invoke` (one event through boto3), `warmstart demo`."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from infra.config import INIT_TYPES, LocalLambdaConfig
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    local = sub.add_parser("local", help="run the local Lambda (Runtime API + Invoke API, many instances)")
+    add_function_options(local)
+    local.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
+    local.add_argument("--port", type=int, default=9000, help="Invoke API port, 0 = any free (default: %(default)s)")
+    local.add_argument("--quiet", action="store_true", help="do not echo instance output")
+    local.set_defaults(func=run_local)
+
+    invoke = sub.add_parser("invoke", help="send one event to a running local Lambda and show the REPORT line")
+    invoke.add_argument("payload", nargs="?", help="JSON event, @file, or - for stdin (default: {})")
+    invoke.add_argument("--payload-file", help="read the event from this file")
+    invoke.add_argument("--endpoint-url", default=os.environ.get("WARMSTART_ENDPOINT", DEFAULT_ENDPOINT))
+    invoke.add_argument("--function", default="warmstart", help="function name or ARN (default: %(default)s)")
+    invoke.add_argument("--qualifier", help="version or alias")
+    invoke.add_argument("--invocation-type", choices=("RequestResponse", "Event", "DryRun"), default="RequestResponse")
+    invoke.add_argument("--logs", action="store_true", help="print the whole log tail, not just REPORT")
+    invoke.set_defaults(func=run_invoke)
+
+    demo = sub.add_parser("demo", help="cold start then warm calls of the default model through the local Lambda")
+    add_function_options(demo)
+    demo.add_argument("--text", action="append", help="input text (repeatable)")
+    demo.add_argument("--warm", type=int, default=20, help="warm invocations after the cold one (default: 20)")
+    demo.set_defaults(func=run_demo)
+
+
+def add_function_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--function-name", default="warmstart", help="(default: %(default)s)")
+    p.add_argument("--handler", default="handler.app.lambda_handler", help="(default: %(default)s)")
+    p.add_argument("--max-concurrency", type=int, default=10, help="instances at most (default: %(default)s)")
+    p.add_argument("--keep-alive", type=float, default=300.0, help="idle seconds before reaping (default: 300)")
+    p.add_argument("--timeout", type=float, default=30.0, help="function timeout, seconds (default: 30)")
+    p.add_argument("--init-timeout", type=float, default=10.0, help="init phase limit, seconds (default: 10)")
+    p.add_argument("--memory", type=int, default=3008, help="memory size reported, MB (default: %(default)s)")
+    p.add_argument("--init-type", choices=INIT_TYPES, default="on-demand")
+    p.add_argument("--model", help="packed model directory (sets WARMSTART_MODEL)")
+    p.add_argument("--backend", choices=("onnx", "torch"), help="sets WARMSTART_BACKEND")
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaConfig:
+    environment = {}
+    if args.model:
+        environment["WARMSTART_MODEL"] = os.path.abspath(args.model)
+    if args.backend:
+        environment["WARMSTART_BACKEND"] = args.backend
+    settings: dict[str, Any] = dict(
+        function_name=args.function_name,
+        handler=args.handler,
+        max_concurrency=args.max_concurrency,
+        keep_alive_s=args.keep_alive,
+        timeout_s=args.timeout,
+        init_timeout_s=args.init_timeout,
+        memory_mb=args.memory,
+        init_type=args.init_type,
+        environment=environment,
+    )
+    settings.update(overrides)
+    return LocalLambdaConfig(**settings)
+
+
+def run_local(args: argparse.Namespace) -> int:
+    from infra.local_lambda import LocalLambda
+
+    config = config_from_args(args, host=args.host, port=args.port, echo_logs=not args.quiet)
+    local = LocalLambda(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    endpoint = local.start()
+    name = config.function_name
+    print(f"warmstart local: function {name!r} ({config.handler}) at {endpoint}", flush=True)
+    print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
+    print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
+    print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
+    stop.wait()
+    print("warmstart local: stopping", file=sys.stderr, flush=True)
+    local.stop()
+    return 0
+
+
+def read_payload(args: argparse.Namespace) -> bytes:
+    if args.payload_file:
+        with open(args.payload_file, "rb") as f:
+            return f.read()
+    if args.payload == "-":
+        return sys.stdin.buffer.read()
+    if args.payload and args.payload.startswith("@"):
+        with open(args.payload[1:], "rb") as f:
+            return f.read()
+    return (args.payload or "{}").encode()
+
+
+def lambda_client(endpoint_url: str, *, read_timeout: float = 905.0) -> Any:
+    import boto3  # type: ignore[import-untyped]  # deferred: a 300 ms import nobody else needs
+    from botocore.config import Config  # type: ignore[import-untyped]
+
+    return boto3.client(
+        "lambda",
+        endpoint_url=endpoint_url,
+        region_name=os.environ.get("AWS_REGION", "us-east-1"),
+        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "local"),
+        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
+        config=Config(retries={"total_max_attempts": 1}, read_timeout=read_timeout, connect_timeout=5),
+    )
+
+
+def run_invoke(args: argparse.Namespace) -> int:
+    payload = read_payload(args)
+    client = lambda_client(args.endpoint_url)
+    kwargs: dict[str, Any] = dict(FunctionName=args.function, Payload=payload, InvocationType=args.invocation_type)
+    if args.qualifier:
+        kwargs["Qualifier"] = args.qualifier
+    if args.invocation_type == "RequestResponse":
+        kwargs["LogType"] = "Tail"
+    try:
+        result = client.invoke(**kwargs)
+    except client.exceptions.ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    body = result["Payload"].read()
+    if body:
+        try:
+            print(json.dumps(json.loads(body), indent=2))
+        except ValueError:
+            sys.stdout.buffer.write(body + b"\n")
+    log = base64.b64decode(result.get("LogResult", "")).decode("utf-8", "replace")
+    if args.logs:
+        sys.stderr.write(log)
+    else:
+        for line in log.splitlines():
+            if line.startswith("REPORT "):
+                print(line.replace("\t", "  ").strip(), file=sys.stderr)
+    status = f"status {result['StatusCode']}, version {result.get('ExecutedVersion', '-')}"
+    if result.get("FunctionError"):
+        print(f"{status}, function error: {result['FunctionError']}", file=sys.stderr)
+        return 1
+    print(status, file=sys.stderr)
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from infra.demo import run
+
+    return run(args)

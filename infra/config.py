@@ -1,0 +1,82 @@
+"""Settings of one local Lambda function (what `warmstart local` exposes as flags)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+InitType = Literal["on-demand", "provisioned-concurrency", "snap-start"]
+INIT_TYPES: tuple[InitType, ...] = ("on-demand", "provisioned-concurrency", "snap-start")
+LATEST = "$LATEST"
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Variables a Lambda sandbox never inherits from the host: the first switches awslambdaric into forked
+# multi-concurrent workers, the others would point its log sink at descriptors that do not exist here.
+_SCRUBBED = ("AWS_LAMBDA_MAX_CONCURRENCY", "_LAMBDA_TELEMETRY_LOG_FD", "_LAMBDA_TELEMETRY_LOG_FD_PROVIDER_SOCKET")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLambdaConfig:
+    function_name: str = "warmstart"
+    handler: str = "handler.app.lambda_handler"
+    task_root: str = REPO_ROOT
+    host: str = "127.0.0.1"
+    port: int = 9000  # 0 picks a free port
+    memory_mb: int = 3008  # what aws-lambda-rie reports; Lambda's own default is 128
+    timeout_s: float = 30.0
+    init_timeout_s: float = 10.0  # Lambda's on-demand init limit
+    max_concurrency: int = 10
+    keep_alive_s: float = 300.0
+    init_type: InitType = "on-demand"
+    region: str = "us-east-1"
+    account_id: str = "123456789012"
+    versions: tuple[str, ...] = ("1",)
+    aliases: Mapping[str, str] = field(default_factory=lambda: {"live": "1"})
+    environment: Mapping[str, str] = field(default_factory=dict)  # extra variables, e.g. WARMSTART_MODEL
+    python: str = sys.executable
+    echo_logs: bool = False  # copy instance output to our stderr, prefixed with the instance id
+
+    def __post_init__(self) -> None:
+        if self.init_type not in INIT_TYPES:
+            raise ValueError(f"init_type must be one of {', '.join(INIT_TYPES)}; got {self.init_type!r}")
+        if self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        for alias, version in self.aliases.items():
+            if version != LATEST and version not in self.versions:
+                raise ValueError(f"alias {alias!r} points at unknown version {version!r}")
+
+    @property
+    def function_arn(self) -> str:
+        return f"arn:aws:lambda:{self.region}:{self.account_id}:function:{self.function_name}"
+
+    def instance_environ(
+        self, *, version: str, runtime_api: str, instance_id: str, environ: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The environment of one instance: the host's (minus what Lambda never sets) plus Lambda's own."""
+        env = dict(os.environ if environ is None else environ)
+        for name in _SCRUBBED:
+            env.pop(name, None)
+        python_path = env.get("PYTHONPATH")
+        env.update(
+            AWS_LAMBDA_FUNCTION_NAME=self.function_name,
+            AWS_LAMBDA_FUNCTION_VERSION=version,
+            AWS_LAMBDA_FUNCTION_MEMORY_SIZE=str(self.memory_mb),
+            AWS_LAMBDA_LOG_GROUP_NAME=f"/aws/lambda/{self.function_name}",
+            AWS_LAMBDA_LOG_STREAM_NAME=f"{time.strftime('%Y/%m/%d', time.gmtime())}/[{version}]{instance_id}",
+            AWS_REGION=self.region,
+            AWS_DEFAULT_REGION=self.region,
+            AWS_LAMBDA_INITIALIZATION_TYPE=self.init_type,
+            AWS_LAMBDA_RUNTIME_API=runtime_api,
+            AWS_EXECUTION_ENV=f"AWS_Lambda_python{sys.version_info.major}.{sys.version_info.minor}",
+            LAMBDA_TASK_ROOT=self.task_root,
+            _HANDLER=self.handler,
+            TZ=":UTC",
+            PYTHONPATH=self.task_root if not python_path else f"{self.task_root}{os.pathsep}{python_path}",
+        )
+        env.update(self.environment)
+        return env

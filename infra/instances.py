@@ -1,0 +1,479 @@
+"""One function instance: a `python -m awslambdaric <handler>` process, its Runtime API listener, its state.
+
+States: init (spawned, importing the handler) -> ready (parked on /next, or between /response and the next
+/next) <-> busy (holding an invocation) -> dead. An invocation may be queued on an instance that is in init
+or between invocations; it is handed out on that instance's next /next.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import termios
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Literal, Protocol
+
+from infra.config import LocalLambdaConfig
+from infra.invocation import (
+    EXIT_ERROR,
+    INVALID_ENTRYPOINT,
+    MAX_RESPONSE_PAYLOAD,
+    RESPONSE_TOO_LARGE,
+    SERVICE_SHUTDOWN,
+    TIMEOUT_ERROR,
+    Invocation,
+    Outcome,
+)
+from infra.runtime_http import Request, Response, RuntimeHTTPServer
+
+State = Literal["init", "ready", "busy", "dead"]
+
+# Runtime API refusals (the route layer maps them to status codes and bodies).
+INVALID_STATE = "InvalidStateTransition"
+INVALID_REQUEST_ID = "InvalidRequestID"
+TOO_LARGE = "RequestEntityTooLarge"
+
+
+class Owner(Protocol):
+    def instance_ready(self, instance: Instance) -> None: ...
+    def instance_gone(self, instance: Instance, orphan: Invocation | None) -> None: ...
+
+
+def exit_reason(returncode: int) -> str:
+    """How Lambda (its Go platform) words a runtime's exit."""
+    if returncode < 0:
+        name = signal.strsignal(-returncode) or f"signal {-returncode}"
+        return f"signal: {name.lower()}"
+    return f"exit status {returncode}"
+
+
+def peak_rss_mb(pid: int) -> int:
+    """Max Memory Used: the process's RSS high-water mark (VmHWM), in MB rounded up."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return -(-int(line.split()[1]) // 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class _LogPipe(asyncio.Protocol):
+    def __init__(self, sink: Callable[[bytes], None], closed: asyncio.Future[None]) -> None:
+        self._sink, self._closed = sink, closed
+
+    def data_received(self, data: bytes) -> None:
+        self._sink(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+
+class Instance:
+    def __init__(self, config: LocalLambdaConfig, version: str, owner: Owner) -> None:
+        self.config, self.version, self.owner = config, version, owner
+        self.instance_id = uuid.uuid4().hex
+        self.state: State = "init"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = RuntimeHTTPServer(_unbound, host="127.0.0.1", max_body=MAX_RESPONSE_PAYLOAD)
+        self.current: Invocation | None = None  # handed out, not yet answered
+        self.queued: Invocation | None = None  # assigned, waiting for this instance's next /next
+        self.waiter: asyncio.Future[Invocation] | None = None  # a parked /next
+        self.spawned_at = 0.0
+        self.restore_at: float | None = None
+        self.init_duration_ms: float | None = None
+        self.restore_duration_ms: float | None = None
+        self.init_failed = False
+        self.idle_since = 0.0
+        self.invocations = 0
+        self.max_memory_mb = 0
+        self.init_log = bytearray()  # everything printed before the first invocation
+        self.exited: asyncio.Future[int] | None = None
+        self._log_target: Invocation | None = None
+        self._log_closed: asyncio.Future[None] | None = None
+        self._log_fd = -1
+        self._partial = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self._pidfd = -1
+        self._tasks: set[asyncio.Task[None]] = set()  # strong refs: the loop keeps only weak ones
+
+    @property
+    def short_id(self) -> str:
+        return self.instance_id[:8]
+
+    @property
+    def parked(self) -> bool:
+        return self.waiter is not None and not self.waiter.done()
+
+    @property
+    def free(self) -> bool:
+        """Can take an invocation now (parked) or on its next /next (init, or finishing the last one)."""
+        return self.state != "dead" and self.current is None and self.queued is None and not self.init_failed
+
+    @property
+    def dead(self) -> bool:
+        return self.state == "dead"
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        self._log_closed = loop.create_future()
+        if self.dead:  # shut down before it got going
+            self.exited.set_result(-1)
+            return
+        address = await self.server.start()
+        if self.dead:
+            self.server.close()
+            self.exited.set_result(-1)
+            return
+        env = self.config.instance_environ(version=self.version, runtime_api=address, instance_id=self.instance_id)
+        self.spawned_at = time.perf_counter()
+        self._arm_timer(self.config.init_timeout_s, self._init_timed_out)
+        try:
+            # Own session = own process group, so a kill takes the handler's children with it.
+            self.proc = subprocess.Popen(
+                [self.config.python, "-m", "awslambdaric", self.config.handler],
+                cwd=self.config.task_root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._mark_dead()
+            self._fail_pending(Outcome.error(INVALID_ENTRYPOINT, f"cannot start the runtime: {exc}"))
+            self.exited.set_result(-1)
+            self.owner.instance_gone(self, None)
+            return
+        assert self.proc.stdout is not None
+        self._log_fd = self.proc.stdout.fileno()
+        closed = self._log_closed
+        await loop.connect_read_pipe(lambda: _LogPipe(self._on_output, closed), self.proc.stdout)
+        try:
+            self._pidfd = os.pidfd_open(self.proc.pid)
+            loop.add_reader(self._pidfd, self._on_exit)
+        except (AttributeError, OSError):  # no pidfd: a thread waits instead
+            fut = loop.run_in_executor(None, self.proc.wait)
+            fut.add_done_callback(lambda _f: self._on_exit())
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group; the exit watcher does the rest."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._mark_dead()
+
+    def shutdown(self) -> None:
+        self._fail_pending(Outcome.error(SERVICE_SHUTDOWN, "The local Lambda is shutting down."))
+        self.kill()
+        if self.proc is None and self.exited is not None and not self.exited.done():
+            self.exited.set_result(-1)
+
+    def _mark_dead(self) -> None:
+        if self.state == "dead":
+            return
+        self.state = "dead"
+        self._cancel_timer()
+        self.server.close()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.cancel()
+
+    def _on_exit(self) -> None:
+        assert self.proc is not None
+        if self._pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        returncode = self.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # grandchildren left behind in the group
+        self._mark_dead()
+        self._background(self._after_exit(returncode))
+
+    async def _after_exit(self, returncode: int) -> None:
+        if self._log_closed is not None:  # let the last lines land in the right log
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._log_closed), 0.5)
+        self._flush_partial()
+        orphan = None
+        message = f"Error: Runtime exited with error: {exit_reason(returncode)}"
+        if returncode == 0:
+            message = "Error: Runtime exited without providing a reason"
+        if self.current is not None:
+            inv, self.current = self.current, None
+            inv.finish(
+                Outcome.error(EXIT_ERROR, f"RequestId: {inv.request_id} {message}"),
+                memory_mb=self.config.memory_mb,
+                status="error",
+            )
+        if self.queued is not None:
+            inv, self.queued = self.queued, None
+            if self.init_duration_ms is None and not self.init_failed:  # died during init: that is its answer
+                self._charge_init(inv)
+                inv.finish(
+                    Outcome.error(EXIT_ERROR, f"RequestId: {inv.request_id} {message}"),
+                    memory_mb=self.config.memory_mb,
+                    status="error",
+                )
+            elif inv.outcome is None:
+                orphan = inv  # never reached this instance: the pool places it elsewhere
+        if self.exited is not None and not self.exited.done():
+            self.exited.set_result(returncode)
+        self.owner.instance_gone(self, orphan)
+
+    # -- placement -------------------------------------------------------------------------------------
+
+    def assign(self, inv: Invocation) -> None:
+        if self.parked:
+            assert self.waiter is not None
+            waiter, self.waiter = self.waiter, None
+            self._hand_out(inv)
+            waiter.set_result(inv)
+        else:
+            self.queued = inv
+
+    def _hand_out(self, inv: Invocation) -> None:
+        self.state = "busy"
+        self.current = inv
+        if self.invocations == 0:
+            inv.cold = True
+            if self.proc is not None:  # init's high-water mark, in case the process dies before answering
+                self.max_memory_mb = peak_rss_mb(self.proc.pid)
+            self._charge_init(inv)
+            inv.log[:0] = self.init_log
+        self.invocations += 1
+        inv.start(instance_id=self.instance_id, timeout_s=self.config.timeout_s)
+        self._log_target = inv
+        self._arm_timer(self.config.timeout_s, self._timed_out)
+
+    def _charge_init(self, inv: Invocation) -> None:
+        inv.init_duration_ms = self.init_duration_ms
+        if inv.init_duration_ms is None:  # init never finished: charge what it took until now
+            inv.init_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
+        inv.restore_duration_ms = self.restore_duration_ms
+
+    # -- Runtime API state transitions (called by infra.runtime_api) ----------------------------------
+
+    def next_invocation(self) -> Invocation | asyncio.Future[Invocation] | str:
+        if self.state == "dead":
+            return INVALID_STATE
+        if self.current is not None or self.parked:
+            return INVALID_STATE
+        if self.state == "init":
+            now = time.perf_counter()
+            self._cancel_timer()
+            if self.restore_at is not None:
+                self.init_duration_ms = (self.restore_at - self.spawned_at) * 1000.0
+                self.restore_duration_ms = (now - self.restore_at) * 1000.0
+            else:
+                self.init_duration_ms = (now - self.spawned_at) * 1000.0
+        if self.queued is not None:
+            inv, self.queued = self.queued, None
+            self._hand_out(inv)
+            return inv
+        self.state = "ready"
+        self.idle_since = time.monotonic()
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.owner.instance_ready(self)
+        return self.waiter
+
+    def respond(self, request_id: str, payload: bytes, too_large: bool) -> str | None:
+        inv = self._current(request_id)
+        if isinstance(inv, str):
+            return inv
+        if too_large:
+            message = f"Response payload size exceeded maximum allowed payload size ({MAX_RESPONSE_PAYLOAD} bytes)."
+            self._complete(inv, Outcome.error(RESPONSE_TOO_LARGE, message), status="error")
+            return TOO_LARGE
+        self._complete(inv, Outcome(payload))
+        return None
+
+    def fail(self, request_id: str, body: bytes, error_type: str | None) -> str | None:
+        inv = self._current(request_id)
+        if isinstance(inv, str):
+            return inv
+        self._complete(inv, _error_outcome(body, error_type))
+        return None
+
+    def init_error(self, body: bytes, error_type: str | None) -> str | None:
+        if self.state != "init" or self.init_failed:
+            return INVALID_STATE
+        self.init_failed = True
+        self._cancel_timer()
+        outcome = _error_outcome(body, error_type)
+        if self.queued is not None:
+            inv, self.queued = self.queued, None
+            self._charge_init(inv)
+            inv.log[:0] = self.init_log
+            self._log_target = inv
+            self._finish_soon(inv, outcome, status="error")
+        return None
+
+    def restore_next(self) -> str | None:
+        if self.state != "init" or self.config.init_type != "snap-start" or self.restore_at is not None:
+            return INVALID_STATE
+        self.restore_at = time.perf_counter()  # no real snapshot yet: restore is immediate
+        return None
+
+    def restore_error(self, body: bytes, error_type: str | None) -> str | None:
+        if self.restore_at is None or self.state != "init":
+            return INVALID_STATE
+        return self.init_error(body, error_type)
+
+    def _current(self, request_id: str) -> Invocation | str:
+        if self.current is None or self.current.request_id != request_id:
+            return INVALID_REQUEST_ID
+        return self.current
+
+    def _complete(self, inv: Invocation, outcome: Outcome, status: str | None = None) -> None:
+        self.current = None
+        self.state = "ready"
+        self._cancel_timer()
+        self._finish_soon(inv, outcome, status)
+
+    def _finish_soon(self, inv: Invocation, outcome: Outcome, status: str | None) -> None:
+        if self.proc is not None and self.state != "dead":
+            self.max_memory_mb = max(self.max_memory_mb, peak_rss_mb(self.proc.pid))
+        inv.max_memory_mb = self.max_memory_mb
+        if _pipe_pending(self._log_fd) == 0:
+            self._finish(inv, outcome, status)
+        else:  # output printed before the answer is still in the pipe: read it into this log first
+            self._background(self._drain_then_finish(inv, outcome, status))
+
+    async def _drain_then_finish(self, inv: Invocation, outcome: Outcome, status: str | None) -> None:
+        for _ in range(200):
+            await asyncio.sleep(0)
+            if _pipe_pending(self._log_fd) == 0:
+                break
+        self._finish(inv, outcome, status)
+
+    def _finish(self, inv: Invocation, outcome: Outcome, status: str | None) -> None:
+        if self._log_target is inv:
+            self._flush_partial()
+            self._log_target = None
+        inv.finish(outcome, memory_mb=self.config.memory_mb, status=status)
+
+    def _background(self, coro: Coroutine[None, None, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- deadlines -------------------------------------------------------------------------------------
+
+    def _arm_timer(self, seconds: float, callback: Callable[[], None]) -> None:
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(seconds, callback)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        inv, self.current = self.current, None
+        self._timer = None
+        if inv is None:
+            return
+        if self.proc is not None:  # read the high-water mark while the process still exists
+            self.max_memory_mb = max(self.max_memory_mb, peak_rss_mb(self.proc.pid))
+        now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        seconds = f"{self.config.timeout_s:.2f}"
+        self._emit(f"{now}Z {inv.request_id} Task timed out after {seconds} seconds\n".encode())
+        self.kill()
+        message = f"RequestId: {inv.request_id} Error: Task timed out after {seconds} seconds"
+        self._finish_soon(inv, Outcome.error(TIMEOUT_ERROR, message), status="timeout")
+
+    def _init_timed_out(self) -> None:
+        self._timer = None
+        if self.state != "init":
+            return
+        inv, self.queued = self.queued, None
+        self.kill()
+        if inv is not None:
+            self._charge_init(inv)
+            inv.log[:0] = self.init_log
+            self._log_target = inv
+            seconds = f"{self.config.init_timeout_s:.2f}"
+            message = f"RequestId: {inv.request_id} Error: Init phase timed out after {seconds} seconds"
+            self._finish_soon(inv, Outcome.error(TIMEOUT_ERROR, message), status="timeout")
+
+    # -- logs ------------------------------------------------------------------------------------------
+
+    def _on_output(self, data: bytes) -> None:
+        self._emit(data)
+        if self.config.echo_logs:
+            text = (self._partial + data).decode("utf-8", "replace")
+            *lines, rest = text.split("\n")
+            self._partial = rest.encode()
+            for line in lines:
+                sys.stderr.write(f"[{self.short_id}] {line}\n")
+
+    def _emit(self, data: bytes) -> None:
+        target = self._log_target
+        if target is not None:
+            target.log += data
+        elif self.invocations == 0:
+            self.init_log += data
+
+    def _flush_partial(self) -> None:
+        if self.config.echo_logs and self._partial:
+            sys.stderr.write(f"[{self.short_id}] {self._partial.decode('utf-8', 'replace')}\n")
+            self._partial = b""
+
+    def _fail_pending(self, outcome: Outcome) -> None:
+        for inv in (self.current, self.queued):
+            if inv is not None:
+                inv.finish(outcome, memory_mb=self.config.memory_mb, status="error")
+        self.current = self.queued = None
+
+    def init_report(self) -> dict[str, object] | None:
+        """The handler's one-line JSON init report (`{"warmstart": "init", ...}`), if it printed one."""
+        for line in self.init_log.decode("utf-8", "replace").splitlines():
+            if line.startswith("{") and '"warmstart"' in line:
+                with contextlib.suppress(ValueError):
+                    report = json.loads(line)
+                    if isinstance(report, dict) and report.get("warmstart") == "init":
+                        return report
+        return None
+
+
+def _unbound(request: Request) -> Response:  # until infra.runtime_api.bind() routes the listener
+    return Response(503)
+
+
+def _error_outcome(body: bytes, error_type: str | None) -> Outcome:
+    """The runtime's error body goes to the invoker as is; its type comes from the body, else the header."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        body_type = parsed.get("errorType")
+        return Outcome(body, str(body_type or error_type or "Unhandled"))
+    return Outcome.error(error_type or "Unhandled", body.decode("utf-8", "replace"))
+
+
+def _pipe_pending(fd: int) -> int:
+    if fd < 0:
+        return 0
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return buf[0]
