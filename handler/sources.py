@@ -44,6 +44,13 @@ def decode_body(raw: bytes) -> JSON:
         return json.loads(text)
     except ValueError as e:
         raise InvalidJSONError(f"body is not valid JSON: {e}") from None
+    except RecursionError:  # `[[[[...` deeper than the interpreter's recursion limit
+        raise InvalidJSONError("body is not valid JSON: nested too deeply") from None
+
+
+def _request_context(event: Event) -> dict[str, Any]:
+    context = event.get("requestContext") if isinstance(event, dict) else None
+    return context if isinstance(context, dict) else {}
 
 
 def _dumps(body: JSON) -> str:
@@ -106,7 +113,7 @@ class HttpApiV2(_Http):
         return (
             isinstance(event, dict)
             and event.get("version") == "2.0"
-            and isinstance((event.get("requestContext") or {}).get("http"), dict)
+            and isinstance(_request_context(event).get("http"), dict)
         )
 
     def method(self, event: dict[str, Any]) -> str:
@@ -119,7 +126,7 @@ class Alb(_Http):
     name = "alb"
 
     def infer(self, event: Event) -> bool:
-        return isinstance(event, dict) and isinstance((event.get("requestContext") or {}).get("elb"), dict)
+        return isinstance(_request_context(event).get("elb"), dict)
 
     def respond(self, event: dict[str, Any], body: JSON, status: int = 200) -> dict[str, Any]:
         response = super().respond(event, body, status)

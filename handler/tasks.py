@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from handler.backends import Backend
 from handler.config import Config
-from handler.errors import InputTooLongError, InvalidInputError, TooManyInputsError
+from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
 from handler.manifest import Manifest, TensorSpec
 from handler.tokens import TextEncoder
 from handler.types import JSON, Arrays
@@ -76,6 +76,11 @@ class EmbeddingTask:
                 raise InputTooLongError(
                     f"inputs[{i}] has {len(text)} characters; at most {self.max_chars} (WARMSTART_MAX_CHARS)"
                 )
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate from a JSON escape such as "\ud800"
+                    raise InvalidEncodingError(f"inputs[{i}] is not valid Unicode: {e.reason} at {e.start}") from None
         return inputs
 
     def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
