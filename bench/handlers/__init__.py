@@ -1,0 +1,1 @@
+"""Baseline handlers the cold-start benchmark compares warmstart against (never deployed)."""
