@@ -6,7 +6,9 @@ import base64
 import http.client
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,18 +16,21 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # the fixtures live under tests/, which is not an installed package
     sys.path.insert(0, ROOT)
 
+from infra.local_lambda import LocalLambda  # noqa: E402
 from tests.fixtures.local_support import invoke, report, running  # noqa: E402
+
+Lambda = tuple[LocalLambda, Any]  # the server and a boto3 client for it
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def lam():  # type: ignore[no-untyped-def]
+def lam() -> Iterator[Lambda]:
     with running(max_concurrency=4) as pair:
         yield pair
 
 
-def test_invoke_runs_awslambdaric_with_lambda_environment(lam) -> None:  # type: ignore[no-untyped-def]
+def test_invoke_runs_awslambdaric_with_lambda_environment(lam: Lambda) -> None:
     _local, client = lam
     result, body, _log = invoke(client, {"hello": "world"})
     assert result["StatusCode"] == 200
@@ -48,10 +53,10 @@ def test_invoke_runs_awslambdaric_with_lambda_environment(lam) -> None:  # type:
     assert "AWS_LAMBDA_MAX_CONCURRENCY" not in env
 
 
-def test_tail_has_start_end_report_and_init_duration_only_when_cold(lam) -> None:  # type: ignore[no-untyped-def]
+def test_tail_has_start_end_report_and_init_duration_only_when_cold(lam: Lambda) -> None:
     _local, client = lam
-    first, body1, log1 = invoke(client, {"print": "first-line"}, Qualifier="1")  # version 1: its own instances
-    second, body2, log2 = invoke(client, {"print": "second-line"}, Qualifier="1")
+    _first, body1, log1 = invoke(client, {"print": "first-line"}, Qualifier="1")  # version 1: its own instances
+    _second, body2, log2 = invoke(client, {"print": "second-line"}, Qualifier="1")
     assert body1["pid"] == body2["pid"]  # warm: same instance
     for log, body, marker in ((log1, body1, "first-line"), (log2, body2, "second-line")):
         assert f"START RequestId: {body['request_id']} Version: 1" in log
@@ -68,7 +73,7 @@ def test_tail_has_start_end_report_and_init_duration_only_when_cold(lam) -> None
     assert "fixture handlers: init" in log1  # init output belongs to the cold invocation's log
 
 
-def test_function_error_is_unhandled_and_instance_survives(lam) -> None:  # type: ignore[no-untyped-def]
+def test_function_error_is_unhandled_and_instance_survives(lam: Lambda) -> None:
     _local, client = lam
     _, before, _ = invoke(client, {})
     result, body, log = invoke(client, {"raise": "bad input"})
@@ -81,7 +86,7 @@ def test_function_error_is_unhandled_and_instance_survives(lam) -> None:  # type
     assert after["pid"] == before["pid"]
 
 
-def test_qualifiers_versions_and_aliases(lam) -> None:  # type: ignore[no-untyped-def]
+def test_qualifiers_versions_and_aliases(lam: Lambda) -> None:
     _local, client = lam
     result, body, _ = invoke(client, {}, Qualifier="live")
     assert result["ExecutedVersion"] == "1"
@@ -98,7 +103,7 @@ def test_qualifiers_versions_and_aliases(lam) -> None:  # type: ignore[no-untype
         invoke(client, {}, FunctionName="other-function")
 
 
-def test_dry_run_and_client_context(lam) -> None:  # type: ignore[no-untyped-def]
+def test_dry_run_and_client_context(lam: Lambda) -> None:
     _local, client = lam
     result = client.invoke(FunctionName="warmstart", InvocationType="DryRun", Payload=b"{}")
     assert result["StatusCode"] == 204
@@ -107,7 +112,7 @@ def test_dry_run_and_client_context(lam) -> None:  # type: ignore[no-untyped-def
     assert body["client_context"] == {"tenant": "t1"}
 
 
-def test_bad_json_and_oversized_request_are_refused(lam) -> None:  # type: ignore[no-untyped-def]
+def test_bad_json_and_oversized_request_are_refused(lam: Lambda) -> None:
     _local, client = lam
     with pytest.raises(client.exceptions.InvalidRequestContentException):
         client.invoke(FunctionName="warmstart", Payload=b"{not json")
@@ -115,7 +120,7 @@ def test_bad_json_and_oversized_request_are_refused(lam) -> None:  # type: ignor
         client.invoke(FunctionName="warmstart", Payload=json.dumps({"x": "y" * (6 * 1024 * 1024)}))
 
 
-def test_oversized_response_gets_lambdas_error_and_service_keeps_going(lam) -> None:  # type: ignore[no-untyped-def]
+def test_oversized_response_gets_lambdas_error_and_service_keeps_going(lam: Lambda) -> None:
     _local, client = lam
     result, body, log = invoke(client, {"big_mb": 7})
     assert result["FunctionError"] == "Unhandled"
@@ -129,7 +134,7 @@ def test_oversized_response_gets_lambdas_error_and_service_keeps_going(lam) -> N
     assert len(body) == int(5.5 * 1024 * 1024)
 
 
-def test_emulator_path_for_curl_habits(lam) -> None:  # type: ignore[no-untyped-def]
+def test_emulator_path_for_curl_habits(lam: Lambda) -> None:
     local, _client = lam
     host, port = local.endpoint.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)

@@ -58,16 +58,14 @@ def test_stop_answers_an_invocation_in_flight() -> None:
     local.stop()
     caller.join(30)
     assert not caller.is_alive()
-    result, body, _ = outcome["r"]
+    result, _body, _ = outcome["r"]
     assert result["FunctionError"] == "Unhandled"
 
 
 def test_cli_local_and_invoke_then_sigint() -> None:
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "infra.cli", "local", "--port", "0", "--handler", CHILD]
-    with subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as server:
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
         try:
             assert server.stdout is not None
             first = server.stdout.readline()
