@@ -7,7 +7,7 @@ Variants run interleaved, round by round, so a noisy neighbour hurts them all al
   naive-st             sentence-transformers loaded at init (bench/handlers/naive_st.py)
   warmstart-torch      handler.app, torch backend
   floor-torch          import torch + one forward pass (bench/handlers/minimal_torch.py)
-  imports-only-onnx    warmstart's imports, no model: the memory baseline
+  imports-only-*       warmstart's imports for a backend, no model: the memory baselines
 
 Usage: .venv/bin/python bench/bench_coldstart.py [--rounds 5] [--skip-naive] [--json out.json]
 """
@@ -40,6 +40,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "warmstart-torch": ("handler.app.lambda_handler", {"WARMSTART_BACKEND": "torch"}),
     "floor-torch": ("bench.handlers.minimal_torch.lambda_handler", {}),
     "imports-only-onnx": ("bench.handlers.imports_only_onnx.lambda_handler", {}),
+    "imports-only-torch": ("bench.handlers.imports_only_torch.lambda_handler", {}),
 }
 
 
@@ -65,8 +66,13 @@ def one(name: str) -> dict[str, Any]:
     with RuntimeStub() as stub:
         env["AWS_LAMBDA_RUNTIME_API"] = stub.address
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "awslambdaric", handler], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awslambdaric", handler],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         outcome = stub.invoke(EVENT, timeout=300)
         first_ms = (time.perf_counter() - t0) * 1000
         warm = []
@@ -102,28 +108,37 @@ def main() -> int:
     print(f"\n{'variant':20s} {'first (median)':>15s} {'min':>8s} {'max':>8s} {'warm p50':>9s} {'peak RSS':>9s}")
     for n in names:
         firsts = [x["first_ms"] for x in runs[n]]
-        print(f"{n:20s} {med(n, 'first_ms'):12.0f} ms {min(firsts):6.0f} {max(firsts):8.0f} "
-              f"{med(n, 'warm_ms'):7.2f}ms {med(n, 'peak_rss_mb'):6.0f} MB")
+        print(
+            f"{n:20s} {med(n, 'first_ms'):12.0f} ms {min(firsts):6.0f} {max(firsts):8.0f} "
+            f"{med(n, 'warm_ms'):7.2f}ms {med(n, 'peak_rss_mb'):6.0f} MB"
+        )
     print()
-    ratios = [("naive-st", "warmstart-onnx", "naive-st / warmstart-onnx (target >= 15x)"),
-              ("warmstart-onnx", "floor-onnx", "warmstart-onnx / floor-onnx (target <= 1.2x)"),
-              ("warmstart-torch", "floor-torch", "warmstart-torch / floor-torch (target <= 1.2x)"),
-              ("warmstart-onnx+sha", "warmstart-onnx", "sha256-at-init / without")]
+    ratios = [
+        ("naive-st", "warmstart-onnx", "naive-st / warmstart-onnx (target >= 15x)"),
+        ("warmstart-onnx", "floor-onnx", "warmstart-onnx / floor-onnx (target <= 1.2x)"),
+        ("warmstart-torch", "floor-torch", "warmstart-torch / floor-torch (target <= 1.2x)"),
+        ("warmstart-onnx+sha", "warmstart-onnx", "sha256-at-init / without"),
+    ]
     for a, b, label in ratios:
         if a in runs and b in runs:
             print(f"{label:48s} {med(a, 'first_ms') / med(b, 'first_ms'):6.2f}x")
-    weights = {"onnx": (MODEL / "model.onnx.data").stat().st_size / 2**20,
-               "torch": (MODEL / "model.safetensors").stat().st_size / 2**20}
-    base = med("imports-only-onnx", "peak_rss_mb")
-    for n, w in (("warmstart-onnx", weights["onnx"]), ("warmstart-torch", weights["torch"])):
-        extra = med(n, "peak_rss_mb") - (base if n.endswith("onnx") else 0)
-        note = f"over the imports-only baseline {base:.0f} MB" if n.endswith("onnx") else "in all (torch imports included)"
-        print(f"{n}: peak RSS {med(n, 'peak_rss_mb'):.0f} MB; {extra:.0f} MB {note}; weights {w:.0f} MB")
+    weights = {
+        "onnx": (MODEL / "model.onnx.data").stat().st_size / 2**20,
+        "torch": (MODEL / "model.safetensors").stat().st_size / 2**20,
+    }
+    for backend, w in weights.items():
+        n, base = f"warmstart-{backend}", med(f"imports-only-{backend}", "peak_rss_mb")
+        print(
+            f"{n}: peak RSS {med(n, 'peak_rss_mb'):.0f} MB = imports-only baseline {base:.0f} MB "
+            f"+ {med(n, 'peak_rss_mb') - base:.0f} MB; weights {w:.0f} MB"
+        )
     phases = [x["init"]["phases_ms"] for x in runs["warmstart-onnx"] if x["init"]]
     if phases:
         keys = phases[0].keys()
-        print("warmstart-onnx init phases (median ms): "
-              + ", ".join(f"{k} {statistics.median(p.get(k, 0) for p in phases):.1f}" for k in keys))
+        print(
+            "warmstart-onnx init phases (median ms): "
+            + ", ".join(f"{k} {statistics.median(p.get(k, 0) for p in phases):.1f}" for k in keys)
+        )
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1, default=str))
     return 0

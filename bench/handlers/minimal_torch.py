@@ -13,8 +13,16 @@ _root = os.environ["WARMSTART_MODEL"]
 tok = Tokenizer.from_file(f"{_root}/tokenizer.json")
 tok.enable_truncation(256)
 tok.enable_padding()
-_config = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
-           "intermediate_size": 1536, "max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
+_config = {
+    "vocab_size": 30522,
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+}
 with torch.device("meta"):
     model = BertMeanPooled(BertConfig.from_dict(_config))
 _weights = load_file(f"{_root}/model.safetensors")

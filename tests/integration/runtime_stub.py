@@ -52,20 +52,24 @@ class RuntimeStub:
                 if self.path != f"{PREFIX}/invocation/next":
                     return self._reply(404)
                 request_id, body, content_type = stub.events.get()
-                self._reply(200, body, {
-                    "Content-Type": content_type,
-                    "Lambda-Runtime-Aws-Request-Id": request_id,
-                    "Lambda-Runtime-Deadline-Ms": str(int(time.time() * 1000) + 60_000),
-                    "Lambda-Runtime-Invoked-Function-Arn": "arn:aws:lambda:us-east-1:123456789012:function:test",
-                    "Lambda-Runtime-Trace-Id": "Root=1-00000000-000000000000000000000000",
-                })
+                self._reply(
+                    200,
+                    body,
+                    {
+                        "Content-Type": content_type,
+                        "Lambda-Runtime-Aws-Request-Id": request_id,
+                        "Lambda-Runtime-Deadline-Ms": str(int(time.time() * 1000) + 60_000),
+                        "Lambda-Runtime-Invoked-Function-Arn": "arn:aws:lambda:us-east-1:123456789012:function:test",
+                        "Lambda-Runtime-Trace-Id": "Root=1-00000000-000000000000000000000000",
+                    },
+                )
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path == f"{PREFIX}/init/error":
                     stub.init_errors.put(json.loads(body))
                     return self._reply(202, b'{"status":"OK"}')
-                parts = self.path[len(PREFIX):].strip("/").split("/")  # invocation/{id}/{response|error}
+                parts = self.path[len(PREFIX) :].strip("/").split("/")  # invocation/{id}/{response|error}
                 if len(parts) == 3 and parts[0] == "invocation" and parts[1] in stub.outcomes:
                     stub.outcomes[parts[1]].put(Outcome(parts[2], body))
                     return self._reply(202, b'{"status":"OK"}')

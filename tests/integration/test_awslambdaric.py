@@ -29,7 +29,10 @@ def spawn(stub: RuntimeStub, **env: str) -> subprocess.Popen[bytes]:
     }
     return subprocess.Popen(
         [sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"],
-        cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
 
 

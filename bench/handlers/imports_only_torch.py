@@ -1,0 +1,14 @@
+"""Baseline memory: the same imports as warmstart's torch path, no model."""
+
+from typing import Any
+
+import numpy  # noqa: F401
+import tokenizers  # noqa: F401
+import torch  # noqa: F401
+
+import handler.bert_torch
+import handler.runtime  # noqa: F401
+
+
+def lambda_handler(event: Any, context: Any) -> Any:
+    return {"ok": True}
