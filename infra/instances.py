@@ -102,6 +102,7 @@ class Instance:
         self.exited: asyncio.Future[int] | None = None
         self._log_target: Invocation | None = None
         self._log_closed: asyncio.Future[None] | None = None
+        self._log_transport: asyncio.BaseTransport | None = None
         self._log_fd = -1
         self._partial = b""
         self._timer: asyncio.TimerHandle | None = None
@@ -162,7 +163,9 @@ class Instance:
         assert self.proc.stdout is not None
         self._log_fd = self.proc.stdout.fileno()
         closed = self._log_closed
-        await loop.connect_read_pipe(lambda: _LogPipe(self._on_output, closed), self.proc.stdout)
+        self._log_transport, _ = await loop.connect_read_pipe(
+            lambda: _LogPipe(self._on_output, closed), self.proc.stdout
+        )
         try:
             self._pidfd = os.pidfd_open(self.proc.pid)
             loop.add_reader(self._pidfd, self._on_exit)
@@ -209,6 +212,8 @@ class Instance:
         if self._log_closed is not None:  # let the last lines land in the right log
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._log_closed), 0.5)
+        if self._log_transport is not None:  # a child that left the group may still hold the pipe open
+            self._log_transport.close()
         self._flush_partial()
         orphan = None
         message = f"Error: Runtime exited with error: {exit_reason(returncode)}"
@@ -258,6 +263,8 @@ class Instance:
             inv.log[:0] = self.init_log
         self.invocations += 1
         inv.start(instance_id=self.instance_id, timeout_s=self.config.timeout_s)
+        if self.config.echo_logs:
+            self._echo([f"START RequestId: {inv.request_id} Version: {inv.version}"])
         self._log_target = inv
         self._arm_timer(self.config.timeout_s, self._timed_out)
 
@@ -366,7 +373,10 @@ class Instance:
         if self._log_target is inv:
             self._flush_partial()
             self._log_target = None
+        before = len(inv.log)
         inv.finish(outcome, memory_mb=self.config.memory_mb, status=status)
+        if self.config.echo_logs:
+            self._echo(inv.log[before:].decode().splitlines())
 
     def _background(self, coro: Coroutine[None, None, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -393,7 +403,10 @@ class Instance:
             self.max_memory_mb = max(self.max_memory_mb, peak_rss_mb(self.proc.pid))
         now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         seconds = f"{self.config.timeout_s:.2f}"
-        self._emit(f"{now}Z {inv.request_id} Task timed out after {seconds} seconds\n".encode())
+        line = f"{now}Z {inv.request_id} Task timed out after {seconds} seconds"
+        self._emit(f"{line}\n".encode())
+        if self.config.echo_logs:
+            self._echo([line])
         self.kill()
         message = f"RequestId: {inv.request_id} Error: Task timed out after {seconds} seconds"
         self._finish_soon(inv, Outcome.error(TIMEOUT_ERROR, message), status="timeout")
@@ -420,8 +433,12 @@ class Instance:
             text = (self._partial + data).decode("utf-8", "replace")
             *lines, rest = text.split("\n")
             self._partial = rest.encode()
-            for line in lines:
-                sys.stderr.write(f"[{self.short_id}] {line}\n")
+            self._echo(lines)
+
+    def _echo(self, lines: list[str]) -> None:
+        # awslambdaric joins a multi-line error with \r so that it stays one log event; show it as lines.
+        out = [f"[{self.short_id}] {part}\n" for line in lines for part in line.split("\r")]
+        sys.stderr.write("".join(out))
 
     def _emit(self, data: bytes) -> None:
         target = self._log_target
@@ -432,7 +449,7 @@ class Instance:
 
     def _flush_partial(self) -> None:
         if self.config.echo_logs and self._partial:
-            sys.stderr.write(f"[{self.short_id}] {self._partial.decode('utf-8', 'replace')}\n")
+            self._echo([self._partial.decode("utf-8", "replace")])
             self._partial = b""
 
     def _fail_pending(self, outcome: Outcome) -> None:
