@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,6 +19,7 @@ from handler.backends import Backend
 from handler.config import Config
 from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
 from handler.manifest import Manifest, TensorSpec
+from handler.pool import BufferPool, current_arena
 from handler.tokens import TextEncoder
 from handler.types import JSON, Arrays
 
@@ -34,6 +34,12 @@ class Task(Protocol):
     def warmup(self) -> None: ...
 
 
+class TaskFactory(Protocol):
+    def __call__(
+        self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None
+    ) -> Task: ...
+
+
 def _require_object(payload: JSON) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InvalidInputError(f'request must be a JSON object with "inputs", got {type(payload).__name__}')
@@ -45,7 +51,7 @@ def _require_object(payload: JSON) -> dict[str, Any]:
 class EmbeddingTask:
     name = "embedding"
 
-    def __init__(self, manifest: Manifest, backend: Backend, config: Config) -> None:
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
         tok = manifest.tokenizer
         max_length = int(tok.get("truncation") or manifest.max_seq_length or 512)
         self.encoder = TextEncoder(
@@ -56,6 +62,7 @@ class EmbeddingTask:
         self.output = manifest.outputs[0].name
         self.max_inputs = config.max_inputs
         self.max_chars = config.max_chars
+        self.pool = pool or BufferPool()
 
     def texts(self, payload: JSON) -> list[str]:
         inputs = _require_object(payload)["inputs"]
@@ -83,14 +90,28 @@ class EmbeddingTask:
                     raise InvalidEncodingError(f"inputs[{i}] is not valid Unicode: {e.reason} at {e.start}") from None
         return inputs
 
-    def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
-        ids, mask = self.encoder.encode(texts)
+    def _run(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
+        """Token ids and mask in pooled buffers, outputs bound to pooled buffers; the caller holds the arena."""
+        encodings = self.encoder.tokenize(texts)
+        arena = current_arena()
+        assert arena is not None
+        shape = (len(encodings), len(encodings[0].ids))
+        ids, mask = arena.take(shape, np.int64), arena.take(shape, np.int64)
+        self.encoder.fill(encodings, ids, mask)
         out = self.backend.run({"input_ids": ids, "attention_mask": mask})[self.output]
         return out, int(mask.sum())
 
+    def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
+        with self.pool.request():
+            out, tokens = self._run(texts)
+            return out.copy(), tokens  # a copy: the pooled buffer goes back when the arena closes
+
     def __call__(self, payload: JSON) -> dict[str, Any]:
-        vectors, tokens = self.embed(self.texts(payload))
-        return {"embeddings": vectors.tolist(), "model": self.model, "usage": {"tokens": tokens}}
+        texts = self.texts(payload)
+        with self.pool.request():
+            vectors, tokens = self._run(texts)
+            # tolist() copies into Python floats before the buffers go back: the response never aliases the pool.
+            return {"embeddings": vectors.tolist(), "model": self.model, "usage": {"tokens": tokens}}
 
     def warmup(self) -> None:
         # A single query and a padded batch: touches every weight page, grows the arena and runs both the
@@ -110,11 +131,12 @@ _KIND_OK = {
 class TensorTask:
     name = "tensor"
 
-    def __init__(self, manifest: Manifest, backend: Backend, config: Config) -> None:
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
         self.inputs = {s.name: s for s in manifest.inputs}
         self.outputs = [s.name for s in manifest.outputs]
         self.backend = backend
         self.model = manifest.key
+        self.pool = pool or BufferPool()
 
     def _array(self, name: str, value: JSON, spec: TensorSpec) -> npt.NDArray[Any]:
         dtype = np.dtype(spec.dtype)
@@ -156,20 +178,33 @@ class TensorTask:
         fmt = body.get("output_format", "list")
         if fmt not in OUTPUT_FORMATS:
             raise InvalidInputError(f"output_format {fmt!r}; valid: {', '.join(OUTPUT_FORMATS)}")
-        return {n: self._array(n, v, self.inputs[n]) for n, v in inputs.items()}, fmt
+        arrays = {n: self._array(n, v, self.inputs[n]) for n, v in inputs.items()}
+        # A symbolic dimension names one size across all inputs (ONNX's dim_param); "?" is unnamed.
+        bound: dict[str, tuple[str, int]] = {}
+        for name, array in arrays.items():
+            for dim, size in zip(self.inputs[name].shape, array.shape, strict=True):
+                if isinstance(dim, str) and dim != "?":
+                    first, want = bound.setdefault(dim, (name, size))
+                    if size != want:
+                        raise InvalidInputError(
+                            f"inputs.{name}: dimension {dim!r} is {size}, but inputs.{first} has it as {want}"
+                        )
+        return arrays, fmt
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
         feeds, fmt = self.feeds(payload)
-        results = self.backend.run(feeds)
         outputs: dict[str, Any] = {}
-        for name in self.outputs:
-            array = results[name]
-            if fmt == "npy":
-                buf = io.BytesIO()
-                np.save(buf, array, allow_pickle=False)
-                outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
-            else:
-                outputs[name] = array.tolist()
+        with self.pool.request():
+            results = self.backend.run(feeds)
+            # Serialized (copied) inside the arena: pooled output buffers never leave this block.
+            for name in self.outputs:
+                array = results[name]
+                if fmt == "npy":
+                    buf = io.BytesIO()
+                    np.save(buf, array, allow_pickle=False)
+                    outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
+                else:
+                    outputs[name] = array.tolist()
         return {"outputs": outputs, "model": self.model}
 
     def warmup(self) -> None:
@@ -181,4 +216,4 @@ class TensorTask:
         self.backend.run(feeds)
 
 
-TASKS: dict[str, Callable[[Manifest, Backend, Config], Task]] = {"embedding": EmbeddingTask, "tensor": TensorTask}
+TASKS: dict[str, TaskFactory] = {"embedding": EmbeddingTask, "tensor": TensorTask}
