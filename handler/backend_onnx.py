@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import onnxruntime as ort
 from handler.backends import BackendSettings
 from handler.errors import ModelLoadError
 from handler.manifest import Manifest
+from handler.pool import current_arena
 from handler.report import PhaseTimer
 from handler.types import Arrays, BackendName
 
@@ -20,6 +22,18 @@ _CUDA_OPTIONS = {
     "cudnn_conv_algo_search": "DEFAULT",
     "arena_extend_strategy": "kSameAsRequested",
 }
+_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+# (name, dtype, dims): each dim an int, or the name of an input's symbolic dim to take from the feeds.
+OutputSpec = tuple[str, Any, list[int | str]]
 
 
 class OnnxBackend:
@@ -31,6 +45,10 @@ class OnnxBackend:
         self.device_reason = ""
         self.threads = 0
         self._outputs: list[str] = []
+        self._bound: list[OutputSpec] | None = None  # None: some output's shape is unknowable before the run
+        self._symbols: list[tuple[str, int, str]] = []  # (input, axis, symbol) to read dims off the feeds
+        self._bindings: list[Any] = []  # idle IOBinding objects: one per in-flight run, reused
+        self._lock = threading.Lock()
 
     def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
         path = manifest.path(manifest.backends["onnx"]["model"])
@@ -59,6 +77,23 @@ class OnnxBackend:
             self.device_reason = f"{settings.cuda.reason}, but the CUDA provider failed to load (CUDA/cuDNN libraries?)"
         self.threads = settings.threads
         self._outputs = [o.name for o in self.session.get_outputs()]
+        self._plan_bound_outputs()
+
+    def _plan_bound_outputs(self) -> None:
+        """Outputs whose every dim is fixed or named after an input's dim can be preallocated and bound."""
+        assert self.session is not None
+        self._symbols = [
+            (i.name, axis, d) for i in self.session.get_inputs() for axis, d in enumerate(i.shape) if isinstance(d, str)
+        ]
+        symbols = {s for _, _, s in self._symbols}
+        plan: list[OutputSpec] = []
+        for o in self.session.get_outputs():
+            dtype = _DTYPES.get(o.type)
+            if dtype is None or not all(isinstance(d, int) or d in symbols for d in o.shape):
+                self._bound = None
+                return
+            plan.append((o.name, dtype, list(o.shape)))
+        self._bound = plan
 
     def warm_device(self) -> dict[str, Any]:
         if CUDA not in self.providers:
@@ -70,6 +105,38 @@ class OnnxBackend:
         return {"cuda": True, "reason": self.device_reason, "allocated_on": value.device_name()}
 
     def run(self, feeds: Arrays) -> Arrays:
+        """Inside a request's arena, outputs go into pooled buffers through IOBinding (valid until the arena
+        closes); otherwise, or when an output's shape is unknowable in advance, a plain `session.run`."""
+        assert self.session is not None
+        arena = current_arena()
+        if arena is None or self._bound is None:
+            return self._plain(feeds)
+        dims = {s: feeds[name].shape[axis] for name, axis, s in self._symbols}
+        outputs = {
+            name: arena.take(tuple(d if isinstance(d, int) else dims[d] for d in shape), dtype)
+            for name, dtype, shape in self._bound
+        }
+        with self._lock:
+            binding = self._bindings.pop() if self._bindings else self.session.io_binding()
+        try:
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            for name, array in outputs.items():
+                binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            self.session.run_with_iobinding(binding)
+        except Exception:
+            # A graph whose output dims are named like its inputs' but mean something else: fall back for good.
+            result = self._plain(feeds)
+            self._bound = None
+            return result
+        finally:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+            with self._lock:
+                self._bindings.append(binding)
+        return outputs
+
+    def _plain(self, feeds: Arrays) -> Arrays:
         assert self.session is not None
         results = self.session.run(self._outputs, feeds)
         return dict(zip(self._outputs, results, strict=True))

@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import numpy as np
 import torch
 
 from handler.backends import BackendSettings
 from handler.bert_torch import BertConfig, BertMeanPooled
 from handler.errors import ModelLoadError
 from handler.manifest import Manifest
+from handler.pool import current_arena
 from handler.report import PhaseTimer
 from handler.types import Arrays, BackendName
 from handler.weights import mmap_safetensors
@@ -78,11 +80,20 @@ class TorchBackend:
 
     def run(self, feeds: Arrays) -> Arrays:
         assert self.model is not None
+        # from_numpy shares the (pooled) feed buffers: no copy on CPU; from pinned memory on CUDA.
+        cuda = self.device.type == "cuda"
         with torch.inference_mode():
-            ids = torch.from_numpy(feeds["input_ids"]).to(self.device)
-            mask = torch.from_numpy(feeds["attention_mask"]).to(self.device)
+            ids = torch.from_numpy(feeds["input_ids"]).to(self.device, non_blocking=cuda)
+            mask = torch.from_numpy(feeds["attention_mask"]).to(self.device, non_blocking=cuda)
             out = self.model(ids, mask)
-        return {self.output: out.cpu().numpy()}
+            arena = current_arena()
+            if not cuda or arena is None:
+                # On CPU the model's own output tensor is fresh memory already; a pooled copy would only cost.
+                return {self.output: out.cpu().numpy()}
+            host = arena.take(tuple(out.shape), np.float32)
+            torch.from_numpy(host).copy_(out, non_blocking=True)  # device → pooled (pinned) host buffer
+            torch.cuda.current_stream(self.device).synchronize()
+        return {self.output: host}
 
     def describe(self) -> dict[str, Any]:
         return {

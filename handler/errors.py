@@ -43,6 +43,13 @@ class PayloadTooLargeError(RequestError):
     status = 413
 
 
+class ServiceBusyError(RequestError):
+    """The instance's request queue is full: not the request's fault, but answered the same way (at once,
+    typed, and the instance keeps serving); HTTP callers get 503 and may retry."""
+
+    status = 503
+
+
 class UnsupportedRequestError(RequestError):
     """A well-formed request this model cannot answer (wrong task, unknown method)."""
 

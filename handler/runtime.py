@@ -7,6 +7,7 @@ inference, then print one JSON init report line.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -23,22 +24,41 @@ from handler.device import probe_cuda
 from handler.errors import RequestError
 from handler.manifest import Manifest, load_manifest, verify_sha256
 from handler.ping import hold_ms, is_ping
-from handler.sources import error_response, infer_source
+from handler.pool import BufferPool
+from handler.sources import decode_body, error_response, infer_source
+from handler.status import Diagnostics, is_status
 from handler.tasks import TASKS, Task
 from handler.types import JSON, Event
+from handler.workers import WorkerPool, sizing_from_environ
 
 log = logging.getLogger("warmstart")
 
 
 class Runtime:
-    def __init__(self, config: Config, manifest: Manifest, backend: Backend, task: Task, init: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        manifest: Manifest,
+        backend: Backend,
+        task: Task,
+        init: dict[str, Any],
+        pool: BufferPool | None = None,
+        workers: WorkerPool | None = None,
+    ) -> None:
         self.config = config
         self.manifest = manifest
         self.backend = backend
         self.task = task
         self.init_report = init
+        self.pool = pool or getattr(task, "pool", None) or BufferPool()
+        # Set when several requests may run at once (the HTTP host, Lambda Managed Instances): inference
+        # goes through it, bounded; pings and status never do.
+        self.workers = workers
         self.instance_id = uuid.uuid4().hex
+        self.started = time.monotonic()
         self.invocations = 0
+        self.counts = {"inference": 0, "ping": 0, "status": 0, "rejected": 0, "failed": 0}
+        self.diagnostics = Diagnostics()
         self._lock = threading.Lock()
 
     @classmethod
@@ -62,7 +82,10 @@ class Runtime:
             with timer.phase("sha256"):
                 verify_sha256(manifest, files)
         budget = cpu_budget(env)
-        threads = config.threads or budget.cpus
+        # Lambda Managed Instances: awslambdaric forks one process per concurrency slot, each with its own
+        # session; their intra-op threads share the CPUs, so each gets its share instead of all of them.
+        slots = _max_concurrency(env)
+        threads = config.threads or max(1, budget.cpus // slots)
         on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
         cuda = probe_cuda(config.device)
         settings = BackendSettings(
@@ -75,7 +98,9 @@ class Runtime:
         with timer.phase("device"):
             device = backend.warm_device()
         with timer.phase("task"):
-            task: Task = TASKS[manifest.task](manifest, backend, config)
+            # Pinned host buffers only where a device will copy from them.
+            pool = BufferPool.for_device(cuda.usable)
+            task: Task = TASKS[manifest.task](manifest, backend, config, pool)
         warmup_error = None
         if config.warmup:
             with timer.phase("warmup"):
@@ -100,11 +125,15 @@ class Runtime:
             **report.memory_mb(),
             "weights_mb": round(sum(manifest.files[n].size for n in files) / 2**20, 1),
         }
+        workers = None
+        if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
+            workers = WorkerPool(sizing_from_environ(env, max(1, budget.cpus // slots)), budget.cpus)
+            init["workers"] = {"max_concurrency": slots, **workers.stats()}
         if warmup_error:
             init["warmup_error"] = warmup_error
         if emit:
             emit(init)
-        return cls(config, manifest, backend, task, init)
+        return cls(config, manifest, backend, task, init, pool, workers)
 
     def ping(self, payload: dict[str, Any], context: Any, cold: bool, count: int) -> dict[str, Any]:
         remaining = context.get_remaining_time_in_millis() if context is not None else None
@@ -124,6 +153,36 @@ class Runtime:
             reply["correlation_id"] = payload["correlation_id"]
         return reply
 
+    def status(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Instance facts for `{"warmstart": "status"}` and `GET /status`: never touches the model."""
+        leaks = self.diagnostics.tracemalloc(payload or {})
+        with self._lock:
+            counts = {"total": self.invocations, **self.counts}
+        reply: dict[str, Any] = {
+            "warmstart": "status",
+            "instance_id": self.instance_id,
+            "model": self.manifest.key,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "invocations": counts,
+            **self.diagnostics.facts(),
+            "pool": self.pool.stats(),
+            "workers": self.workers.stats() if self.workers else None,
+        }
+        if leaks is not None:
+            reply["tracemalloc"] = leaks
+        return reply
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    def infer(self, payload: JSON) -> dict[str, Any]:
+        """The task, on a worker when several requests may run at once."""
+        self._count("inference")
+        if self.workers is not None:
+            return self.workers.call(self.task, payload)
+        return self.task(payload)
+
     def handle(self, event: Event, context: Any = None) -> JSON:
         with self._lock:
             self.invocations += 1
@@ -131,18 +190,50 @@ class Runtime:
         source = infer_source(event)
         try:
             payload = source.payload(event)
-            if not source.http and is_ping(payload):
-                return self.ping(payload, context, count == 1, count)
-            return source.respond(event, self.task(payload))
+            if not source.http:
+                if is_ping(payload):
+                    self._count("ping")
+                    return self.ping(payload, context, count == 1, count)
+                if is_status(payload):
+                    self._count("status")
+                    return self.status(payload)
+            return source.respond(event, self.infer(payload))
         except RequestError as e:
+            self._count("rejected")
             log.warning("rejected request from %s: %s: %s", source.name, type(e).__name__, e)
             if not source.http:
                 raise
             return error_response(source, event, e)
         except Exception as e:
+            self._count("failed")
             if not source.http:
                 raise
             log.exception("internal error")
             return source.respond(
                 event, {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
             )
+
+    def handle_body(self, raw: bytes) -> tuple[int, bytes]:
+        """A POSTed body → (status, JSON bytes): the HTTP host's path, run on a worker. The same task and the
+        same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary request."""
+        with self._lock:
+            self.invocations += 1
+        try:
+            payload = decode_body(raw)
+            self._count("inference")
+            body: JSON = self.task(payload)
+            status = 200
+        except RequestError as e:
+            self._count("rejected")
+            log.warning("rejected request from http: %s: %s", type(e).__name__, e)
+            body, status = e.to_body(), e.status
+        except Exception as e:
+            self._count("failed")
+            log.exception("internal error")
+            body, status = {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
+        return status, json.dumps(body, separators=(",", ":")).encode()
+
+
+def _max_concurrency(env: Mapping[str, str]) -> int:
+    raw = env.get("AWS_LAMBDA_MAX_CONCURRENCY", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
