@@ -144,3 +144,30 @@ def test_emulator_path_for_curl_habits(lam: Lambda) -> None:
     conn.close()
     assert response.status == 200
     assert body["event"] == {"via": "curl"}
+
+
+def test_runtime_api_refusals_have_lambdas_codes_and_bodies(lam: Lambda) -> None:
+    _local, client = lam
+    _, body, _ = invoke(client, {})
+    host, port = body["env"]["AWS_LAMBDA_RUNTIME_API"].split(":")
+
+    def call(method: str, path: str, payload: bytes = b"") -> tuple[int, dict[str, Any]]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request(method, f"/2018-06-01/runtime/{path}", payload or None)
+        response = conn.getresponse()
+        data = json.loads(response.read() or b"{}")
+        conn.close()
+        return response.status, data
+
+    assert call("POST", "invocation/not-a-request-id/response", b"{}") == (
+        400,
+        {"errorMessage": "Invalid request ID", "errorType": "InvalidRequestID"},
+    )
+    status, data = call("POST", "init/error", b'{"errorType": "X", "errorMessage": "late"}')
+    assert (status, data["errorType"]) == (403, "InvalidStateTransition")  # init is long over
+    status, data = call("GET", "restore/next")
+    assert (status, data["errorType"]) == (403, "InvalidStateTransition")  # not a snap-start function
+    status, data = call("GET", "invocation/next")
+    assert (status, data["errorType"]) == (403, "InvalidStateTransition")  # the runtime is already parked there
+    _, again, _ = invoke(client, {})  # none of that disturbed the instance
+    assert again["pid"] == body["pid"]
