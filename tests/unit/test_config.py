@@ -1,0 +1,91 @@
+"""Config.from_environ: defaults, closed sets and ranges, with errors that say what is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handler.config import DEFAULT_MODEL_DIRS, Config
+from handler.errors import ConfigError
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    config = Config.from_environ({})
+    assert config.backend is None  # the manifest decides
+    assert config.model_dir in DEFAULT_MODEL_DIRS
+    assert (config.max_inputs, config.max_chars, config.max_hold_ms) == (256, 20_000, 10_000)
+    assert (config.verify_sha256, config.warmup, config.threads, config.device) == (False, True, None, "auto")
+
+
+def test_every_setting_is_read() -> None:
+    config = Config.from_environ(
+        {
+            "WARMSTART_MODEL": "/opt/models/mine",
+            "WARMSTART_BACKEND": "torch",
+            "WARMSTART_MAX_INPUTS": "8",
+            "WARMSTART_MAX_CHARS": "100",
+            "WARMSTART_MAX_HOLD_MS": "0",
+            "WARMSTART_VERIFY_SHA256": "TRUE",
+            "WARMSTART_THREADS": "3",
+            "WARMSTART_WARMUP": "off",
+            "WARMSTART_DEVICE": "cpu",
+        }
+    )
+    assert config == Config(
+        model_dir=Path("/opt/models/mine"),
+        backend="torch",
+        max_inputs=8,
+        max_chars=100,
+        max_hold_ms=0,
+        verify_sha256=True,
+        threads=3,
+        warmup=False,
+        device="cpu",
+    )
+
+
+def test_empty_values_mean_default() -> None:
+    config = Config.from_environ({"WARMSTART_MAX_INPUTS": "", "WARMSTART_WARMUP": " ", "WARMSTART_BACKEND": ""})
+    assert (config.max_inputs, config.warmup, config.backend) == (256, True, None)
+
+
+@pytest.mark.parametrize("value", ["tensorrt", "ONNX", "onnx ", "pytorch"])
+def test_invalid_backend_lists_valid_ones(value: str) -> None:
+    with pytest.raises(ConfigError, match="valid backends: onnx, torch") as info:
+        Config.from_environ({"WARMSTART_BACKEND": value})
+    assert repr(value) in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("WARMSTART_MAX_INPUTS", "ten", "is not an integer"),
+        ("WARMSTART_MAX_INPUTS", "1.5", "is not an integer"),
+        ("WARMSTART_MAX_INPUTS", "0", "outside [1, 100000]"),
+        ("WARMSTART_MAX_CHARS", "-5", "outside"),
+        ("WARMSTART_MAX_HOLD_MS", "900001", "outside [0, 900000]"),
+        ("WARMSTART_THREADS", "many", "is not an integer"),
+    ],
+)
+def test_bad_integers_name_the_variable(key: str, value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=key) as info:
+        Config.from_environ({key: value})
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled"])
+def test_bad_booleans_list_valid_values(value: str) -> None:
+    with pytest.raises(ConfigError, match="valid values: 1, 0, true, false"):
+        Config.from_environ({"WARMSTART_VERIFY_SHA256": value})
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("Yes", True), ("on", True), ("0", False), ("NO", False)])
+def test_boolean_spellings(raw: str, expected: bool) -> None:
+    assert Config.from_environ({"WARMSTART_WARMUP": raw}).warmup is expected
+
+
+def test_invalid_device_lists_valid_ones() -> None:
+    with pytest.raises(ConfigError, match="auto, cpu, cuda"):
+        Config.from_environ({"WARMSTART_DEVICE": "gpu"})

@@ -1,0 +1,79 @@
+"""The init phase emits exactly one structured report record."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handler import report
+from handler.config import Config
+from handler.runtime import Runtime
+from tests.conftest import MODEL_KEY
+
+KEYS = {
+    "warmstart",
+    "model",
+    "backend",
+    "providers",
+    "threads",
+    "phases_ms",
+    "total_ms",
+    "rss_mb",
+    "peak_rss_mb",
+    "init_type",
+}
+PHASES = {"onnx": {"manifest", "imports", "session", "warmup"}, "torch": {"manifest", "imports", "load", "warmup"}}
+
+
+def start_with_report(model_dir: Path, backend: str, environ: dict[str, str]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    Runtime.start(Config(model_dir=model_dir, backend=backend), environ=environ, emit=records.append)  # type: ignore[arg-type]
+    return records
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_one_report_with_the_documented_keys(backend: str, model_dir: Path, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue(f"{backend}_runtime")  # the import is paid once per session, not here
+    records = start_with_report(model_dir, backend, {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"})
+    assert len(records) == 1
+    record = records[0]
+    assert set(record) >= KEYS
+    assert (record["warmstart"], record["model"], record["backend"]) == ("init", MODEL_KEY, backend)
+    assert record["init_type"] == "snap-start"
+    assert set(record["phases_ms"]) >= PHASES[backend]
+    assert all(ms >= 0 for ms in record["phases_ms"].values())
+    assert record["total_ms"] >= sum(record["phases_ms"].values()) * 0.99
+    assert 0 < record["rss_mb"] <= record["peak_rss_mb"]
+    assert record["threads"]["intra_op"] >= 1
+    assert isinstance(record["providers"], list)
+    assert record["providers"]
+    json.dumps(record)  # plain JSON, no default= needed
+
+
+def test_init_type_defaults_to_on_demand(model_dir: Path) -> None:
+    assert start_with_report(model_dir, "onnx", {})[0]["init_type"] == "on-demand"
+
+
+def test_threads_follow_lambda_memory(model_dir: Path) -> None:
+    threads = start_with_report(model_dir, "onnx", {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1769"})[0]["threads"]
+    assert threads["intra_op"] == 1
+    assert threads["lambda_vcpus"] == 1.0
+
+
+def test_sha256_phase_only_when_asked(model_dir: Path) -> None:
+    records: list[dict[str, Any]] = []
+    Runtime.start(Config(model_dir=model_dir, backend="onnx", verify_sha256=True), environ={}, emit=records.append)
+    assert "sha256" in records[0]["phases_ms"]
+    assert "sha256" not in start_with_report(model_dir, "onnx", {})[0]["phases_ms"]
+
+
+def test_emit_writes_one_json_line() -> None:
+    stream = io.StringIO()
+    report.emit({"warmstart": "init", "path": Path("/x"), "phases_ms": {"a": 1.5}}, stream)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0]) == {"warmstart": "init", "path": "/x", "phases_ms": {"a": 1.5}}

@@ -1,0 +1,152 @@
+"""load_manifest / verify_sha256: a missing or corrupt model fails with a message naming the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handler.errors import ModelLoadError
+from handler.manifest import load_manifest, verify_sha256
+from handler.pack import pack_onnx
+from handler.runtime import Runtime
+from tests.conftest import MODEL_KEY, start, write_tiny_onnx
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Path:
+    """A small packed model with one external-data file (out_dim 1100: W is 13 kB)."""
+    write_tiny_onnx(tmp_path / "src.onnx", out_dim=1100)
+    return pack_onnx(tmp_path / "src.onnx", tmp_path / "packed", "tiny", "2.0")
+
+
+def edit_manifest(root: Path, change: Any) -> None:
+    path = root / "manifest.json"
+    raw = json.loads(path.read_text())
+    change(raw)
+    path.write_text(json.dumps(raw))
+
+
+def test_default_model_manifest(model_dir: Path) -> None:
+    manifest = load_manifest(model_dir)
+    assert manifest.key == MODEL_KEY
+    assert (manifest.task, manifest.default_backend, manifest.max_seq_length) == ("embedding", "onnx", 256)
+    assert set(manifest.backends) == {"onnx", "torch"}
+    assert manifest.files_for("onnx") == ["model.onnx", "model.onnx.data", "tokenizer.json"]
+    assert manifest.files_for("torch") == ["model.safetensors", "tokenizer.json"]
+    assert manifest.tokenizer["truncation"] == 256
+    assert [(s.name, s.dtype) for s in manifest.inputs] == [("input_ids", "int64"), ("attention_mask", "int64")]
+    assert manifest.outputs[0].shape == ("batch", 384)
+
+
+def test_packed_tiny_model_loads_and_verifies(packed: Path) -> None:
+    manifest = load_manifest(packed)
+    assert manifest.key == "tiny@2.0"
+    assert manifest.files["model.onnx.data"].size > 13_000
+    verify_sha256(manifest)  # does not raise
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist") as info:
+        load_manifest(tmp_path / "nowhere")
+    assert str(tmp_path / "nowhere") in str(info.value)
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"manifest\.json: missing"):
+        load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b""])
+def test_invalid_json_manifest(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(ModelLoadError, match=r"manifest\.json: not valid JSON"):
+        load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
+def test_truncated_file_is_named(packed: Path, name: str) -> None:
+    data = (packed / name).read_bytes()
+    (packed / name).write_bytes(data[:-100])
+    with pytest.raises(ModelLoadError, match="truncated") as info:
+        load_manifest(packed)
+    assert str(packed / name) in str(info.value)
+    assert f"size {len(data) - 100} bytes" in str(info.value)
+
+
+def test_missing_listed_file_is_named(packed: Path) -> None:
+    (packed / "model.onnx.data").unlink()
+    with pytest.raises(ModelLoadError, match=r"model\.onnx\.data: listed in the manifest but missing"):
+        load_manifest(packed)
+
+
+def test_corrupt_byte_fails_sha256_naming_the_file(packed: Path) -> None:
+    path = packed / "model.onnx.data"
+    data = bytearray(path.read_bytes())
+    data[5000] ^= 0xFF
+    path.write_bytes(bytes(data))
+    manifest = load_manifest(packed)  # same size: the cheap check cannot see it
+    with pytest.raises(ModelLoadError, match="SHA-256") as info:
+        verify_sha256(manifest)
+    assert str(path) in str(info.value)
+    verify_sha256(manifest, ["model.onnx"])  # the other file is fine
+
+
+def test_init_with_verify_sha256_refuses_a_corrupt_model(packed: Path) -> None:
+    path = packed / "model.onnx.data"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"model\.onnx\.data: SHA-256"):
+        start(packed, verify_sha256=True)
+
+
+def test_init_fails_on_a_truncated_model(packed: Path) -> None:
+    (packed / "model.onnx").write_bytes((packed / "model.onnx").read_bytes()[:10])
+    with pytest.raises(ModelLoadError, match=r"model\.onnx: size 10 bytes"):
+        Runtime.start(environ={"WARMSTART_MODEL": str(packed)}, emit=None)
+
+
+def test_unknown_task_lists_valid_tasks(packed: Path) -> None:
+    edit_manifest(packed, lambda m: m.update(task="translation"))
+    with pytest.raises(ModelLoadError, match="valid tasks: embedding, tensor") as info:
+        load_manifest(packed)
+    assert "manifest.json" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "sub/../../escape.bin", "/etc/passwd"])
+def test_file_names_must_stay_inside(packed: Path, name: str) -> None:
+    edit_manifest(packed, lambda m: m["files"].update({name: {"size": 1, "sha256": "0" * 64}}))
+    with pytest.raises(ModelLoadError, match="must be relative and stay inside"):
+        load_manifest(packed)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda m: m.update(format="something-else"), "format must be"),
+        (lambda m: m.update(format_version=2), "format must be"),
+        (lambda m: m.update(default_backend="torch"), "default_backend 'torch' is not among backends ['onnx']"),
+        (lambda m: m["inputs"][0].update(dtype="complex64"), "dtype 'complex64'"),
+        (lambda m: m["inputs"][0].pop("shape"), "needs name, dtype and shape"),
+        (lambda m: m.pop("backends"), "backends"),
+    ],
+)
+def test_invalid_manifests(packed: Path, change: Any, fragment: str) -> None:
+    edit_manifest(packed, change)
+    with pytest.raises(ModelLoadError, match="invalid manifest") as info:
+        load_manifest(packed)
+    assert fragment in str(info.value)
+
+
+def test_path_of_an_unlisted_file(packed: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not listed"):
+        load_manifest(packed).path("tokenizer.json")
+
+
+def test_copy_of_a_packed_model_still_loads(packed: Path, tmp_path: Path) -> None:
+    copy = shutil.copytree(packed, tmp_path / "copy")
+    assert load_manifest(copy).root == copy

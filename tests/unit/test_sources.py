@@ -1,0 +1,81 @@
+"""Event source detection and body decoding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from handler.config import LAMBDA_PAYLOAD_LIMIT
+from handler.errors import InvalidEncodingError, InvalidJSONError, PayloadTooLargeError
+from handler.sources import Direct, decode_body, infer_source
+from tests.conftest import event_names
+
+EXPECTED = {
+    "apigw_v1.json": "api-gateway-v1",
+    "http_api_v2.json": "http-api-v2",
+    "http_api_v2_base64.json": "http-api-v2",
+    "function_url.json": "http-api-v2",
+    "bad_json_v2.json": "http-api-v2",
+    "bad_utf8_base64_v2.json": "http-api-v2",
+    "bad_base64_v2.json": "http-api-v2",
+    "get_method_v2.json": "http-api-v2",
+    "ping_over_http_v2.json": "http-api-v2",
+    "alb.json": "alb",
+    "alb_multivalue.json": "alb",
+}
+
+
+@pytest.mark.parametrize("name", event_names())
+def test_each_event_file_gets_its_source(name: str, load_event: Callable[[str], Any]) -> None:
+    source = infer_source(load_event(name))
+    assert source.name == EXPECTED.get(name, "direct")
+    assert source.http is (name in EXPECTED)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        None,
+        [],
+        "text",
+        42,
+        b'{"inputs": []}',
+        {},
+        {"version": "2.0"},
+        {"version": "2.0", "requestContext": {"http": "POST"}},
+        {"version": "1.0", "requestContext": {"http": {"method": "POST"}}},
+        {"httpMethod": "POST"},
+        {"httpMethod": "POST", "requestContext": "x"},
+        {"requestContext": {"elb": "arn"}},
+        {"requestContext": 7},
+    ],
+)
+def test_direct_is_the_catch_all(event: Any) -> None:
+    assert isinstance(infer_source(event), Direct)
+
+
+def test_alb_wins_over_v1_although_it_has_http_method(load_event: Callable[[str], Any]) -> None:
+    event = load_event("alb.json")
+    assert "httpMethod" in event
+    assert infer_source(event).name == "alb"
+
+
+def test_http_api_v1_payload_format_is_v1(load_event: Callable[[str], Any]) -> None:
+    event = load_event("apigw_v1.json")
+    event["version"] = "1.0"  # HTTP APIs with payload format 1.0 send the REST shape plus a version
+    assert infer_source(event).name == "api-gateway-v1"
+
+
+def test_decode_body() -> None:
+    assert decode_body('{"inputs": ["é"]}'.encode()) == {"inputs": ["é"]}
+    with pytest.raises(InvalidEncodingError, match="not valid UTF-8"):
+        decode_body(b'{"inputs": ["\xc3"]}')
+    with pytest.raises(InvalidJSONError, match="not valid JSON"):
+        decode_body(b"{inputs}")
+    with pytest.raises(InvalidJSONError, match="nested too deeply"):
+        decode_body(b"[" * 50_000)
+    with pytest.raises(PayloadTooLargeError):
+        decode_body(b" " * (LAMBDA_PAYLOAD_LIMIT + 1))
+    assert decode_body(b" " * (LAMBDA_PAYLOAD_LIMIT - 2) + b"{}") == {}  # exactly at the limit is fine
