@@ -17,9 +17,14 @@ if ROOT not in sys.path:  # the fixtures live under tests/, which is not an inst
     sys.path.insert(0, ROOT)
 
 from infra.local_lambda import LocalLambda  # noqa: E402
-from tests.fixtures.local_support import invoke, report, running  # noqa: E402
+from tests.fixtures.local_support import invoke, report, running, wait_until  # noqa: E402
 
 Lambda = tuple[LocalLambda, Any]  # the server and a boto3 client for it
+
+
+def instances(local: LocalLambda) -> list[Any]:
+    return [i for i in list(local.pool.instances.values()) if i.proc is not None]
+
 
 pytestmark = pytest.mark.integration
 
@@ -147,9 +152,11 @@ def test_emulator_path_for_curl_habits(lam: Lambda) -> None:
 
 
 def test_runtime_api_refusals_have_lambdas_codes_and_bodies(lam: Lambda) -> None:
-    _local, client = lam
+    local, client = lam
     _, body, _ = invoke(client, {})
     host, port = body["env"]["AWS_LAMBDA_RUNTIME_API"].split(":")
+    # Only once the runtime is parked on its own /next: a foreign /next before that would take its place.
+    assert wait_until(lambda: any(i.parked and i.proc.pid == body["pid"] for i in instances(local)))
 
     def call(method: str, path: str, payload: bytes = b"") -> tuple[int, dict[str, Any]]:
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
