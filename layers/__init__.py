@@ -1,0 +1,1 @@
+"""Lambda layer builds for the zip + SnapStart path: dependency layer, model layer, function code."""

@@ -1,0 +1,116 @@
+"""layers/build.py offline: pip installs from wheels made here (no index), the model layer is the packed
+default model, two builds give identical zips, and an unzipped total over the limit stops with a clear error."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from layers import build as layers
+
+WHEELS = {
+    # name -> files; `tests/`, stubs and boto3 must not reach the layer.
+    "tinydep": {
+        "tinydep/__init__.py": "VALUE = 1\n",
+        "tinydep/__init__.pyi": "VALUE: int\n",
+        "tinydep/tests/test_tiny.py": "def test(): pass\n",
+    },
+    "boto3": {"boto3/__init__.py": "raise ImportError('the managed runtime brings its own')\n"},
+}
+
+
+def make_wheel(directory: Path, name: str, files: dict[str, str]) -> None:
+    """A minimal py3-none-any wheel (pip accepts it for any --platform)."""
+    dist_info = f"{name}-1.0.dist-info"
+    files = {
+        **files,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist_info}/RECORD,,")
+    with zipfile.ZipFile(directory / f"{name}-1.0-py3-none-any.whl", "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    wheels = tmp_path_factory.mktemp("wheels")
+    for name, files in WHEELS.items():
+        make_wheel(wheels, name, files)
+    requirements = wheels / "requirements.txt"
+    requirements.write_text("tinydep==1.0\nboto3==1.0\n")
+    return wheels, requirements
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_build_is_reproducible_pruned_and_fits(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheels, requirements = wheelhouse
+    first = layers.build(tmp_path / "a", model_dir, requirements, wheels)
+    second = layers.build(tmp_path / "b", model_dir, requirements, wheels)
+    assert [a.name for a in first] == ["function.zip", "deps.zip", "model.zip"]
+    assert [a.sha256 for a in first] == [a.sha256 for a in second]
+    assert all(a.sha256 == sha256(tmp_path / "a" / a.name) for a in first)
+
+    deps = zipfile.ZipFile(tmp_path / "a" / "deps.zip")
+    names = deps.namelist()
+    assert "python/tinydep/__init__.py" in names and "python/tinydep-1.0.dist-info/METADATA" in names
+    assert not [n for n in names if "/tests/" in n or n.endswith((".pyi", "RECORD", "INSTALLER")) or "boto3" in n]
+    assert names == sorted(names)
+    assert {i.date_time for i in deps.infolist()} == {layers.FIXED_DATE}
+    assert {i.external_attr >> 16 for i in deps.infolist()} <= {0o100644, 0o100755}
+
+    # The model layer is the packed model as the handler finds it at /opt/models/default: manifest + its files.
+    from handler.manifest import load_manifest
+
+    manifest = load_manifest(model_dir)
+    model = zipfile.ZipFile(tmp_path / "a" / "model.zip")
+    listed = {f"models/default/{n}": e.size for n, e in manifest.files.items()}
+    assert {i.filename: i.file_size for i in model.infolist() if not i.filename.endswith("manifest.json")} == listed
+    code = zipfile.ZipFile(tmp_path / "a" / "function.zip").namelist()
+    assert "handler/app.py" in code and not [n for n in code if "__pycache__" in n]
+
+    print(layers.size_table(first, layers.LAMBDA_UNZIPPED_LIMIT))
+    assert "limit" in capsys.readouterr().out
+    assert sum(a.unzipped for a in first) <= layers.LAMBDA_UNZIPPED_LIMIT
+
+
+def test_over_the_limit_stops_with_a_clear_error(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], model_dir: Path
+) -> None:
+    wheels, requirements = wheelhouse
+    with pytest.raises(layers.LayerSizeError, match=r"passes Lambda's 1 MB limit.*model\.zip"):
+        layers.build(tmp_path, model_dir, requirements, wheels, limit=1 * layers.MB)
+    assert not list(tmp_path.glob("*.zip"))  # nothing half-written
+
+
+def test_cli_reports_the_limit_and_exits_1(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheels, requirements = wheelhouse
+    argv = ["--out", str(tmp_path), "--model", str(model_dir), "--requirements", str(requirements)]
+    assert layers.main([*argv, "--wheels", str(wheels), "--limit-mb", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "passes Lambda's 1 MB limit" in err and "deps.zip" in err
+
+
+def test_pip_failure_is_a_clear_error(tmp_path: Path, wheelhouse: tuple[Path, Path], model_dir: Path) -> None:
+    wheels, _ = wheelhouse
+    missing = tmp_path / "requirements.txt"
+    missing.write_text("not-a-wheel-here==1.0\n")
+    with pytest.raises(layers.LayerBuildError, match="pip could not install"):
+        layers.build(tmp_path, model_dir, missing, wheels)
