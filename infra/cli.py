@@ -12,6 +12,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "infra.cmd_pack",
     "infra.cmd_local",
+    "infra.cmd_warm",
 )
 
 
