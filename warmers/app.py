@@ -64,6 +64,8 @@ def lambda_handler(event: Any, context: Any = None) -> dict[str, Any]:
         raise ConfigError("no targets: set WARMSTART_WARM_TARGETS or pass {'targets': [...]} in the event")
     warmer = _warmers.get(config)
     if warmer is None:
+        if len(_warmers) >= 8:  # events may vary per rule; keep the cache bounded
+            _warmers.clear()
         warmer = _warmers[config] = Warmer(config)
     history = history_from(config)
     pick = chooser(history, Policy.from_config(config)) if history is not None else None
