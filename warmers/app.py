@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from warmers.adaptive import Policy, chooser, history_from
+from warmers.adaptive import History, Policy, chooser, history_from
 from warmers.config import (
     ENV_CONCURRENCY,
     ENV_PAYLOAD_STYLE,
@@ -32,7 +32,7 @@ from warmers.fanout import Warmer
 EVENT_KEYS = ("targets", "concurrency", "qualifier", "hold_ms", "prewarm", "payload_style")
 
 # Built once per instance (warm invocations reuse the client and its connections), keyed by configuration.
-_warmers: dict[WarmerConfig, Warmer] = {}
+_warmers: dict[WarmerConfig, tuple[Warmer, History | None]] = {}
 
 
 def config_for(event: Any, environ: Mapping[str, str] | None = None) -> tuple[WarmerConfig, bool]:
@@ -62,12 +62,12 @@ def lambda_handler(event: Any, context: Any = None) -> dict[str, Any]:
     config, prewarm = config_for(event)
     if not config.targets:
         raise ConfigError("no targets: set WARMSTART_WARM_TARGETS or pass {'targets': [...]} in the event")
-    warmer = _warmers.get(config)
-    if warmer is None:
+    cached = _warmers.get(config)
+    if cached is None:
         if len(_warmers) >= 8:  # events may vary per rule; keep the cache bounded
             _warmers.clear()
-        warmer = _warmers[config] = Warmer(config)
-    history = history_from(config)
+        cached = _warmers[config] = (Warmer(config), history_from(config))
+    warmer, history = cached
     pick = chooser(history, Policy.from_config(config)) if history is not None else None
     correlation_id = getattr(context, "aws_request_id", None)
     report = warmer.run(chooser=pick, prewarm=prewarm, correlation_id=correlation_id)

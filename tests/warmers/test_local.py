@@ -118,3 +118,21 @@ def test_real_handler_answers_the_warmer() -> None:
         again = warmer.run([Target("warmstart", 2, payload_style="lambda-warmer")]).targets[0].to_dict()
     assert (first["distinct"], first["cold"], first["errors"]) == (2, 2, []), first
     assert (again["distinct"], again["cold"], again["errors"]) == (2, 0, []), again
+
+
+def test_scheduled_handler_with_a_history_file_chooses_n(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import time
+
+    week = 7 * 24 * 3600
+    history = tmp_path / "history.json"
+    history.write_text(json.dumps({"warmstart": [[time.time() - w * week, 3] for w in (1, 2, 3)]}))
+    with local_lambda(max_concurrency=6) as local:
+        monkeypatch.setenv("WARMSTART_WARM_TARGETS", "warmstart")
+        monkeypatch.setenv("WARMSTART_WARM_CONCURRENCY", "6")  # the ceiling
+        monkeypatch.setenv("WARMSTART_WARM_HISTORY", str(history))
+        monkeypatch.setenv("WARMSTART_WARM_HOLD_MS", "800")
+        monkeypatch.setenv("WARMSTART_WARM_ENDPOINT_URL", local.endpoint)
+        (adaptive,) = app.lambda_handler({"source": "aws.events", "detail-type": "Scheduled Event"}, None)["targets"]
+        (prewarm,) = app.lambda_handler({"prewarm": True}, None)["targets"]
+    assert (adaptive["asked"], adaptive["distinct"]) == (3, 3) and adaptive["reason"].startswith("adaptive: p95")
+    assert (prewarm["asked"], prewarm["distinct"], prewarm["cold"]) == (6, 6, 3) and "prewarm" in prewarm["reason"]
