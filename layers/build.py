@@ -5,7 +5,7 @@
 - function.zip: the `handler` package only (so `handler.app.lambda_handler` resolves at /var/task);
 - deps.zip:     `python/...` (on sys.path from /opt/python), manylinux wheels for cp312 x86_64, pruned;
 - model.zip:    `models/default/...` (the handler's fallback /opt/models/default);
-- warmer.zip:   the `warmers` package, for the warmer function (once warmers/ has code).
+- warmer.zip:   the `warmers` package, for the warmer function.
 
 Reproducible: entries sorted, one fixed timestamp, permissions normalized, so the same inputs give the same
 zip SHA-256. The unzipped total (function + layers) is checked against Lambda's 250 MB before any zip is
