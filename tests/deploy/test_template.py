@@ -81,8 +81,14 @@ def test_warmer_may_invoke_only_the_aliases(transformed: dict[str, Any]) -> None
             "Effect": "Allow",
             "Action": "lambda:InvokeFunction",
             "Resource": [{"Ref": "ImageFunctionAliaslive"}, {"Ref": "ZipFunctionAliaslive"}],
-        }
+        },
+        {"Effect": "Allow", "Action": "cloudwatch:GetMetricStatistics", "Resource": "*"},
     ]
+
+
+def test_adaptive_warming_is_a_switch(transformed: dict[str, Any]) -> None:
+    env = transformed["Resources"]["WarmerFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["WARMSTART_WARM_HISTORY"] == {"Fn::If": ["WarmAdaptiveOn", "cloudwatch", {"Ref": "AWS::NoValue"}]}
 
 
 def test_public_urls_only_when_asked() -> None:
@@ -165,7 +171,8 @@ def test_deploys_into_moto(transformed: dict[str, Any]) -> None:
     targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
     assert [t["Arn"] for t in targets] == [aliases["WarmerFunction"]]
 
-    # EventBridge may invoke the warmer's alias; the warmer's role may invoke the two model aliases, nothing else.
+    # EventBridge may invoke the warmer's alias; the warmer's role may invoke the two model aliases and read
+    # CloudWatch statistics (adaptive N), nothing else.
     policy = json.loads(lam.get_policy(FunctionName=physical["WarmerFunction"], Qualifier="live")["Policy"])
     assert [s["Principal"] for s in policy["Statement"]] == [{"Service": "events.amazonaws.com"}]
     iam = boto3.client("iam", region_name=REGION)
@@ -179,5 +186,6 @@ def test_deploys_into_moto(transformed: dict[str, Any]) -> None:
             "Effect": "Allow",
             "Action": "lambda:InvokeFunction",
             "Resource": [aliases["ImageFunction"], aliases["ZipFunction"]],
-        }
+        },
+        {"Effect": "Allow", "Action": "cloudwatch:GetMetricStatistics", "Resource": "*"},
     ]
