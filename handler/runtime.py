@@ -172,13 +172,13 @@ class Runtime:
             reply["tracemalloc"] = leaks
         return reply
 
-    def _count(self, kind: str) -> None:
+    def count(self, kind: str) -> None:
         with self._lock:
             self.counts[kind] += 1
 
     def infer(self, payload: JSON) -> dict[str, Any]:
         """The task, on a worker when several requests may run at once."""
-        self._count("inference")
+        self.count("inference")
         if self.workers is not None:
             return self.workers.call(self.task, payload)
         return self.task(payload)
@@ -192,20 +192,20 @@ class Runtime:
             payload = source.payload(event)
             if not source.http:
                 if is_ping(payload):
-                    self._count("ping")
+                    self.count("ping")
                     return self.ping(payload, context, count == 1, count)
                 if is_status(payload):
-                    self._count("status")
+                    self.count("status")
                     return self.status(payload)
             return source.respond(event, self.infer(payload))
         except RequestError as e:
-            self._count("rejected")
+            self.count("rejected")
             log.warning("rejected request from %s: %s: %s", source.name, type(e).__name__, e)
             if not source.http:
                 raise
             return error_response(source, event, e)
         except Exception as e:
-            self._count("failed")
+            self.count("failed")
             if not source.http:
                 raise
             log.exception("internal error")
@@ -220,15 +220,15 @@ class Runtime:
             self.invocations += 1
         try:
             payload = decode_body(raw)
-            self._count("inference")
+            self.count("inference")
             body: JSON = self.task(payload)
             status = 200
         except RequestError as e:
-            self._count("rejected")
+            self.count("rejected")
             log.warning("rejected request from http: %s: %s", type(e).__name__, e)
             body, status = e.to_body(), e.status
         except Exception as e:
-            self._count("failed")
+            self.count("failed")
             log.exception("internal error")
             body, status = {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
         return status, json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,146 @@
+"""The HTTP host (starlette TestClient): /invocations, /ping, /healthz, /status, the error contract, one init."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from handler.config import LAMBDA_PAYLOAD_LIMIT
+from handler.http import Host, create_app
+from handler.runtime import Runtime
+from handler.workers import Sizing, WorkerPool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def http_runtime(new_runtime: Callable[..., Runtime]) -> Runtime:
+    return new_runtime()
+
+
+@pytest.fixture
+def starts() -> list[int]:
+    return []
+
+
+@pytest.fixture
+def client(http_runtime: Runtime, starts: list[int]) -> Iterator[TestClient]:
+    def start() -> Runtime:
+        starts.append(1)
+        return http_runtime
+
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=2), cpus=2)
+    with TestClient(create_app(Host(start, workers))) as c:
+        yield c
+
+
+def test_invocations_embed(client: TestClient, http_runtime: Runtime) -> None:
+    r = client.post("/invocations", json={"inputs": ["hello", "a longer sentence here"]})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["model"] == "all-minilm-l6-v2@0.1.0" and len(body["embeddings"]) == 2
+    ids, mask = http_runtime.task.encoder.encode(["hello", "a longer sentence here"])  # type: ignore[attr-defined]
+    expected = http_runtime.backend.run({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+    np.testing.assert_allclose(body["embeddings"], expected, atol=2e-5)
+
+
+def test_init_runs_once_per_process(client: TestClient, starts: list[int]) -> None:
+    for _ in range(3):
+        assert client.post("/invocations", json={"inputs": "x"}).status_code == 200
+    assert client.get("/ping").status_code == 200
+    assert starts == [1]
+
+
+def test_ping_healthz_status(client: TestClient, http_runtime: Runtime) -> None:
+    ping = client.get("/ping").json()
+    assert ping["status"] == "ok" and ping["instance_id"] == http_runtime.instance_id
+    assert client.get("/healthz").json() == {"ok": True}
+    status = client.get("/status?tracemalloc=1&top=2").json()
+    assert status["warmstart"] == "status" and status["workers"]["max_workers"] == 2
+    assert status["tracemalloc"]["started"] is True or len(status["tracemalloc"]["top"]) <= 2
+    assert client.get("/status?tracemalloc=1&top=nope").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "status", "error"),
+    [
+        ("POST", b"{not json", 400, "InvalidJSONError"),
+        ("POST", b"\xff\xfe", 400, "InvalidEncodingError"),
+        ("POST", b'{"inputs": []}', 400, "InvalidInputError"),
+        ("POST", b'{"warmer": true}', 400, "InvalidInputError"),  # a ping-shaped body is an ordinary request
+        ("POST", b"", 400, "InvalidJSONError"),
+        ("GET", b"", 405, "MethodNotAllowedError"),
+        ("PUT", b'{"inputs": ["x"]}', 405, "MethodNotAllowedError"),
+    ],
+)
+def test_error_contract(client: TestClient, method: str, body: bytes, status: int, error: str) -> None:
+    r = client.request(method, "/invocations", content=body)
+    assert r.status_code == status
+    assert r.json()["error"]["type"] == error and r.json()["error"]["message"]
+
+
+def test_oversized_body_is_413(client: TestClient) -> None:
+    r = client.post("/invocations", content=b"x" * (LAMBDA_PAYLOAD_LIMIT + 1))
+    assert r.status_code == 413 and r.json()["error"]["type"] == "PayloadTooLargeError"
+    assert client.post("/invocations", json={"inputs": ["still serving"]}).status_code == 200
+
+
+def test_full_queue_is_503_and_ping_still_answers(http_runtime: Runtime) -> None:
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=1), cpus=1)
+    release = threading.Event()
+    started = threading.Event()
+
+    def block() -> None:
+        started.set()
+        release.wait(10)
+
+    with TestClient(create_app(Host(lambda: http_runtime, workers))) as c:
+        workers.submit(block)
+        started.wait(10)
+        workers.submit(lambda: None)  # the one queue slot
+        try:
+            r = c.post("/invocations", json={"inputs": ["x"]})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceBusyError"
+            assert r.headers["retry-after"] == "1"
+            assert c.get("/ping").status_code == 200  # answered on the loop, not queued
+        finally:
+            release.set()
+        assert c.post("/invocations", json={"inputs": ["x"]}).status_code == 200
+
+
+def test_lambda_import_chain_has_no_http_stack() -> None:
+    code = "import sys, handler.app; print(json.dumps(sorted(m for m in ('starlette','uvicorn') if m in sys.modules)))"
+    env = {**os.environ, "WARMSTART_WARMUP": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_entrypoint_picks_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from handler import __main__ as entry
+
+    calls: list[Any] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
+    entry.main([])
+    assert calls == [[sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"]]
+
+    monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API")
+    monkeypatch.setenv("PORT", "9123")
+    entry.main([])
+    assert calls[-1]["port"] == 9123 and calls[-1]["workers"] == 1
