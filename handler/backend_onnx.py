@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -48,6 +49,10 @@ class OnnxBackend:
         self._bound: list[OutputSpec] | None = None  # None: some output's shape is unknowable before the run
         self._symbols: list[tuple[str, int, str]] = []  # (input, axis, symbol) to read dims off the feeds
         self._bindings: list[Any] = []  # idle IOBinding objects: one per in-flight run, reused
+        # Binding outputs pays where ORT would otherwise copy device → fresh host memory (CUDA). On CPU with
+        # small outputs (MiniLM: 1.5 KB a vector) the Python binding calls cost ~100 us a run measured here,
+        # ~3% of a batch-1 call, for nothing: plain `run` there unless WARMSTART_ORT_IOBINDING=1.
+        self.bind_outputs = False
         self._lock = threading.Lock()
 
     def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
@@ -78,6 +83,7 @@ class OnnxBackend:
         self.threads = settings.threads
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._plan_bound_outputs()
+        self.bind_outputs = CUDA in self.providers or os.environ.get("WARMSTART_ORT_IOBINDING") == "1"
 
     def _plan_bound_outputs(self) -> None:
         """Outputs whose every dim is fixed or named after an input's dim can be preallocated and bound."""
@@ -109,7 +115,7 @@ class OnnxBackend:
         closes); otherwise, or when an output's shape is unknowable in advance, a plain `session.run`."""
         assert self.session is not None
         arena = current_arena()
-        if arena is None or self._bound is None:
+        if arena is None or self._bound is None or not self.bind_outputs:
             return self._plain(feeds)
         dims = {s: feeds[name].shape[axis] for name, axis, s in self._symbols}
         outputs = {

@@ -174,10 +174,11 @@ class WorkerPool:
 
 
 def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
-    """WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and WARMSTART_QUEUE_MAX (default 64)."""
+    """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and
+    WARMSTART_QUEUE_MAX (default 64)."""
     max_workers = _int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
     return Sizing(
-        min_workers=1,
+        min_workers=_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
         max_workers=max_workers,
         max_queue=_int(environ, "WARMSTART_QUEUE_MAX", 64, 1, 100_000),
     )

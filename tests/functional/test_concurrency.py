@@ -56,6 +56,18 @@ def test_results_do_not_alias_pooled_buffers(runtime: Runtime) -> None:
     assert vectors.flags.owndata  # a copy, not a view of the pooled output buffer
 
 
+def test_bound_outputs_match_and_go_back_to_the_pool(new_runtime: Callable[..., Runtime]) -> None:
+    rt = new_runtime()
+    rt.backend.bind_outputs = True  # type: ignore[attr-defined]  (the CUDA path's IOBinding, forced on CPU)
+    texts = ["bound outputs", "into pooled buffers, then copied out"]
+    got = rt.handle({"inputs": texts}, None)["embeddings"]
+    np.testing.assert_allclose(got, _reference(rt, texts), atol=2e-5)
+    stats = rt.pool.stats()
+    assert stats["lent"] == 0 and stats["misses"] == 3  # ids, mask and the bound output
+    again = rt.handle({"inputs": texts}, None)["embeddings"]
+    assert again == got and rt.pool.stats()["misses"] == 3
+
+
 def test_pings_are_not_queued_behind_inference(runtime: Runtime) -> None:
     assert runtime.workers is not None
     release = threading.Event()
