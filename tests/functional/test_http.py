@@ -105,9 +105,9 @@ def test_full_queue_is_503_and_ping_still_answers(http_runtime: Runtime) -> None
         release.wait(10)
 
     with TestClient(create_app(Host(lambda: http_runtime, workers))) as c:
-        workers.submit(block)
+        blocked = workers.submit(block)
         started.wait(10)
-        workers.submit(lambda: None)  # the one queue slot
+        queued = workers.submit(lambda: None)  # the one queue slot
         try:
             r = c.post("/invocations", json={"inputs": ["x"]})
             assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceBusyError"
@@ -115,6 +115,9 @@ def test_full_queue_is_503_and_ping_still_answers(http_runtime: Runtime) -> None
             assert c.get("/ping").status_code == 200  # answered on the loop, not queued
         finally:
             release.set()
+        # Once the backlog has drained (not merely been released), the same instance serves again.
+        blocked.result(timeout=10)
+        queued.result(timeout=10)
         assert c.post("/invocations", json={"inputs": ["x"]}).status_code == 200
 
 
