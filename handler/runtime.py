@@ -25,7 +25,7 @@ from handler.errors import RequestError
 from handler.manifest import Manifest, load_manifest, verify_sha256
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
-from handler.sources import decode_body, error_response, infer_source
+from handler.sources import decode_body, infer_source
 from handler.status import Diagnostics, is_status
 from handler.tasks import TASKS, Task
 from handler.types import JSON, Event
@@ -198,20 +198,11 @@ class Runtime:
                     self.count("status")
                     return self.status(payload)
             return source.respond(event, self.infer(payload))
-        except RequestError as e:
-            self.count("rejected")
-            log.warning("rejected request from %s: %s: %s", source.name, type(e).__name__, e)
-            if not source.http:
-                raise
-            return error_response(source, event, e)
         except Exception as e:
-            self.count("failed")
+            status, body = self._failure(e, source.name, log_internal=source.http)
             if not source.http:
-                raise
-            log.exception("internal error")
-            return source.respond(
-                event, {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
-            )
+                raise  # a direct invoke reports the error's class name as errorType
+            return source.respond(event, body, status)
 
     def handle_body(self, raw: bytes) -> tuple[int, bytes]:
         """A POSTed body → (status, JSON bytes): the HTTP host's path, run on a worker. The same task and the
@@ -223,15 +214,21 @@ class Runtime:
             self.count("inference")
             body: JSON = self.task(payload)
             status = 200
-        except RequestError as e:
-            self.count("rejected")
-            log.warning("rejected request from http: %s: %s", type(e).__name__, e)
-            body, status = e.to_body(), e.status
         except Exception as e:
-            self.count("failed")
-            log.exception("internal error")
-            body, status = {"error": {"type": "InternalError", "message": f"{type(e).__name__}: {e}"}}, 500
+            status, body = self._failure(e, "http")
         return status, json.dumps(body, separators=(",", ":")).encode()
+
+    def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]:
+        """Count and log a failed request; the HTTP status and error body it maps to. (A direct invoke's
+        internal error is logged by the runtime client when it re-raises: `log_internal=False`.)"""
+        if isinstance(error, RequestError):
+            self.count("rejected")
+            log.warning("rejected request from %s: %s: %s", source, type(error).__name__, error)
+            return error.status, error.to_body()
+        self.count("failed")
+        if log_internal:
+            log.error("internal error", exc_info=error)
+        return 500, {"error": {"type": "InternalError", "message": f"{type(error).__name__}: {error}"}}
 
 
 def _max_concurrency(env: Mapping[str, str]) -> int:

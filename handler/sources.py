@@ -18,7 +18,6 @@ from handler.errors import (
     InvalidEncodingError,
     InvalidJSONError,
     PayloadTooLargeError,
-    RequestError,
     UnsupportedRequestError,
 )
 from handler.types import JSON, Event
@@ -177,7 +176,3 @@ def infer_source(event: Event, sources: tuple[EventSource, ...] = SOURCES) -> Ev
         if source.infer(event):
             return source
     return sources[-1]
-
-
-def error_response(source: EventSource, event: Event, error: RequestError) -> Any:
-    return source.respond(event, error.to_body(), error.status)
