@@ -60,3 +60,12 @@ class ModelLoadError(WarmstartError):
 
 class ConfigError(WarmstartError, ValueError):
     """A setting outside its closed set or range; the message lists what is valid."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A packed model could not be fetched from S3, or what came back does not match its manifest (names the
+    object, and both digests or sizes); nothing half-fetched is ever published."""
+
+
+class InsufficientStorageError(ModelFetchError):
+    """The cache directory (Lambda's `/tmp`) cannot hold the model; says how much is needed and free."""
