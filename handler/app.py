@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from handler import snapshot
 from handler.runtime import Runtime
 from handler.types import JSON, Event
 
 runtime = Runtime.start()
+# SnapStart (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start): awslambdaric runs these around the snapshot.
+snapshot.register(runtime)
 
 
 def lambda_handler(event: Event, context: Any) -> JSON:

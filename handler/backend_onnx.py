@@ -147,6 +147,11 @@ class OnnxBackend:
         results = self.session.run(self._outputs, feeds)
         return dict(zip(self._outputs, results, strict=True))
 
+    def set_threads(self, threads: int) -> int:
+        # ORT builds its intra-op pool with the session and cannot resize it; rebuilding the session would
+        # unshare its prepacked weights from the template's pages. The session keeps what it was built with.
+        return self.threads
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.name,

@@ -95,6 +95,12 @@ class TorchBackend:
             torch.cuda.current_stream(self.device).synchronize()
         return {self.output: host}
 
+    def set_threads(self, threads: int) -> int:
+        # torch's OpenMP pool is created lazily at the next parallel region, so this is safe after a fork.
+        torch.set_num_threads(max(1, threads))
+        self.threads = torch.get_num_threads()
+        return self.threads
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.name,

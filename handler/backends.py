@@ -39,6 +39,9 @@ class Backend(Protocol):
     def run(self, feeds: Arrays) -> Arrays:
         """Named inputs → named outputs, as the manifest's spec says."""
 
+    def set_threads(self, threads: int) -> int:
+        """Change the intra-op thread count after init (a restored snapshot); returns the count in effect."""
+
     def describe(self) -> dict[str, Any]:
         """Facts for the init report and status: providers, device, threads, versions."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -25,6 +26,7 @@ from handler.errors import RequestError
 from handler.manifest import Manifest, load_manifest, verify_sha256
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
+from handler.snapshot import snapshot_mode
 from handler.sources import decode_body, infer_source
 from handler.status import Diagnostics, is_status
 from handler.tasks import TASKS, Task
@@ -86,6 +88,13 @@ class Runtime:
         # session; their intra-op threads share the CPUs, so each gets its share instead of all of them.
         slots = _max_concurrency(env)
         threads = config.threads or max(1, budget.cpus // slots)
+        bound_by = budget.source
+        snapshot = snapshot_mode(env)
+        if snapshot == "fork":
+            # fork() copies only the calling thread: the template holds no thread pool (one intra-op thread,
+            # no tokenizer pool); torch's threads are created after restore, ORT's session keeps one.
+            threads, bound_by = 1, "fork-snapshot"
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
         cuda = probe_cuda(config.device)
         settings = BackendSettings(
@@ -116,8 +125,9 @@ class Runtime:
             "model": manifest.key,
             "task": manifest.task,
             "init_type": env.get("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand"),
+            "snapshot": snapshot,
             **backend.describe(),
-            "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": budget.source, **budget.detail},
+            "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": bound_by, **budget.detail},
             "device_warmup": device,
             "phases_ms": dict(timer.phases),
             "total_ms": timer.total_ms(),
@@ -131,9 +141,57 @@ class Runtime:
             init["workers"] = {"max_concurrency": slots, **workers.stats()}
         if warmup_error:
             init["warmup_error"] = warmup_error
+        runtime = cls(config, manifest, backend, task, init, pool, workers)
+        init["instance_id"] = runtime.instance_id
         if emit:
             emit(init)
-        return cls(config, manifest, backend, task, init, pool, workers)
+        return runtime
+
+    # -- snapshot support (handler.snapshot calls these) -----------------------------------------------
+
+    @property
+    def threads(self) -> int:
+        return int(self.backend.describe().get("threads", 0))
+
+    def uses_cuda(self) -> bool:
+        return self.backend.describe().get("device") == "cuda"
+
+    def set_threads(self, threads: int) -> int:
+        """Intra-op threads from now on; returns what the backend could apply."""
+        return self.backend.set_threads(threads)
+
+    def release_for_snapshot(self) -> list[str]:
+        """Drop what must not be frozen into a snapshot; each comes back after restore (lazily or rebuilt)."""
+        released = []
+        if self.workers is not None:
+            self.workers.shutdown()  # its threads would not survive a fork
+            released.append("workers")
+        s3 = sys.modules.get("handler.s3fetch")
+        if s3 is not None:  # only if a model came from S3: never import boto3 for this
+            s3.drop_clients()
+            released.append("s3-client")
+        return released
+
+    def reopen_after_restore(self) -> list[str]:
+        reopened = []
+        if self.workers is not None:
+            self.workers = WorkerPool(self.workers.sizing, self.workers.cpus)
+            reopened.append("workers")
+        if "handler.s3fetch" in sys.modules:
+            reopened.append("s3-client (on next use)")
+        return reopened
+
+    def renew_identity(self, instance_id: str) -> None:
+        """A restored copy is a new instance: its own id, uptime and counters."""
+        with self._lock:
+            self.instance_id = instance_id
+            self.started = time.monotonic()
+            self.invocations = 0
+            self.counts = dict.fromkeys(self.counts, 0)
+
+    def restored(self, restore: dict[str, Any]) -> None:
+        self.init_report["restore"] = restore
+        self.init_report["instance_id"] = self.instance_id
 
     def ping(self, payload: dict[str, Any], context: Any, cold: bool, count: int) -> dict[str, Any]:
         remaining = context.get_remaining_time_in_millis() if context is not None else None
@@ -162,6 +220,8 @@ class Runtime:
             "warmstart": "status",
             "instance_id": self.instance_id,
             "model": self.manifest.key,
+            "init_type": self.init_report.get("init_type"),
+            "restore": self.init_report.get("restore"),
             "uptime_s": round(time.monotonic() - self.started, 3),
             "invocations": counts,
             **self.diagnostics.facts(),
