@@ -48,6 +48,23 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise ConfigError(f"{key}={raw!r}; valid values: 1, 0, true, false, yes, no, on, off")
 
 
+def parse_model_source(key: str, value: str) -> str:
+    """A model source is a local packed-model directory or `s3://bucket/prefix`; any other scheme is refused."""
+    value = value.strip()
+    if "://" not in value:
+        if not value:
+            raise ConfigError(f"{key}: an empty model source; valid: a directory path or s3://bucket/prefix")
+        return value
+    bucket, _, prefix = value.removeprefix("s3://").partition("/")
+    if not value.startswith("s3://") or not bucket or not prefix.strip("/"):
+        raise ConfigError(f"{key}={value!r}; valid: a directory path or s3://bucket/prefix")
+    return value
+
+
+def is_s3(source: str) -> bool:
+    return source.startswith("s3://")
+
+
 @dataclass(frozen=True)
 class Config:
     model_dir: Path
@@ -59,12 +76,27 @@ class Config:
     threads: int | None = None  # None: from the CPU quota really available
     warmup: bool = True
     device: str = "auto"  # auto | cpu | cuda
+    # Several models, hot reload (handler.registry, handler.reload).
+    model_uri: str | None = None  # WARMSTART_MODEL as s3://...: fetched at init into a local dir
+    models: tuple[str, ...] = ()  # WARMSTART_MODELS: extra models side by side (dirs or s3:// URIs)
+    idle_unload_s: int = 0  # an extra model unused this long is unloaded (0: never)
+    model_budget_mb: int = 0  # resident weights of all models together (0: no limit)
+    model_pointer: str | None = None  # s3://.../CURRENT naming the default model's source
+    pointer_check_s: int = 60  # at most one pointer read per interval
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Config:
         env = os.environ if environ is None else environ
-        model = env.get("WARMSTART_MODEL")
-        model_dir = Path(model) if model else next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+        model = env.get("WARMSTART_MODEL", "").strip()
+        model_uri = parse_model_source("WARMSTART_MODEL", model) if "://" in model else None
+        default_dir = next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+        model_dir = Path(model) if model and model_uri is None else default_dir
+        models = tuple(
+            parse_model_source("WARMSTART_MODELS", m) for m in env.get("WARMSTART_MODELS", "").split(",") if m.strip()
+        )
+        pointer = env.get("WARMSTART_MODEL_POINTER", "").strip() or None
+        if pointer is not None and not is_s3(parse_model_source("WARMSTART_MODEL_POINTER", pointer)):
+            raise ConfigError(f"WARMSTART_MODEL_POINTER={pointer!r}; valid: s3://bucket/key (an object naming a model)")
         backend_raw = env.get("WARMSTART_BACKEND")
         device = env.get("WARMSTART_DEVICE", "auto")
         if device not in ("auto", "cpu", "cuda"):
@@ -80,4 +112,10 @@ class Config:
             threads=threads or None,
             warmup=_bool(env, "WARMSTART_WARMUP", cls.warmup),
             device=device,
+            model_uri=model_uri,
+            models=models,
+            idle_unload_s=_int(env, "WARMSTART_IDLE_UNLOAD_S", cls.idle_unload_s, 0, 7 * 86_400),
+            model_budget_mb=_int(env, "WARMSTART_MODEL_BUDGET_MB", cls.model_budget_mb, 0, 10_000_000),
+            model_pointer=pointer,
+            pointer_check_s=_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
         )

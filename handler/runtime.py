@@ -18,18 +18,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from handler import report
-from handler.backends import Backend, BackendSettings, create_backend
+from handler.backends import Backend
 from handler.config import Config
-from handler.cpu import cpu_budget
-from handler.device import probe_cuda
 from handler.errors import RequestError
-from handler.manifest import Manifest, load_manifest, verify_sha256
+from handler.loader import Loaded, load_model, max_concurrency
+from handler.manifest import Manifest
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
+from handler.registry import Registry, requested_model, weights_bytes
+from handler.reload import AdminNotAllowedError, Reloader, Sources, Watcher, admin_action, initial_source
 from handler.snapshot import snapshot_mode
 from handler.sources import decode_body, infer_source
 from handler.status import Diagnostics, is_status
-from handler.tasks import TASKS, Task
+from handler.tasks import Task
 from handler.types import JSON, Event
 from handler.workers import WorkerPool, sizing_from_environ
 
@@ -46,13 +47,23 @@ class Runtime:
         init: dict[str, Any],
         pool: BufferPool | None = None,
         workers: WorkerPool | None = None,
+        registry: Registry | None = None,
+        reloader: Reloader | None = None,
+        watcher: Watcher | None = None,
     ) -> None:
         self.config = config
-        self.manifest = manifest
-        self.backend = backend
-        self.task = task
         self.init_report = init
         self.pool = pool or getattr(task, "pool", None) or BufferPool()
+        if registry is None:
+            facts = {"threads": {"intra_op": 0}}
+            loaded = Loaded(manifest, backend, task, self.pool, 1, facts, weights_bytes(manifest, backend.name))
+            registry = Registry(loaded, str(manifest.root))
+        # The models this instance serves, keyed id@version; `manifest`, `backend` and `task` are the default's.
+        self.registry = registry
+        self.reloader = reloader or Reloader(registry, config, {})
+        # The timer thread for idle unload and the S3 pointer; None unless either is configured.
+        # SnapStart: `watcher.before_snapshot()` / `watcher.after_restore()`.
+        self.watcher = watcher
         # Set when several requests may run at once (the HTTP host, Lambda Managed Instances): inference
         # goes through it, bounded; pings and status never do.
         self.workers = workers
@@ -69,83 +80,67 @@ class Runtime:
         config: Config | None = None,
         environ: Mapping[str, str] | None = None,
         emit: Callable[[dict[str, Any]], None] | None = report.emit,
+        sources: Sources | None = None,
     ) -> Runtime:
         env = os.environ if environ is None else environ
         config = config or Config.from_environ(env)
         timer = report.PhaseTimer()
         age_at_start = report.process_age_ms()
-        with timer.phase("manifest"):
-            manifest = load_manifest(config.model_dir)
-        name = config.backend or manifest.default_backend
-        with timer.phase("imports"):
-            backend = create_backend(name, manifest)
-        files = manifest.files_for(name)
-        if config.verify_sha256:
-            with timer.phase("sha256"):
-                verify_sha256(manifest, files)
-        budget = cpu_budget(env)
-        # Lambda Managed Instances: awslambdaric forks one process per concurrency slot, each with its own
-        # session; their intra-op threads share the CPUs, so each gets its share instead of all of them.
-        slots = _max_concurrency(env)
-        threads = config.threads or max(1, budget.cpus // slots)
-        bound_by = budget.source
+        threads, bound_by = None, None
         snapshot = snapshot_mode(env)
         if snapshot == "fork":
             # fork() copies only the calling thread: the template holds no thread pool (one intra-op thread,
             # no tokenizer pool); torch's threads are created after restore, ORT's session keeps one.
             threads, bound_by = 1, "fork-snapshot"
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
-        cuda = probe_cuda(config.device)
-        settings = BackendSettings(
-            threads=threads,
-            cuda=cuda,
-            spin=not on_lambda and threads > 1,
-            prepack=env.get("WARMSTART_ORT_PREPACK", "1") != "0",
-        )
-        backend.initialize(manifest, settings, timer)
-        with timer.phase("device"):
-            device = backend.warm_device()
-        with timer.phase("task"):
-            # Pinned host buffers only where a device will copy from them.
-            pool = BufferPool.for_device(cuda.usable)
-            task: Task = TASKS[manifest.task](manifest, backend, config, pool)
-        warmup_error = None
-        if config.warmup:
-            with timer.phase("warmup"):
-                try:
-                    task.warmup()
-                except Exception as e:
-                    if manifest.task == "embedding":
-                        raise
-                    # A generic model may reject all-zero inputs; that is not a reason to refuse to serve.
-                    warmup_error = f"{type(e).__name__}: {e}"
+        # Where the default model comes from: a directory (no S3, no boto3), or s3:// / the pointer, fetched.
+        sources = sources or Sources(environ=env, backend=config.backend)
+        source, pointer_etag = initial_source(config, env, sources)
+        model_dir = config.model_dir
+        if source != str(config.model_dir):
+            with timer.phase("fetch"):
+                model_dir = sources.resolve(source)
+        loaded = load_model(model_dir, config, env, timer, threads=threads, bound_by=bound_by)
+        manifest, slots = loaded.manifest, max_concurrency(env)
         init = {
             "warmstart": "init",
             "model": manifest.key,
             "task": manifest.task,
             "init_type": env.get("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand"),
             "snapshot": snapshot,
-            **backend.describe(),
-            "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": bound_by, **budget.detail},
-            "device_warmup": device,
+            **loaded.facts,
             "phases_ms": dict(timer.phases),
             "total_ms": timer.total_ms(),
             "process_age_at_init_ms": age_at_start,
             **report.memory_mb(),
-            "weights_mb": round(sum(manifest.files[n].size for n in files) / 2**20, 1),
+            "weights_mb": round(loaded.weights_bytes / 2**20, 1),
         }
         workers = None
         if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
-            workers = WorkerPool(sizing_from_environ(env, max(1, budget.cpus // slots)), budget.cpus)
+            workers = WorkerPool(sizing_from_environ(env, max(1, loaded.cpus // slots)), loaded.cpus)
             init["workers"] = {"max_concurrency": slots, **workers.stats()}
-        if warmup_error:
-            init["warmup_error"] = warmup_error
-        runtime = cls(config, manifest, backend, task, init, pool, workers)
+        if loaded.warmup_error:
+            init["warmup_error"] = loaded.warmup_error
+        registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init)
+        runtime = cls(
+            config, manifest, loaded.backend, loaded.task, init, loaded.pool, workers, registry, reloader, watcher
+        )
         init["instance_id"] = runtime.instance_id
         if emit:
             emit(init)
         return runtime
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.registry.default.manifest
+
+    @property
+    def backend(self) -> Backend:
+        return self.registry.default.backend
+
+    @property
+    def task(self) -> Task:
+        return self.registry.default.task
 
     # -- snapshot support (handler.snapshot calls these) -----------------------------------------------
 
@@ -227,6 +222,8 @@ class Runtime:
             **self.diagnostics.facts(),
             "pool": self.pool.stats(),
             "workers": self.workers.stats() if self.workers else None,
+            "models": self.registry.describe(),
+            "reload": self.reloader.describe(),
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
@@ -240,8 +237,14 @@ class Runtime:
         """The task, on a worker when several requests may run at once."""
         self.count("inference")
         if self.workers is not None:
-            return self.workers.call(self.task, payload)
-        return self.task(payload)
+            return self.workers.call(self.serve, payload)
+        return self.serve(payload)
+
+    def serve(self, payload: JSON) -> dict[str, Any]:
+        """The named (or default) model's task, under a lease: a reload or eviction never pulls the model
+        out from under a running request."""
+        with self.registry.lease(requested_model(payload)) as model:
+            return model.task(payload)
 
     def handle(self, event: Event, context: Any = None) -> JSON:
         with self._lock:
@@ -257,6 +260,12 @@ class Runtime:
                 if is_status(payload):
                     self.count("status")
                     return self.status(payload)
+                if admin_action(payload):
+                    self.count("status")  # an admin event is a status-like request: no model run
+                    remaining = context.get_remaining_time_in_millis() if context is not None else None
+                    return self.reloader.admin(payload, remaining)
+            elif admin_action(payload):
+                raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
             return source.respond(event, self.infer(payload))
         except Exception as e:
             status, body = self._failure(e, source.name, log_internal=source.http)
@@ -271,8 +280,10 @@ class Runtime:
             self.invocations += 1
         try:
             payload = decode_body(raw)
+            if admin_action(payload):
+                raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
             self.count("inference")
-            body: JSON = self.task(payload)
+            body: JSON = self.serve(payload)
             status = 200
         except Exception as e:
             status, body = self._failure(e, "http")
@@ -291,6 +302,36 @@ class Runtime:
         return 500, {"error": {"type": "InternalError", "message": f"{type(error).__name__}: {error}"}}
 
 
-def _max_concurrency(env: Mapping[str, str]) -> int:
-    raw = env.get("AWS_LAMBDA_MAX_CONCURRENCY", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+def _models(
+    loaded: Loaded,
+    source: str,
+    pointer_etag: str | None,
+    config: Config,
+    env: Mapping[str, str],
+    sources: Sources,
+    init: dict[str, Any],
+) -> tuple[Registry, Reloader, Watcher | None]:
+    """The registry around the default model, extra models (WARMSTART_MODELS), the reloader and, when idle
+    unload or a pointer is configured, its timer thread. Nothing here runs for a plain single-model init."""
+
+    def load(path: Any) -> Loaded:
+        return load_model(path, config, env, report.PhaseTimer(), pool=loaded.pool)
+
+    registry = Registry(
+        loaded,
+        source,
+        load=load,
+        backend=config.backend,
+        budget_mb=config.model_budget_mb,
+        idle_unload_s=config.idle_unload_s,
+    )
+    if config.models:
+        t0 = time.perf_counter()
+        init["models"] = [registry.add(extra, sources.resolve(extra)) for extra in config.models]
+        init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    reloader = Reloader(registry, config, env, sources, pointer_etag)
+    watcher = None
+    if Watcher.wanted(config):
+        watcher = Watcher(reloader)
+        watcher.start()
+    return registry, reloader, watcher
