@@ -62,9 +62,11 @@ def reseed() -> list[str]:
     """Fresh entropy for every RNG a restored copy would otherwise share with its siblings."""
     seeded = ["random"]
     random.seed()  # os.urandom; Python reseeds on fork() but not on a VM restore
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()  # numpy reseeds on neither
+    # numpy imports numpy.random lazily (~20 ms): if nobody has, its global state does not exist yet and
+    # will be seeded from fresh entropy when first used.
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()  # numpy reseeds on neither fork nor restore
         seeded.append("numpy")
     torch = sys.modules.get("torch")
     if torch is not None:

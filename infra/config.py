@@ -33,6 +33,10 @@ class LocalLambdaConfig:
     max_concurrency: int = 10
     keep_alive_s: float = 300.0
     init_type: InitType = "on-demand"
+    # Fork restored instances from a template that ran init and the before-snapshot hooks once
+    # (snap-start only). Lambda snapshots published versions only; locally $LATEST is snapshotted too.
+    snapshot: bool = False
+    snapshot_timeout_s: float = 900.0  # Lambda lets init run up to 15 min when it makes a snapshot
     region: str = "us-east-1"
     account_id: str = "123456789012"
     versions: tuple[str, ...] = ("1",)
@@ -44,6 +48,8 @@ class LocalLambdaConfig:
     def __post_init__(self) -> None:
         if self.init_type not in INIT_TYPES:
             raise ValueError(f"init_type must be one of {', '.join(INIT_TYPES)}; got {self.init_type!r}")
+        if self.snapshot and self.init_type != "snap-start":
+            raise ValueError(f"snapshot needs init_type 'snap-start'; got {self.init_type!r}")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         for alias, version in self.aliases.items():

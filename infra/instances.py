@@ -19,8 +19,8 @@ import sys
 import termios
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Literal, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from infra.config import LocalLambdaConfig
 from infra.invocation import (
@@ -35,12 +35,42 @@ from infra.invocation import (
 )
 from infra.runtime_http import Request, Response, RuntimeHTTPServer
 
+if TYPE_CHECKING:
+    from infra.template import Template
+
 State = Literal["init", "ready", "busy", "dead"]
 
 # Runtime API refusals (the route layer maps them to status codes and bodies).
 INVALID_STATE = "InvalidStateTransition"
 INVALID_REQUEST_ID = "InvalidRequestID"
 TOO_LARGE = "RequestEntityTooLarge"
+
+
+# Error types a runtime puts in the Lambda-Runtime-Function-Error-Type header around a snapshot; the
+# platform reports those, not the exception's class name from the body.
+BEFORE_SNAPSHOT_ERROR = "Runtime.BeforeSnapshotError"
+AFTER_RESTORE_ERROR = "Runtime.AfterRestoreError"
+
+
+class Process(Protocol):
+    """What an instance needs of its process: `subprocess.Popen`, or a copy forked from a snapshot template."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self) -> int: ...
+
+
+class ForkedProcess:
+    """A process forked by a template (not our child): its exit status comes from the template."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        assert self.returncode is not None, "exit status not reported yet"
+        return self.returncode
 
 
 class Owner(Protocol):
@@ -81,11 +111,20 @@ class _LogPipe(asyncio.Protocol):
 
 
 class Instance:
-    def __init__(self, config: LocalLambdaConfig, version: str, owner: Owner) -> None:
+    def __init__(
+        self, config: LocalLambdaConfig, version: str, owner: Owner, *, template: Template | None = None
+    ) -> None:
         self.config, self.version, self.owner = config, version, owner
+        self.template = template  # set: this instance is forked from that snapshot template, not spawned
         self.instance_id = uuid.uuid4().hex
         self.state: State = "init"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
+        # How a spawned instance starts (a snapshot template changes these before start()).
+        self.argv = ["-m", "awslambdaric", config.handler]
+        self.extra_env: Mapping[str, str] = {}
+        self.pass_fds: tuple[int, ...] = ()
+        self.init_timeout_s = config.init_timeout_s
+        self.init_outcome: Outcome | None = None  # what its /init/error or /restore/error said
         self.server = RuntimeHTTPServer(_unbound, host="127.0.0.1", max_body=MAX_RESPONSE_PAYLOAD)
         self.current: Invocation | None = None  # handed out, not yet answered
         self.queued: Invocation | None = None  # assigned, waiting for this instance's next /next
@@ -141,37 +180,89 @@ class Instance:
             self.exited.set_result(-1)
             return
         env = self.config.instance_environ(version=self.version, runtime_api=address, instance_id=self.instance_id)
+        if self.template is not None:
+            await self._fork(env)
+            return
+        env.update(self.extra_env)
         self.spawned_at = time.perf_counter()
-        self._arm_timer(self.config.init_timeout_s, self._init_timed_out)
+        self._arm_timer(self.init_timeout_s, self._init_timed_out)
         try:
             # Own session = own process group, so a kill takes the handler's children with it.
-            self.proc = subprocess.Popen(
-                [self.config.python, "-m", "awslambdaric", self.config.handler],
+            proc = subprocess.Popen(
+                [self.config.python, *self.argv],
                 cwd=self.config.task_root,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=self.pass_fds,
             )
         except OSError as exc:
-            self._mark_dead()
-            self._fail_pending(Outcome.error(INVALID_ENTRYPOINT, f"cannot start the runtime: {exc}"))
-            self.exited.set_result(-1)
-            self.owner.instance_gone(self, None)
+            self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot start the runtime: {exc}"))
             return
-        assert self.proc.stdout is not None
-        self._log_fd = self.proc.stdout.fileno()
-        closed = self._log_closed
-        self._log_transport, _ = await loop.connect_read_pipe(
-            lambda: _LogPipe(self._on_output, closed), self.proc.stdout
-        )
+        self.proc = proc
+        assert proc.stdout is not None
+        self._log_fd = proc.stdout.fileno()
+        await self._capture(proc.stdout)
         try:
-            self._pidfd = os.pidfd_open(self.proc.pid)
+            self._pidfd = os.pidfd_open(proc.pid)
             loop.add_reader(self._pidfd, self._on_exit)
         except (AttributeError, OSError):  # no pidfd: a thread waits instead
-            fut = loop.run_in_executor(None, self.proc.wait)
+            fut = loop.run_in_executor(None, proc.wait)
             fut.add_done_callback(lambda _f: self._on_exit())
+
+    async def _fork(self, env: dict[str, str]) -> None:
+        """A restored copy of the template's snapshot: waits for the snapshot, then one fork()."""
+        assert self.template is not None and self.exited is not None
+        if not await self.template.wait_ready() or self.dead:
+            failure = self.template.failure_outcome()
+            self._never_started(failure, log=self.template.failure_log())
+            return
+        read_fd, write_fd = os.pipe()
+        self._log_fd = read_fd
+        await self._capture(os.fdopen(read_fd, "rb", buffering=0))
+        self.spawned_at = time.perf_counter()
+        self._arm_timer(self.init_timeout_s, self._init_timed_out)  # Lambda's 10 s covers restore + hooks
+        try:
+            pid = await self.template.fork(self, env, write_fd)
+        except OSError as exc:
+            if self._log_transport is not None:
+                self._log_transport.close()
+            self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot fork the snapshot: {exc}"))
+            return
+        self.proc = ForkedProcess(pid)
+        if self.dead:  # shut down while the fork was under way
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def snapshot_taken(self) -> None:
+        """A template reached its snapshot point: init is over (it stays out of service, never polls /next)."""
+        self._cancel_timer()
+        self.init_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
+
+    def forked_exit(self, returncode: int) -> None:
+        """The template reaped this copy (it is the parent): same path as a spawned instance's exit."""
+        if isinstance(self.proc, ForkedProcess) and self.proc.returncode is None:
+            self.proc.returncode = returncode
+            self._on_exit()
+
+    async def _capture(self, pipe: object) -> None:
+        assert self._log_closed is not None
+        closed = self._log_closed
+        loop = asyncio.get_running_loop()
+        self._log_transport, _ = await loop.connect_read_pipe(lambda: _LogPipe(self._on_output, closed), pipe)
+
+    def _never_started(self, outcome: Outcome, log: bytes = b"") -> None:
+        assert self.exited is not None
+        self._mark_dead()
+        for inv in (self.current, self.queued):
+            if inv is not None:
+                inv.log[:0] = log
+        self._fail_pending(outcome)
+        if not self.exited.done():
+            self.exited.set_result(-1)
+        self.owner.instance_gone(self, None)
 
     def kill(self) -> None:
         """SIGKILL the whole process group; the exit watcher does the rest."""
@@ -269,10 +360,14 @@ class Instance:
         self._arm_timer(self.config.timeout_s, self._timed_out)
 
     def _charge_init(self, inv: Invocation) -> None:
+        inv.restore_duration_ms = self.restore_duration_ms
+        if self.template is not None:  # a restored copy ran no init of its own
+            if inv.restore_duration_ms is None and self.spawned_at:  # restore failed: what it took until now
+                inv.restore_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
+            return
         inv.init_duration_ms = self.init_duration_ms
         if inv.init_duration_ms is None:  # init never finished: charge what it took until now
             inv.init_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
-        inv.restore_duration_ms = self.restore_duration_ms
 
     # -- Runtime API state transitions (called by infra.runtime_api) ----------------------------------
 
@@ -284,7 +379,9 @@ class Instance:
         if self.state == "init":
             now = time.perf_counter()
             self._cancel_timer()
-            if self.restore_at is not None:
+            if self.template is not None:  # restored, not initialized: Lambda reports only the restore
+                self.restore_duration_ms = (now - self.spawned_at) * 1000.0
+            elif self.restore_at is not None:
                 self.init_duration_ms = (self.restore_at - self.spawned_at) * 1000.0
                 self.restore_duration_ms = (now - self.restore_at) * 1000.0
             else:
@@ -323,18 +420,32 @@ class Instance:
         self.init_failed = True
         self._cancel_timer()
         outcome = _error_outcome(body, error_type)
+        if error_type in (BEFORE_SNAPSHOT_ERROR, AFTER_RESTORE_ERROR):
+            outcome = _platform_outcome(body, error_type)
+        self.init_outcome = outcome
         if self.queued is not None:
             inv, self.queued = self.queued, None
             self._charge_init(inv)
             inv.log[:0] = self.init_log
             self._log_target = inv
-            self._finish_soon(inv, outcome, status="error")
+            self._background(self._finish_after_exit(inv, outcome))
         return None
+
+    async def _finish_after_exit(self, inv: Invocation, outcome: Outcome) -> None:
+        """A runtime exits right after reporting a failed init or restore: its exit status goes in the log."""
+        if self.exited is not None:
+            with contextlib.suppress(TimeoutError):
+                code = await asyncio.wait_for(asyncio.shield(self.exited), 1.0)
+                if self.proc is not None:
+                    inv.log += f"Error: Runtime exited with error: {exit_reason(code)}\n".encode()
+        self._finish_soon(inv, outcome, status="error")
 
     def restore_next(self) -> str | None:
         if self.state != "init" or self.config.init_type != "snap-start" or self.restore_at is not None:
             return INVALID_STATE
-        self.restore_at = time.perf_counter()  # no real snapshot yet: restore is immediate
+        # Forked from a template: this copy is the restore. Without --snapshot the process that ran init
+        # goes on as if restored at once (no snapshot is taken).
+        self.restore_at = time.perf_counter()
         return None
 
     def restore_error(self, body: bytes, error_type: str | None) -> str | None:
@@ -483,6 +594,19 @@ def _error_outcome(body: bytes, error_type: str | None) -> Outcome:
         body_type = parsed.get("errorType")
         return Outcome(body, str(body_type or error_type or "Unhandled"))
     return Outcome.error(error_type or "Unhandled", body.decode("utf-8", "replace"))
+
+
+def _platform_outcome(body: bytes, error_type: str) -> Outcome:
+    """`Runtime.BeforeSnapshotError` / `Runtime.AfterRestoreError`: the hook's own error becomes the message."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return Outcome.error(error_type, body.decode("utf-8", "replace"))
+    message = f"{parsed.get('errorType', 'Error')}: {parsed.get('errorMessage', '')}"
+    payload = {"errorMessage": message, "errorType": error_type, "stackTrace": parsed.get("stackTrace", [])}
+    return Outcome(json.dumps(payload).encode(), error_type)
 
 
 def _pipe_pending(fd: int) -> int:

@@ -10,6 +10,7 @@ from infra import runtime_api
 from infra.config import LocalLambdaConfig
 from infra.instances import Instance
 from infra.invocation import EXIT_ERROR, Invocation, Outcome
+from infra.template import Template
 
 THROTTLE_REASON = "ReservedFunctionConcurrentInvocationLimitExceeded"
 
@@ -23,6 +24,7 @@ class InstancePool:
         self.config = config
         self.instances: dict[str, Instance] = {}
         self.retired: list[Instance] = []  # killed, exit not yet observed (shutdown waits for them)
+        self.templates: dict[str, Template] = {}  # version -> its snapshot template (config.snapshot)
         self.spawned = 0
         self.inflight = 0
         self.closed = False
@@ -52,7 +54,7 @@ class InstancePool:
             return True
         if len(self.instances) >= self.config.max_concurrency and not self._evict_idle():
             return False
-        instance = Instance(self.config, inv.version, self)
+        instance = Instance(self.config, inv.version, self, template=self.template(inv.version))
         runtime_api.bind(instance)
         instance.assign(inv)
         self.instances[instance.instance_id] = instance
@@ -61,6 +63,16 @@ class InstancePool:
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
         return True
+
+    def template(self, version: str) -> Template | None:
+        """The version's snapshot template, started on first need (and again after one died)."""
+        if not self.config.snapshot:
+            return None
+        current = self.templates.get(version)
+        if current is None or current.dead:
+            current = self.templates[version] = Template(self.config, version)
+            current.start()
+        return current
 
     def _pick(self, version: str) -> Instance | None:
         """The most recently parked free instance of this version; else one about to ask for more work."""
@@ -133,7 +145,7 @@ class InstancePool:
         self.closed = True
         if self._reaper is not None:
             self._reaper.cancel()
-        everyone = [*self.instances.values(), *self.retired]
+        everyone = [*self.instances.values(), *self.retired, *(t.instance for t in self.templates.values())]
         for inst in everyone:
             inst.shutdown()
         waits = [inst.exited for inst in everyone if inst.exited is not None]
@@ -141,3 +153,4 @@ class InstancePool:
             await asyncio.wait(waits, timeout=timeout)
         self.instances.clear()
         self.retired.clear()
+        self.templates.clear()

@@ -31,6 +31,9 @@ class RuntimeStub:
         self.events: queue.Queue[tuple[str, bytes, str]] = queue.Queue()
         self.outcomes: dict[str, queue.Queue[Outcome]] = {}
         self.init_errors: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.restore_errors: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.error_types: list[str] = []  # Lambda-Runtime-Function-Error-Type of init and restore errors
+        self.restored = threading.Event()  # a SnapStart runtime asked /restore/next
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +52,9 @@ class RuntimeStub:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
+                if self.path == f"{PREFIX}/restore/next":  # no snapshot here: "restored" at once
+                    stub.restored.set()
+                    return self._reply(200)
                 if self.path != f"{PREFIX}/invocation/next":
                     return self._reply(404)
                 request_id, body, content_type = stub.events.get()
@@ -66,8 +72,10 @@ class RuntimeStub:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path == f"{PREFIX}/init/error":
-                    stub.init_errors.put(json.loads(body))
+                if self.path in (f"{PREFIX}/init/error", f"{PREFIX}/restore/error"):
+                    stub.error_types.append(self.headers.get("Lambda-Runtime-Function-Error-Type", ""))
+                    errors = stub.init_errors if self.path.endswith("init/error") else stub.restore_errors
+                    errors.put(json.loads(body))
                     return self._reply(202, b'{"status":"OK"}')
                 parts = self.path[len(PREFIX) :].strip("/").split("/")  # invocation/{id}/{response|error}
                 if len(parts) == 3 and parts[0] == "invocation" and parts[1] in stub.outcomes:
