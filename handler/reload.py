@@ -92,8 +92,10 @@ class Sources:
         return fetch(source, environ=self._env, backend=self._backend)
 
     def read_pointer(self, uri: str) -> tuple[str, str]:
-        read: ReadPointer = self._read_pointer or _s3fetch().read_pointer
-        return read(uri)
+        if self._read_pointer is not None:
+            return self._read_pointer(uri)
+        pointer: tuple[str, str] = _s3fetch().read_pointer(uri, environ=self._env)
+        return pointer
 
 
 def initial_source(config: Config, env: Mapping[str, str], sources: Sources) -> tuple[str, str | None]:
@@ -335,11 +337,12 @@ class Watcher:
         self.start()
         return ["models-watcher"]
 
-    def tick(self) -> None:
-        """One round (the thread's body; tests call it directly)."""
+    def tick(self, check_pointer: bool = False) -> None:
+        """One round: idle unload, and the pointer when it is due (or `check_pointer`). The thread's body;
+        tests call it directly."""
         self.reloader.registry.sweep_idle()
         config = self.reloader.config
-        if config.model_pointer and time.monotonic() >= self._next_pointer:
+        if config.model_pointer and (check_pointer or time.monotonic() >= self._next_pointer):
             self._next_pointer = time.monotonic() + config.pointer_check_s
             try:
                 self.reloader.check_pointer()
@@ -348,7 +351,7 @@ class Watcher:
                 log.warning("model pointer check failed: %s: %s", type(e).__name__, e)
 
     def _loop(self) -> None:
-        if self._next_pointer == 0.0:
+        while True:
             self.tick()
-        while not self._stop.wait(self.interval_s):
-            self.tick()
+            if self._stop.wait(self.interval_s):
+                return
