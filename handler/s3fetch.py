@@ -18,6 +18,7 @@ must not pay that at every cold start.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -493,7 +494,7 @@ class _Fetch:
             except ModelFetchError:
                 raise
             except OSError as e:
-                if e.errno == 28:  # ENOSPC
+                if e.errno == errno.ENOSPC:
                     raise InsufficientStorageError(
                         f"{f.part}: the cache directory filled up while fetching {f.url} (EphemeralStorage too small?)"
                     ) from e

@@ -219,6 +219,35 @@ def test_a_short_ranged_response_is_rejected(tiny: Model, s3: Any, tmp_path: Pat
     assert published(tmp_path / "cache") == []
 
 
+class ResponseStreamingError(Exception):
+    """Named like botocore's: a body that breaks off half-way."""
+
+
+class BrokenBody:
+    def __init__(self, body: Any) -> None:
+        self.body, self.reads = body, 0
+
+    def read(self, amt: int | None = None) -> bytes:
+        self.reads += 1
+        if self.reads > 1:
+            raise ResponseStreamingError("connection reset mid-body (test)")
+        data: bytes = self.body.read(min(amt or 4096, 4096))
+        return data
+
+
+def test_a_body_that_breaks_off_is_retried_once_for_that_part(tiny: Model, s3: Any, tmp_path: Path) -> None:
+    def breaks(n: int, response: Any) -> Any:
+        return {**response, "Body": BrokenBody(response["Body"])} if n == 2 else response
+
+    rec = Recorder(s3, on_range=breaks)
+    out = fetch(rec, tmp_path / "cache", workers=1)
+    ranges = [(k, r) for _, k, r in rec.ranged()]
+    assert len(ranges) == sum(-(-size // PART) for size in SIZES.values()) + 1
+    assert ranges[1] == ranges[2]  # the broken part, asked again
+    for name in SIZES:
+        assert sha256_file(out / name) == sha256_file(tiny.dir / name)
+
+
 def test_an_interrupted_download_resumes_with_only_the_missing_parts(tiny: Model, s3: Any, tmp_path: Path) -> None:
     total = sum(-(-size // PART) for size in SIZES.values())
     first = Recorder(s3, fail_at=10)
