@@ -31,7 +31,7 @@ from handler.config import Config, is_s3
 from handler.errors import InvalidInputError, RequestError, WarmstartError
 from handler.loader import Loaded, load_model
 from handler.manifest import load_manifest
-from handler.registry import Registry, weights_bytes
+from handler.registry import Registry, release_memory, weights_bytes
 from handler.report import PhaseTimer
 from handler.types import JSON
 
@@ -206,9 +206,25 @@ class Reloader:
             }
             log.error("reload of %s failed; %s keeps serving: %s: %s", source, serving, type(e).__name__, e)
             raise _with_serving(e, self.registry.default_key) from None
+        self._release_old()
         result = self._done(source, old, loaded.key, timer, changed=True, loaded=loaded)
         log.warning("reloaded: %s → %s in %.0f ms", old, loaded.key, result["total_ms"])
         return result
+
+    def _release_old(self) -> None:
+        """Return the old version's freed heap to the OS once it is unloaded: now, or, while requests still
+        hold it, on a helper thread that waits for them (bounded: a request lasts 15 minutes at most)."""
+        if not self.registry.retiring():
+            release_memory()
+            return
+
+        def wait_then_release() -> None:
+            deadline = time.monotonic() + 900
+            while self.registry.retiring() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            release_memory()
+
+        threading.Thread(target=wait_then_release, name="warmstart-release", daemon=True).start()
 
     def _load(self, path: Path, timer: PhaseTimer) -> Loaded:
         # Every file hashed and the model warmed, whatever the init-phase settings say; one buffer pool.
@@ -340,7 +356,8 @@ class Watcher:
     def tick(self, check_pointer: bool = False) -> None:
         """One round: idle unload, and the pointer when it is due (or `check_pointer`). The thread's body;
         tests call it directly."""
-        self.reloader.registry.sweep_idle()
+        if self.reloader.registry.sweep_idle():
+            release_memory()
         config = self.reloader.config
         if config.model_pointer and (check_pointer or time.monotonic() >= self._next_pointer):
             self._next_pointer = time.monotonic() + config.pointer_check_s

@@ -314,8 +314,10 @@ def _models(
     """The registry around the default model, extra models (WARMSTART_MODELS), the reloader and, when idle
     unload or a pointer is configured, its timer thread. Nothing here runs for a plain single-model init."""
 
+    pool = loaded.pool  # not `loaded` itself: the closure would keep the first default alive after a swap
+
     def load(path: Any) -> Loaded:
-        return load_model(path, config, env, report.PhaseTimer(), pool=loaded.pool)
+        return load_model(path, config, env, report.PhaseTimer(), pool=pool)
 
     registry = Registry(
         loaded,

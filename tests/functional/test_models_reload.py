@@ -4,9 +4,11 @@ forth: no request fails, and each one's vectors are those of the version its `"m
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,10 @@ def runtime(model_dir: Path) -> Iterator[Runtime]:
 
 def test_the_admin_event_swaps_the_default(runtime: Runtime, negated: Path) -> None:
     before = runtime.handle({"inputs": TEXTS[:2]})
+    old_backend = weakref.ref(runtime.backend)
     reply = runtime.handle({"warmstart": "reload", "model": str(negated), "wait": True})
+    gc.collect()
+    assert old_backend() is None  # really unloaded: nothing keeps the replaced version's session alive
     assert (reply["old"], reply["new"], reply["default"], reply["verified_files"]) == (MODEL_KEY, NEG_KEY, NEG_KEY, 3)
     assert reply["phases_ms"]["sha256"] > 0 and reply["phases_ms"]["warmup"] > 0
     after = runtime.handle({"inputs": TEXTS[:2]})
