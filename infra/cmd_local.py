@@ -50,6 +50,12 @@ def add_function_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-timeout", type=float, default=10.0, help="init phase limit, seconds (default: 10)")
     p.add_argument("--memory", type=int, default=3008, help="memory size reported, MB (default: %(default)s)")
     p.add_argument("--init-type", choices=INIT_TYPES, default="on-demand")
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="SnapStart locally: one template runs init + before-snapshot hooks, instances are forked from it"
+        " and restored (implies --init-type snap-start)",
+    )
     p.add_argument("--model", help="packed model directory (sets WARMSTART_MODEL)")
     p.add_argument("--backend", choices=("onnx", "torch"), help="sets WARMSTART_BACKEND")
 
@@ -68,7 +74,8 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
         timeout_s=args.timeout,
         init_timeout_s=args.init_timeout,
         memory_mb=args.memory,
-        init_type=args.init_type,
+        init_type="snap-start" if args.snapshot else args.init_type,
+        snapshot=args.snapshot,
         environment=environment,
     )
     settings.update(overrides)
@@ -89,6 +96,8 @@ def run_local(args: argparse.Namespace) -> int:
     print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
     print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
+    if config.snapshot:
+        print("  snapshot: instances are forked from a template made on the first invoke of each version", flush=True)
     stop.wait()
     print("warmstart local: stopping", file=sys.stderr, flush=True)
     local.stop()

@@ -169,6 +169,22 @@ class LocalLambda:
                 await serving
             sock.close()
 
+    def retire_idle(self, timeout: float = 10.0) -> int:
+        """From another thread: retire every idle instance and wait for their exits (the next invoke is a
+        cold start, or a restore with --snapshot; templates stay). Returns how many were retired."""
+        assert self._loop is not None
+
+        async def retire() -> int:
+            idle = [i for i in self.pool.instances.values() if i.free and i.state == "ready"]
+            for inst in idle:
+                self.pool.retire(inst)
+            waits = [i.exited for i in idle if i.exited is not None]
+            if waits:
+                await asyncio.wait(waits, timeout=timeout)
+            return len(idle)
+
+        return asyncio.run_coroutine_threadsafe(retire(), self._loop).result(timeout + 5)
+
     def request_stop(self) -> None:
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)

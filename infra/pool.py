@@ -93,10 +93,10 @@ class InstancePool:
         idle = [i for i in self.instances.values() if i.parked and i.free]
         if not idle:
             return False
-        self._retire(min(idle, key=lambda i: i.idle_since))
+        self.retire(min(idle, key=lambda i: i.idle_since))
         return True
 
-    def _retire(self, inst: Instance) -> None:
+    def retire(self, inst: Instance) -> None:
         self.instances.pop(inst.instance_id, None)
         self.retired.append(inst)
         inst.kill()
@@ -138,7 +138,7 @@ class InstancePool:
             cutoff = time.monotonic() - self.config.keep_alive_s
             for inst in list(self.instances.values()):
                 if inst.parked and inst.free and inst.idle_since <= cutoff:
-                    self._retire(inst)
+                    self.retire(inst)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Kill every instance's process group and wait until each exit has been seen."""

@@ -56,6 +56,10 @@ class ForkServer:
         # http.client for it (~30 ms): do the same here, or every copy would pay that import.
         import http.client  # noqa: F401
 
+        # ...and after it resolved and connected to the Runtime API: the first getaddrinfo() loads glibc's
+        # NSS configuration and modules (~10 ms), which every copy would otherwise load again.
+        host, _, port = self.client.lambda_runtime_address.rpartition(":")
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
         _send(self.sock, {"event": "ready", "pid": os.getpid(), "threads": _threads(), "rss_kb": _rss_kb()})
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ)
