@@ -125,3 +125,16 @@ def test_a_killed_template_takes_its_copies_and_the_next_call_makes_a_new_one(mo
         assert "FunctionError" not in result, log
         assert after["instance_id"] != before["instance_id"]
         assert local.pool.templates["$LATEST"] is not old
+
+
+def test_retired_copies_are_replaced_by_new_restores_not_cold_starts(model_dir: Path) -> None:
+    with snapshotting(environment={"WARMSTART_MODEL": str(model_dir)}) as (local, client):
+        _, first, _ = invoke(client, {"draws": True})
+        assert local.retire_idle() == 1
+        assert not alive(first["pid"])
+        result, second, log = invoke(client, {"draws": True})
+        assert "FunctionError" not in result, log
+        assert second["instance_id"] != first["instance_id"]
+        fields = report(log)
+        assert "Restore Duration" in fields and "Init Duration" not in fields
+        assert local.pool.templates["$LATEST"].forked == 2
