@@ -51,6 +51,16 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     drop_clients()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def forget_s3fetch_afterwards() -> Iterator[None]:
+    """Leave no `handler.s3fetch` in sys.modules for the tests after these: the runtime's snapshot hook
+    treats "imported" as "a model came from S3" (tests/unit/test_snapshot.py counts what it released)."""
+    yield
+    drop_clients()
+    sys.modules.pop("handler.s3fetch", None)
+    vars(sys.modules["handler"]).pop("s3fetch", None)
+
+
 def build_model(root: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> Model:
     """A tiny packed model: the default model's manifest structure over random files."""
     rng = np.random.default_rng(seed)
