@@ -189,7 +189,8 @@ def fetch_model(
     workers: int | None = None,
     reuse_check: str | None = None,
 ) -> Path:
-    """Fetch the packed model under `uri` (or only `backend`'s files) and return its local directory.
+    """Fetch the packed model under `uri` and return its local directory: every file, or only what
+    `backend` needs (`"default"`: the manifest's default backend), its local manifest then listing just those.
 
     Settings not passed come from `WARMSTART_CACHE_DIR` (`/tmp/warmstart/models`), `WARMSTART_S3_PART_MB` (8),
     `WARMSTART_S3_WORKERS` (8) and `WARMSTART_S3_REUSE_CHECK` (etag). Raises `ModelFetchError` (a
@@ -393,6 +394,8 @@ class _Fetch:
 
     def download(self) -> Path:
         manifest, body, etag = self._manifest()
+        if self.backend == "default":
+            self.backend = manifest.default_backend
         names = list(manifest.files) if self.backend is None else manifest.files_for(self.backend)
         staging = self.settings.cache_dir / f".staging-{self.ident}"
         staging.mkdir(mode=0o755, exist_ok=True)
@@ -444,9 +447,9 @@ class _Fetch:
             manifest = _parse(self.settings.cache_dir, raw)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ModelFetchError(f"{url}: invalid manifest: {e}") from None
-        if self.backend is not None and self.backend not in manifest.backends:
+        if self.backend not in (None, "default", *manifest.backends):
             raise ConfigError(
-                f"backend {self.backend!r} is not in {url}; valid: {', '.join(sorted(manifest.backends))}"
+                f"backend {self.backend!r} is not in {url}; valid: {', '.join(['default', *sorted(manifest.backends)])}"
             )
         return manifest, body, str(response["ETag"])
 

@@ -392,7 +392,9 @@ def test_one_backend_fetches_only_its_files(tiny: Model, s3: Any, tmp_path: Path
     assert set(manifest.backends) == {"onnx"} and manifest.default_backend == "onnx"
     assert not (out / "model.safetensors").exists()
     assert fetch(s3, tmp_path / "cache") != out  # all files: another directory
-    with pytest.raises(ConfigError, match="valid: onnx, torch"):
+    assert fetch(s3, tmp_path / "cache", backend="default") != out  # its own directory, the same files
+    assert set(load_manifest(fetch(s3, tmp_path / "cache", backend="default")).files) == set(manifest.files)
+    with pytest.raises(ConfigError, match="valid: default, onnx, torch"):
         fetch(s3, tmp_path / "cache", backend="tensorflow")
 
 
