@@ -162,8 +162,7 @@ class Runtime:
             self.workers.shutdown()  # its threads would not survive a fork
             released.append("workers")
         s3 = sys.modules.get("handler.s3fetch")
-        if s3 is not None:  # only if a model came from S3: never import boto3 for this
-            s3.drop_clients()
+        if s3 is not None and s3.drop_clients():  # only if a model came from S3: never import boto3 for this
             released.append("s3-client")
         return released
 
@@ -172,8 +171,6 @@ class Runtime:
         if self.workers is not None:
             self.workers = WorkerPool(self.workers.sizing, self.workers.cpus)
             reopened.append("workers")
-        if "handler.s3fetch" in sys.modules:
-            reopened.append("s3-client (on next use)")
         return reopened
 
     def renew_identity(self, instance_id: str) -> None:
