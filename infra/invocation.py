@@ -93,6 +93,7 @@ class Invocation:
             parts.append(f"Init Duration: {self.init_duration_ms:.2f} ms")
         if self.restore_duration_ms is not None:
             parts.append(f"Restore Duration: {self.restore_duration_ms:.2f} ms")
+            parts.append(f"Billed Restore Duration: {max(1, math.ceil(self.restore_duration_ms))} ms")
         if status is not None:
             parts.append(f"Status: {status}")
             if error_type and status == "error":

@@ -42,6 +42,7 @@ def test_restored_copies_are_unique_and_answer_like_the_template(model_dir: Path
         assert "FunctionError" not in result, log
         fields = report(log)
         assert "Restore Duration" in fields and "Init Duration" not in fields  # restored, not initialized
+        assert "Billed Restore Duration" in fields
         bodies = draws_in_parallel(client, 3)
         ids = {b["instance_id"] for b in bodies}
         assert len(ids) == 3 and len({b["pid"] for b in bodies}) == 3
