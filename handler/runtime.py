@@ -164,6 +164,8 @@ class Runtime:
         s3 = sys.modules.get("handler.s3fetch")
         if s3 is not None and s3.drop_clients():  # only if a model came from S3: never import boto3 for this
             released.append("s3-client")
+        if self.watcher is not None:  # idle-unload / S3-pointer thread: stopped, restarted after restore
+            released += self.watcher.before_snapshot()
         return released
 
     def reopen_after_restore(self) -> list[str]:
@@ -171,6 +173,8 @@ class Runtime:
         if self.workers is not None:
             self.workers = WorkerPool(self.workers.sizing, self.workers.cpus)
             reopened.append("workers")
+        if self.watcher is not None:
+            reopened += self.watcher.after_restore()
         return reopened
 
     def renew_identity(self, instance_id: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,23 @@ def test_a_snapshot_taken_on_cuda_refuses_to_restore_without_it(
         hooks.after_restore()
     with pytest.raises(RuntimeError, match="cannot cross fork"):
         SnapshotHooks(rt, "fork", SNAP, emit=None).before_snapshot()
+
+
+def test_the_models_watcher_thread_stops_before_and_restarts_after(model_dir: Path) -> None:
+    rt = Runtime.start(
+        Config.from_environ({"WARMSTART_MODEL": str(model_dir), "WARMSTART_IDLE_UNLOAD_S": "60"}),
+        environ=SNAP,
+        emit=None,
+    )
+    assert rt.watcher is not None
+
+    def watching() -> bool:
+        return any(t.name == "warmstart-models" and t.is_alive() for t in threading.enumerate())
+
+    assert watching()
+    hooks = SnapshotHooks(rt, "fork", SNAP, emit=None)
+    hooks.before_snapshot()
+    assert "models-watcher" in hooks.released and not watching()  # no thread for fork() to lose
+    hooks.after_restore()
+    assert watching()
+    rt.watcher.stop()
