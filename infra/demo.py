@@ -108,11 +108,28 @@ def run(args: argparse.Namespace) -> int:
                 elapsed, headers, _body = post(conn, path, event)
                 warm_ms.append(elapsed)
         warm = [i for i in local.history if not i.cold and not i.is_async][-args.warm :]
+        snapshot = None
+        if config.snapshot:
+            template = local.pool.templates[cold.version]
+            local.retire_idle()  # so the next invocation is a new copy restored from the snapshot
+            with progress.step("restore (forking a new instance from the snapshot)"):
+                restore_ms, headers, _body = post(conn, path, event)
+            restored = next(i for i in local.history if i.request_id == headers.get("x-amzn-requestid"))
+            snapshot = (template.instance, restore_ms, restored)
         conn.close()
     finally:
         with progress.step("stopping (killing instance process groups)"):
             local.stop()
-    print_report(config.handler, cold_ms, cold, json.loads(body), warm_ms, [i.duration_ms for i in warm])
+    durations = [i.duration_ms for i in warm]
+    template_instance = snapshot[0] if snapshot is not None else None
+    print_report(config.handler, cold_ms, cold, json.loads(body), warm_ms, durations, template_instance)
+    if snapshot is not None:
+        _, restore_ms, restored = snapshot
+        print("\nrestore: a new instance forked from the snapshot" + " " * 9 + "ms")
+        print(f"  {'Restore Duration (fork → first /next)':<42}{restored.restore_duration_ms or 0.0:>9.1f}")
+        print(f"  {'first invocation Duration':<42}{restored.duration_ms:>9.1f}")
+        print(f"  {'first response, as the client saw it':<42}{restore_ms:>9.1f}")
+        print(f"\nrestored first response / warm median: {restore_ms / statistics.median(warm_ms):.1f}x")
     return 0
 
 
@@ -129,15 +146,23 @@ def init_report(log: bytes) -> dict[str, Any] | None:
 
 
 def print_report(
-    handler: str, cold_ms: float, cold: Any, response: Any, warm_ms: list[float], warm_durations: list[float]
+    handler: str,
+    cold_ms: float,
+    cold: Any,
+    response: Any,
+    warm_ms: list[float],
+    warm_durations: list[float],
+    template: Any = None,
 ) -> None:
-    report = init_report(bytes(cold.log))
-    init_ms = cold.init_duration_ms or 0.0
+    """`template`: with --snapshot the first invocation waited for the template's init, then a restore."""
+    report = init_report(bytes(template.init_log if template is not None else cold.log))
+    init_ms = (template.init_duration_ms if template else cold.init_duration_ms) or 0.0
     rows: list[tuple[str, float]] = []
     if report is not None:
         phases = report.get("phases_ms", {})
         handler_total = float(report.get("total_ms", sum(phases.values())))
-        rows.append(("spawn → python + awslambdaric up", max(0.0, init_ms - handler_total)))
+        outside = "python, awslambdaric, snapshot hooks" if template is not None else "spawn → python + awslambdaric up"
+        rows.append((outside, max(0.0, init_ms - handler_total)))
         rows.extend((f"  init: {name}", float(ms)) for name, ms in phases.items())
         rows.append(("  init total (handler's own report)", handler_total))
         print(
@@ -146,7 +171,11 @@ def print_report(
         )
     else:
         print(f"\n{handler} printed no init report line; only the platform's figures follow")
-    rows.append(("Init Duration (spawn → first /next)", init_ms))
+    if template is not None:
+        rows.append(("Init Duration (template: spawn → snapshot)", init_ms))
+        rows.append(("Restore Duration (first copy)", cold.restore_duration_ms or 0.0))
+    else:
+        rows.append(("Init Duration (spawn → first /next)", init_ms))
     rows.append(("first invocation Duration", cold.duration_ms))
     rows.append(("first response, as the client saw it", cold_ms))
     print("\ncold start" + " " * 36 + "ms")
