@@ -77,6 +77,8 @@ def load_model(
     if verify_all or config.verify_sha256:
         checked = list(manifest.files) if verify_all else files
         with timer.phase("sha256"):
+            # At normal priority, on the loading thread. Tried at nice 10 and 19 on a throwaway thread for
+            # reloads: under saturating load the hash starved and a reload took 4-7 s instead of ~1 s.
             verify_sha256(manifest, checked)
         verified = len(checked)
     budget = cpu_budget(env)

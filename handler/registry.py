@@ -135,6 +135,7 @@ class Registry:
         self._slots: dict[str, Slot] = {default.key: Slot(default, source, path, now)}
         self._available: dict[str, Available] = {default.key: Available(source, path, default.weights_bytes)}
         self._retiring: list[Slot] = []
+        self._graveyard: list[Slot] = []  # unloaded by a request's thread; freed by `reap`
         self._default = default.key
         self._default_slot = self._slots[default.key]  # one attribute: read without the lock, swapped under it
 
@@ -174,7 +175,10 @@ class Registry:
             slot.refs -= 1
             slot.last_used = self._clock()
             if slot.retired and slot.refs == 0:
+                # Not freed here: freeing a session holds the GIL ~15 ms, and this is a request's thread.
+                # The reaper (`reap`, on the reloader's helper thread) drops the last reference.
                 self._drop_retiring(slot)
+                self._graveyard.append(slot)
 
     def _resolve(self, name: str | None) -> str:
         if name is None:
@@ -334,6 +338,14 @@ class Registry:
                 self.counters.idle_unloads += 1
                 self._event(f"unloaded {key}: idle for {self.idle_unload_s} s or more")
         return idle
+
+    def reap(self) -> int:
+        """Free the versions whose last request has ended (call off the request path)."""
+        with self._lock:
+            dead, self._graveyard = self._graveyard, []
+        count = len(dead)
+        del dead
+        return count
 
     def retiring(self) -> int:
         """Replaced versions still resident because requests hold them."""

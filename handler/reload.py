@@ -222,6 +222,7 @@ class Reloader:
             deadline = time.monotonic() + 900
             while self.registry.retiring() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            self.registry.reap()
             release_memory()
 
         threading.Thread(target=wait_then_release, name="warmstart-release", daemon=True).start()
@@ -356,7 +357,7 @@ class Watcher:
     def tick(self, check_pointer: bool = False) -> None:
         """One round: idle unload, and the pointer when it is due (or `check_pointer`). The thread's body;
         tests call it directly."""
-        if self.reloader.registry.sweep_idle():
+        if self.reloader.registry.sweep_idle() or self.reloader.registry.reap():
             release_memory()
         config = self.reloader.config
         if config.model_pointer and (check_pointer or time.monotonic() >= self._next_pointer):

@@ -119,13 +119,13 @@ def test_swaps_under_load_never_fail_or_mix_versions(runtime: Runtime, model_dir
 def test_an_in_flight_request_finishes_on_the_old_version(runtime: Runtime, negated: Path) -> None:
     expected = runtime.handle({"inputs": ["in flight"]})["embeddings"]
     old_backend = runtime.backend
-    real_run = old_backend.run
+    real = {"run": old_backend.run}
     entered, release = threading.Event(), threading.Event()
 
     def slow_run(feeds: Any) -> Any:
         entered.set()
         assert release.wait(30)
-        return real_run(feeds)
+        return real["run"](feeds)
 
     old_backend.run = slow_run  # type: ignore[method-assign]
     replies: list[Any] = []
@@ -142,3 +142,11 @@ def test_an_in_flight_request_finishes_on_the_old_version(runtime: Runtime, nega
     assert replies[0]["model"] == MODEL_KEY and replies[0]["embeddings"] == expected
     models = runtime.handle({"warmstart": "models"})
     assert models["retiring"] == [] and any(f"unloaded {MODEL_KEY}" in e for e in models["events"])
+    gone = weakref.ref(old_backend)
+    real.clear()
+    del old_backend, slow_run
+    deadline = time.monotonic() + 30  # freed by the reloader's helper thread, not by the request's thread
+    while gone() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert gone() is None
