@@ -139,3 +139,19 @@ def test_retired_copies_are_replaced_by_new_restores_not_cold_starts(model_dir: 
         fields = report(log)
         assert "Restore Duration" in fields and "Init Duration" not in fields
         assert local.pool.templates["$LATEST"].forked == 2
+
+
+def test_demo_with_snapshot_reports_the_template_and_a_restore(model_dir: Path) -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "demo", "--snapshot", "--warm", "2", "--model", str(model_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Init Duration (template: spawn → snapshot)" in out.stdout
+    assert "restore: a new instance forked from the snapshot" in out.stdout
+    assert "init: warmup" in out.stdout  # the template's init report was found
