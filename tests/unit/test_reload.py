@@ -336,3 +336,19 @@ def test_s3_pointer_reload_with_moto(
         finally:
             rt.watcher.stop()
             s3fetch.drop_clients()
+
+
+def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
+    from handler.pack import pack_onnx
+    from handler.registry import ModelBudgetError
+
+    dirs = []
+    for version, seed in (("1.0", 0), ("2.0", 1)):
+        write_tiny_onnx(tmp_path / f"big-{version}.onnx", 60_000, seed)  # ~0.96 MB of weights: one fits 1 MB
+        dirs.append(pack_onnx(tmp_path / f"big-{version}.onnx", tmp_path / f"big-{version}", "big", version))
+    rt = start(dirs[0], {"WARMSTART_MODEL_BUDGET_MB": "1"})
+    with pytest.raises(ModelBudgetError, match=r"big@2\.0 needs 0\.9 MB.*big@1\.0 0\.9 MB \(0 in use\)") as info:
+        rt.handle({"warmstart": "reload", "model": str(dirs[1])})
+    assert "big@1.0 keeps serving" in str(info.value)
+    assert rt.handle({"inputs": {"x": X, "k": K}})["model"] == "big@1.0"
+    assert rt.registry.describe()["resident_mb"] == 0.9  # the refused reservation was given back
