@@ -129,6 +129,7 @@ class Registry:
         self._load_lock = threading.Lock()  # one on-demand load at a time (they are CPU-bound anyway)
         self._reserved = 0
         self._evicted = 0  # evictions since the last release_memory()
+        self.in_flight = 0  # requests holding a lease now (read without the lock by a reload's pacing)
         self.counters = Counters()
         now = clock()
         path = default.manifest.root
@@ -167,12 +168,17 @@ class Registry:
                 slot.refs += 1
                 slot.served += 1
                 slot.last_used = self._clock()
+                self.in_flight += 1
                 return slot
-        return self._load_on_demand(key)
+        slot = self._load_on_demand(key)
+        with self._lock:
+            self.in_flight += 1
+        return slot
 
     def _release(self, slot: Slot) -> None:
         with self._lock:
             slot.refs -= 1
+            self.in_flight -= 1
             slot.last_used = self._clock()
             if slot.retired and slot.refs == 0:
                 # Not freed here: freeing a session holds the GIL ~15 ms, and this is a request's thread.
@@ -386,6 +392,7 @@ class Registry:
                 "loaded": [one(s) for s in sorted(self._slots.values(), key=lambda s: s.key)],
                 "retiring": [one(s) for s in self._retiring],
                 "available": sorted(k for k in self._available if k not in self._slots),
+                "in_flight": self.in_flight,
                 "resident_mb": round(self._resident_locked() / MB, 1),
                 "budget_mb": self.budget_bytes // MB or None,
                 "idle_unload_s": self.idle_unload_s or None,

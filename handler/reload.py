@@ -230,7 +230,14 @@ class Reloader:
     def _load(self, path: Path, timer: PhaseTimer) -> Loaded:
         # Every file hashed and the model warmed, whatever the init-phase settings say; one buffer pool.
         return load_model(
-            path, self.config, self.env, timer, pool=self.registry.default.pool, verify_all=True, warmup=True
+            path,
+            self.config,
+            self.env,
+            timer,
+            pool=self.registry.default.pool,
+            verify_all=True,
+            warmup=True,
+            busy=lambda: self.registry.in_flight > 0,
         )
 
     def _done(

@@ -95,7 +95,7 @@ def test_default_and_named_leases_count_references(tmp_path: Path, clock: Clock)
     with registry.lease() as a, registry.lease("extra@2") as b, registry.lease("extra") as c:
         assert (a.key, b.key, c.key) == ("base@1", "extra@2", "extra@2")
         refs = {m["key"]: m["refs"] for m in registry.describe()["loaded"]}
-        assert refs == {"base@1": 1, "extra@2": 2}
+        assert refs == {"base@1": 1, "extra@2": 2} and registry.in_flight == 3
     refs = {m["key"]: (m["refs"], m["served"]) for m in registry.describe()["loaded"]}
     assert refs == {"base@1": (0, 1), "extra@2": (0, 2)}
 
@@ -224,3 +224,4 @@ def test_concurrent_leases_balance(tmp_path: Path, clock: Clock) -> None:
         t.join()
     loaded = {m["key"]: (m["refs"], m["served"]) for m in registry.describe()["loaded"]}
     assert loaded == {"base@1": (0, 8000), "extra@1": (0, 8000)}
+    assert registry.in_flight == 0

@@ -352,3 +352,25 @@ def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
     assert "big@1.0 keeps serving" in str(info.value)
     assert rt.handle({"inputs": {"x": X, "k": K}})["model"] == "big@1.0"
     assert rt.registry.describe()["resident_mb"] == 0.9  # the refused reservation was given back
+
+
+def test_a_paced_hash_steps_aside_while_requests_run_and_still_catches_corruption(
+    versions: dict[str, Version], tmp_path: Path
+) -> None:
+    from handler.loader import verify_paced
+    from handler.manifest import load_manifest
+
+    bad = versions["2.0"].copy(tmp_path / "bad")
+    manifest = load_manifest(bad)
+    checks: list[bool] = []
+
+    def busy() -> bool:
+        checks.append(True)
+        return True
+
+    t0 = time.perf_counter()
+    verify_paced(manifest, list(manifest.files), busy, chunk=1024, pause_s=0.002)
+    assert len(checks) >= 6 and time.perf_counter() - t0 >= 0.002 * len(checks)  # paused after each chunk
+    flip_byte(bad / "model.onnx.data")
+    with pytest.raises(ModelLoadError, match=r"model\.onnx\.data: SHA-256 .* does not match"):
+        verify_paced(load_manifest(bad), ["model.onnx.data"], lambda: False)
