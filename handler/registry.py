@@ -314,14 +314,29 @@ class Registry:
                 self._default, self._default_slot = loaded.key, slot
             self.counters.loads += 1
             if old is not None:
-                old.retired = True
-                self.counters.retired += 1
-                self._retiring.append(old)
-                if old.refs == 0:
-                    self._drop_retiring(old)
-                else:
-                    self._event(f"retired {old.key}: unloaded when its {old.refs} in-flight request(s) end")
+                self._retire_locked(old)
             return old.key if old is not None else replaces
+
+    def promote(self, key: str, replaces: str) -> str:
+        """The swap to a version that is already resident (loaded side by side): it takes `replaces`'s
+        place, the default pointer included, and `replaces` is retired as by `install`."""
+        with self._lock:
+            slot = self._slots[key]
+            old = self._slots.pop(replaces)
+            self._available.pop(replaces, None)
+            if replaces == self._default:
+                self._default, self._default_slot = key, slot
+            self._retire_locked(old)
+            return replaces
+
+    def _retire_locked(self, old: Slot) -> None:
+        old.retired = True
+        self.counters.retired += 1
+        self._retiring.append(old)
+        if old.refs == 0:
+            self._drop_retiring(old)
+        else:
+            self._event(f"retired {old.key}: unloaded when its {old.refs} in-flight request(s) end")
 
     def _drop_retiring(self, slot: Slot) -> None:
         self._retiring.remove(slot)
@@ -359,10 +374,17 @@ class Registry:
             return len(self._retiring)
 
     def find(self, model_id: str) -> str | None:
-        """The loaded or available key with this id (a reload replaces the version with the same id)."""
+        """The loaded or available key with this id, the default first (a reload replaces the version with
+        the same id)."""
         with self._lock:
             keys = sorted(k for k in (*self._slots, *self._available) if k.split("@", 1)[0] == model_id)
-        return keys[0] if keys else None
+            default = self._default
+        return default if default in keys else (keys[0] if keys else None)
+
+    def loaded_version(self, key: str) -> Loaded | None:
+        with self._lock:
+            slot = self._slots.get(key)
+        return slot.loaded if slot is not None else None
 
     def _event(self, text: str) -> None:
         self.counters.events = [*self.counters.events[-19:], text]  # the last 20, for `models` and status

@@ -29,7 +29,7 @@ from typing import Any
 
 from handler.config import Config, is_s3
 from handler.errors import InvalidInputError, RequestError, WarmstartError
-from handler.loader import Loaded, load_model
+from handler.loader import Loaded, load_model, verify_paced
 from handler.manifest import load_manifest
 from handler.registry import Registry, release_memory, weights_bytes
 from handler.report import PhaseTimer
@@ -187,6 +187,16 @@ class Reloader:
             if manifest.key == replaces:
                 result = self._done(source, serving, replaces, timer, changed=False)
                 return result
+            resident = self.registry.loaded_version(manifest.key)
+            if resident is not None:  # already loaded side by side: check its files again, then swap
+                with timer.phase("sha256"):
+                    verify_paced(resident.manifest, list(resident.manifest.files), self._busy_now)
+                with timer.phase("swap"):
+                    self.registry.promote(manifest.key, replaces)
+                self._release_old()
+                result = self._done(source, replaces, manifest.key, timer, changed=True)
+                result["verified_files"] = len(resident.manifest.files)
+                return result
             need = weights_bytes(manifest, self.config.backend)
             self.registry.reserve(need, manifest.key)
             try:
@@ -237,8 +247,11 @@ class Reloader:
             pool=self.registry.default.pool,
             verify_all=True,
             warmup=True,
-            busy=lambda: self.registry.in_flight > 0,
+            busy=self._busy_now,
         )
+
+    def _busy_now(self) -> bool:
+        return self.registry.in_flight > 0
 
     def _done(
         self,

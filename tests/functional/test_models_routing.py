@@ -95,3 +95,15 @@ def test_status_lists_models_and_the_last_reload(runtime: Runtime) -> None:
 def test_the_http_body_path_routes_too(runtime: Runtime) -> None:
     status, raw = runtime.handle_body(json.dumps({"inputs": ["x"], "model": NEG_KEY}).encode())
     assert status == 200 and json.loads(raw)["model"] == NEG_KEY
+
+
+def test_a_reload_to_a_version_loaded_side_by_side_promotes_it(runtime: Runtime, negated: Path) -> None:
+    # Last in this module: it changes the shared runtime's default.
+    reply = runtime.handle({"warmstart": "reload", "model": str(negated)})
+    assert (reply["old"], reply["new"], reply["default"], reply["verified_files"]) == (MODEL_KEY, NEG_KEY, NEG_KEY, 3)
+    assert "session" not in reply["phases_ms"]  # nothing loaded: the resident version was re-checked, then swapped
+    assert runtime.handle({"inputs": ["x"]})["model"] == NEG_KEY
+    models = runtime.handle({"warmstart": "models"})
+    assert [m["key"] for m in models["loaded"]] == [NEG_KEY] and models["available"] == []
+    with pytest.raises(UnknownModelError):
+        runtime.handle({"inputs": ["x"], "model": MODEL_KEY})
