@@ -89,7 +89,9 @@ class Sources:
         if not is_s3(source):
             return Path(source)
         fetch: Fetch = self._fetch or _s3fetch().fetch_model
-        return fetch(source, environ=self._env, backend=self._backend)
+        # Only the files the chosen backend maps ("default": the manifest's): half the download and /tmp
+        # for a model packed for both onnx and torch.
+        return fetch(source, environ=self._env, backend=self._backend or "default")
 
     def read_pointer(self, uri: str) -> tuple[str, str]:
         if self._read_pointer is not None:
