@@ -121,7 +121,9 @@ class Runtime:
             init["workers"] = {"max_concurrency": slots, **workers.stats()}
         if loaded.warmup_error:
             init["warmup_error"] = loaded.warmup_error
-        registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init)
+        # A fork template must hold no thread pool: extra models then load on first use, after restore.
+        eager = snapshot != "fork"
+        registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init, eager)
         runtime = cls(
             config, manifest, loaded.backend, loaded.task, init, loaded.pool, workers, registry, reloader, watcher
         )
@@ -311,6 +313,7 @@ def _models(
     env: Mapping[str, str],
     sources: Sources,
     init: dict[str, Any],
+    eager: bool = True,
 ) -> tuple[Registry, Reloader, Watcher | None]:
     """The registry around the default model, extra models (WARMSTART_MODELS), the reloader and, when idle
     unload or a pointer is configured, its timer thread. Nothing here runs for a plain single-model init."""
@@ -330,7 +333,7 @@ def _models(
     )
     if config.models:
         t0 = time.perf_counter()
-        init["models"] = [registry.add(extra, sources.resolve(extra)) for extra in config.models]
+        init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
         init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
     reloader = Reloader(registry, config, env, sources, pointer_etag)
     watcher = None

@@ -374,3 +374,17 @@ def test_a_paced_hash_steps_aside_while_requests_run_and_still_catches_corruptio
     flip_byte(bad / "model.onnx.data")
     with pytest.raises(ModelLoadError, match=r"model\.onnx\.data: SHA-256 .* does not match"):
         verify_paced(load_manifest(bad), ["model.onnx.data"], lambda: False)
+
+
+def test_a_fork_snapshot_template_loads_extra_models_only_on_first_use(
+    versions: dict[str, Version], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # what fork mode sets; undone after the test
+    env = {
+        "WARMSTART_MODELS": str(versions["2.0"].dir),
+        "AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start",
+        "WARMSTART_SNAPSHOT": "fork",
+    }
+    rt = start(versions["1.0"].dir, env)
+    assert rt.registry.describe()["available"] == ["tiny@2.0"]  # no second session (thread pool) in the template
+    assert infer(rt, "tiny@2.0")["model"] == "tiny@2.0"
