@@ -24,9 +24,10 @@ def parse_backend(value: str) -> BackendName:
     raise ConfigError(f"unknown backend {value!r}; valid backends: {', '.join(BACKEND_NAMES)}")
 
 
-def _int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
-    raw = env.get(key)
-    if raw is None or raw == "":
+def env_int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
+    """An integer setting in [lo, hi]; unset or blank means `default`."""
+    raw = (env.get(key) or "").strip()
+    if not raw:
         return default
     try:
         value = int(raw)
@@ -101,21 +102,21 @@ class Config:
         device = env.get("WARMSTART_DEVICE", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"WARMSTART_DEVICE={device!r}; valid values: auto, cpu, cuda")
-        threads = _int(env, "WARMSTART_THREADS", 0, 0, 1024)
+        threads = env_int(env, "WARMSTART_THREADS", 0, 0, 1024)
         return cls(
             model_dir=model_dir,
             backend=parse_backend(backend_raw) if backend_raw else None,
-            max_inputs=_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
-            max_chars=_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
-            max_hold_ms=_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
+            max_inputs=env_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
+            max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
+            max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
             warmup=_bool(env, "WARMSTART_WARMUP", cls.warmup),
             device=device,
             model_uri=model_uri,
             models=models,
-            idle_unload_s=_int(env, "WARMSTART_IDLE_UNLOAD_S", cls.idle_unload_s, 0, 7 * 86_400),
-            model_budget_mb=_int(env, "WARMSTART_MODEL_BUDGET_MB", cls.model_budget_mb, 0, 10_000_000),
+            idle_unload_s=env_int(env, "WARMSTART_IDLE_UNLOAD_S", cls.idle_unload_s, 0, 7 * 86_400),
+            model_budget_mb=env_int(env, "WARMSTART_MODEL_BUDGET_MB", cls.model_budget_mb, 0, 10_000_000),
             model_pointer=pointer,
-            pointer_check_s=_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
+            pointer_check_s=env_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
         )

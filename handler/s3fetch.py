@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handler.config import env_int
 from handler.errors import ConfigError, InsufficientStorageError, ModelFetchError, WarmstartError
-from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, sha256_file
+from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, replace_dir, sha256_file
 
 DEFAULT_CACHE_DIR = Path("/tmp/warmstart/models")
 DEFAULT_PART_MB = 8
@@ -138,19 +139,6 @@ def _fetch_error(what: str, exc: Exception) -> ModelFetchError:
 # --- settings --------------------------------------------------------------------------------------------
 
 
-def _env_int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not an integer") from None
-    if not lo <= value <= hi:
-        raise ConfigError(f"{key}={value} is outside [{lo}, {hi}]")
-    return value
-
-
 @dataclass(frozen=True)
 class _Settings:
     cache_dir: Path
@@ -169,8 +157,8 @@ def _settings(
     check = reuse_check or env.get("WARMSTART_S3_REUSE_CHECK", "").strip() or "etag"
     if check not in REUSE_CHECKS:
         raise ConfigError(f"reuse check {check!r}; valid: {', '.join(REUSE_CHECKS)}")
-    part = part_size if part_size is not None else _env_int(env, "WARMSTART_S3_PART_MB", DEFAULT_PART_MB, 1, 1024) << 20
-    count = workers if workers is not None else _env_int(env, "WARMSTART_S3_WORKERS", DEFAULT_WORKERS, 1, 64)
+    part = part_size if part_size is not None else env_int(env, "WARMSTART_S3_PART_MB", DEFAULT_PART_MB, 1, 1024) << 20
+    count = workers if workers is not None else env_int(env, "WARMSTART_S3_WORKERS", DEFAULT_WORKERS, 1, 64)
     if part < 1024 or count < 1:
         raise ConfigError(f"part_size={part} (at least 1024) and workers={count} (at least 1)")
     root = cache_dir or Path(env.get("WARMSTART_CACHE_DIR", "").strip() or DEFAULT_CACHE_DIR)
@@ -571,12 +559,5 @@ class _Fetch:
         load_manifest(staging)  # what we publish must read back
         name = re.sub(r"[^A-Za-z0-9._@-]", "_", manifest.key)
         out = self.settings.cache_dir / f"{name}-{self.ident}"
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(out, old)
-            os.rename(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(staging, out)
+        replace_dir(staging, out)
         return out

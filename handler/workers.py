@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from handler.config import _int
+from handler.config import env_int
 from handler.errors import ServiceBusyError
 
 T = TypeVar("T")
@@ -176,9 +176,9 @@ class WorkerPool:
 def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
     """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and
     WARMSTART_QUEUE_MAX (default 64)."""
-    max_workers = _int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
+    max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
     return Sizing(
-        min_workers=_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
+        min_workers=env_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
         max_workers=max_workers,
-        max_queue=_int(environ, "WARMSTART_QUEUE_MAX", 64, 1, 100_000),
+        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", 64, 1, 100_000),
     )
