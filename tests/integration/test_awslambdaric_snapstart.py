@@ -85,21 +85,19 @@ def test_snap_start_runs_the_hooks_around_restore(stub: RuntimeStub, model_dir: 
     assert np.allclose(np.array(embedded.json()["embeddings"]), np.array(reference["embeddings"]), atol=1e-6)
 
 
-def test_failing_before_snapshot_hook_posts_init_error_and_exits_64(stub: RuntimeStub, model_dir: Path) -> None:
-    proc = spawn(stub, model_dir, SNAP_FIXTURE_FAIL="before")
+@pytest.mark.parametrize(
+    ("fail", "code", "error_type", "restored"),
+    [("before", 64, "Runtime.BeforeSnapshotError", False), ("after", 65, "Runtime.AfterRestoreError", True)],
+)
+def test_a_failing_hook_is_reported_with_its_type_and_exit_code(
+    stub: RuntimeStub, model_dir: Path, fail: str, code: int, error_type: str, restored: bool
+) -> None:
+    proc = spawn(stub, model_dir, SNAP_FIXTURE_FAIL=fail)
     proc.communicate(timeout=120)
-    assert proc.returncode == 64
-    error = stub.init_errors.get(timeout=5)
-    assert stub.error_types == ["Runtime.BeforeSnapshotError"]
+    assert proc.returncode == code
+    # Before the snapshot it is an init error (/init/error); after restore, a restore error (/restore/error).
+    error = (stub.restore_errors if restored else stub.init_errors).get(timeout=5)
+    assert stub.error_types == [error_type]
     assert error["errorType"] == "HookFailedError"
-    assert not stub.restored.is_set()
-
-
-def test_failing_after_restore_hook_posts_restore_error_and_exits_65(stub: RuntimeStub, model_dir: Path) -> None:
-    proc = spawn(stub, model_dir, SNAP_FIXTURE_FAIL="after")
-    proc.communicate(timeout=120)
-    assert proc.returncode == 65
-    error = stub.restore_errors.get(timeout=5)
-    assert stub.error_types == ["Runtime.AfterRestoreError"]
-    assert "after-restore hook failed on purpose" in error["errorMessage"]
-    assert stub.restored.is_set()
+    assert f"{fail}-" in error["errorMessage"] and "hook failed on purpose" in error["errorMessage"]
+    assert stub.restored.is_set() is restored
