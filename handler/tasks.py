@@ -20,7 +20,7 @@ from handler.config import Config
 from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
 from handler.manifest import Manifest, TensorSpec
 from handler.pool import BufferPool, current_arena
-from handler.tokens import TextEncoder
+from handler.tokens import shared_encoder
 from handler.types import JSON, Arrays
 
 OUTPUT_FORMATS = ("list", "npy")
@@ -54,8 +54,12 @@ class EmbeddingTask:
     def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
         tok = manifest.tokenizer
         max_length = int(tok.get("truncation") or manifest.max_seq_length or 512)
-        self.encoder = TextEncoder(
-            manifest.path(tok.get("file", "tokenizer.json")), max_length, int(tok.get("pad_id", 0))
+        name = tok.get("file", "tokenizer.json")
+        entry = manifest.files.get(name)
+        # Shared with a loaded version whose tokenizer file has the same SHA-256 and settings: a reload to
+        # such a version neither parses nor drops a tokenizer (each holds the GIL for milliseconds).
+        self.encoder = shared_encoder(
+            manifest.path(name), max_length, int(tok.get("pad_id", 0)), entry.sha256 if entry else None
         )
         self.backend = backend
         self.model = manifest.key
