@@ -5,7 +5,9 @@ once do on the HTTP host or Lambda Managed Instances). First a steady phase; the
 default model is hot-swapped N times, back and forth between the packed default (0.1.0) and a copy of it
 packed as 0.2.0 (copied files, not links: two versions really are two sets of pages). A request counts as
 "during the swap" when it overlaps the reload's run (fetch → SHA-256 of every file → session → warm-up →
-swap). RSS is sampled every 5 ms: the peak during the overlap is what two resident versions cost.
+swap) or what follows it until the old version is freed and its heap trimmed (a helper thread may do that
+after the reply, at a moment with no request in flight: `Reloader.releases` counts them). RSS is sampled
+every 5 ms: the peak during the overlap is what two resident versions cost.
 
 The runtime runs as on Lambda (`AWS_LAMBDA_FUNCTION_NAME` set: no spinning intra-op threads).
 
@@ -109,6 +111,25 @@ class RssSampler:
         return statistics.median(values) if values else float("nan")
 
 
+def released_count(runtime: Runtime) -> int:
+    return int(getattr(runtime.reloader, "releases", 0))
+
+
+def wait_released(runtime: Runtime, before: int, timeout_s: float = 5.0) -> None:
+    """Until the old version is freed and trimmed. A runtime without `Reloader.releases` (older commits, for
+    side-by-side runs): until nothing replaced is left resident, plus the trim's ~10 ms."""
+    deadline = time.perf_counter() + timeout_s
+    registry = runtime.registry
+    while time.perf_counter() < deadline:
+        if hasattr(runtime.reloader, "releases"):
+            if released_count(runtime) > before:
+                return
+        elif not registry.retiring() and not getattr(registry, "_graveyard", None):
+            time.sleep(0.01)
+            return
+        time.sleep(0.002)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=2, help="client threads (K)")
@@ -136,11 +157,14 @@ def main() -> None:
     swaps: list[dict[str, Any]] = []
     windows: list[tuple[float, float]] = []
     for i in range(args.rounds):
+        gc.collect()  # before the gap: a request this full collection stalls must not overlap the window
         time.sleep(args.gap)
-        gc.collect()
         before = rss.median(time.perf_counter() - 0.5, time.perf_counter())
+        released = released_count(runtime)
         t0 = time.perf_counter()
         reply = runtime.handle({"warmstart": "reload", "model": str(versions[i % 2]), "wait": True})
+        replied = time.perf_counter()
+        wait_released(runtime, released)
         t1 = time.perf_counter()
         windows.append((t0, t1))
         time.sleep(0.3)
@@ -149,7 +173,8 @@ def main() -> None:
             {
                 "old": reply["old"],
                 "new": reply["new"],
-                "reload_ms": round((t1 - t0) * 1000, 1),
+                "reload_ms": round((replied - t0) * 1000, 1),
+                "freed_after_ms": round((t1 - replied) * 1000, 1),
                 "phases_ms": reply["phases_ms"],
                 "requests": len(during),
                 "p99_ms": round(pct(during, 99), 2) if during else None,
@@ -194,10 +219,14 @@ def main() -> None:
         "rss_residual_mb_median": round(statistics.median(residual), 1),
     }
     print(f"clients {args.clients}, steady {len(steady)} requests: p50 {steady_p50:.2f} ms, p99 {steady_p99:.2f} ms")
-    print(f"{'swap':<34} {'reload ms':>9} {'reqs':>5} {'p99 ms':>8} {'max ms':>8} {'RSS +peak':>10} {'RSS +after':>10}")
+    print(
+        f"{'swap':<34} {'reload ms':>9} {'freed +ms':>9} {'reqs':>5} {'p99 ms':>8} {'max ms':>8} "
+        f"{'RSS +peak':>10} {'RSS +after':>10}"
+    )
     for s in swaps:
         print(
-            f"{s['old'] + ' → ' + s['new'].split('@')[1]:<34} {s['reload_ms']:>9.0f} {s['requests']:>5} "
+            f"{s['old'] + ' → ' + s['new'].split('@')[1]:<34} {s['reload_ms']:>9.0f} {s['freed_after_ms']:>9.0f} "
+            f"{s['requests']:>5} "
             f"{s['p99_ms'] or 0:>8.2f} {s['max_ms'] or 0:>8.2f} {s['rss_peak_mb'] - s['rss_before_mb']:>+10.1f} "
             f"{s['rss_after_mb'] - s['rss_before_mb']:>+10.1f}"
         )

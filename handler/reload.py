@@ -38,6 +38,8 @@ from handler.types import JSON
 log = logging.getLogger("warmstart")
 
 ADMIN_ACTIONS = ("reload", "models")
+# How long freeing a replaced version waits for a moment with no request in flight before it goes ahead.
+IDLE_WAIT_S = 0.5
 Fetch = Callable[..., Path]  # handler.s3fetch.fetch_model's shape: (uri, *, environ=..., backend=...) -> Path
 ReadPointer = Callable[[str], tuple[str, str]]  # (pointer uri) -> (model uri, ETag)
 
@@ -130,6 +132,7 @@ class Reloader:
         self.last: dict[str, Any] | None = None  # the last reload's result or failure (status shows it)
         self.pointer_etag = pointer_etag
         self.pointer_last: dict[str, Any] | None = None
+        self.releases = 0  # old versions freed and trimmed so far (the reload benchmark waits on it)
 
     # -- the admin event -----------------------------------------------------------------------------------
 
@@ -224,18 +227,24 @@ class Reloader:
         return result
 
     def _release_old(self) -> None:
-        """Return the old version's freed heap to the OS once it is unloaded: now, or, while requests still
-        hold it, on a helper thread that waits for them (bounded: a request lasts 15 minutes at most)."""
-        if not self.registry.retiring():
+        """Free the old version and return its heap to the OS: now when no request is in flight; otherwise on
+        a helper thread that waits for the requests holding it (bounded: a request lasts 15 minutes at
+        most), then for a moment with no request in flight (at most `IDLE_WAIT_S`: the free holds the GIL
+        for a few ms, and a request running then would wait that long)."""
+        registry = self.registry
+        if not registry.retiring() and registry.in_flight == 0:
+            registry.reap()
             release_memory()
+            self.releases += 1
             return
 
         def wait_then_release() -> None:
             deadline = time.monotonic() + 900
-            while self.registry.retiring() and time.monotonic() < deadline:
+            while registry.retiring() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            self.registry.reap()
-            release_memory()
+            registry.reap(idle_within_s=IDLE_WAIT_S)
+            release_memory()  # ctypes lets go of the GIL: requests run meanwhile
+            self.releases += 1
 
         threading.Thread(target=wait_then_release, name="warmstart-release", daemon=True).start()
 
