@@ -11,7 +11,8 @@ every 5 ms: the peak during the overlap is what two resident versions cost.
 
 The runtime runs as on Lambda (`AWS_LAMBDA_FUNCTION_NAME` set: no spinning intra-op threads).
 
-Usage: .venv/bin/python bench/bench_reload.py [--clients 2] [--seconds 5] [--rounds 5] [--json out.json]
+Usage: .venv/bin/python bench/bench_reload.py [--clients 2] [--seconds 5] [--rounds 5] [--think-ms 0]
+    [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def pct(values: list[float], q: float) -> float:
 class Load:
     """K threads sending requests until stopped; every request's (start, end, model) is kept."""
 
-    def __init__(self, runtime: Runtime, clients: int) -> None:
+    def __init__(self, runtime: Runtime, clients: int, think_s: float = 0.0) -> None:
         self.runtime = runtime
+        self.think_s = think_s
         self.records: list[tuple[float, float, str]] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -67,6 +69,8 @@ class Load:
             t1 = time.perf_counter()
             with self._lock:
                 self.records.append((t0, t1, reply["model"]))
+            if self.think_s:
+                time.sleep(self.think_s)
 
     def start(self) -> None:
         for t in self._threads:
@@ -136,6 +140,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the steady phase")
     parser.add_argument("--rounds", type=int, default=5, help="hot swaps (N)")
     parser.add_argument("--gap", type=float, default=1.5, help="seconds of plain load between swaps")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="each client's pause between requests (0: back to back)"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
 
@@ -145,7 +152,7 @@ def main() -> None:
     runtime = Runtime.start(Config.from_environ(env), environ=env, emit=None)
     versions = [other, MODEL]
 
-    load, rss = Load(runtime, args.clients), RssSampler()
+    load, rss = Load(runtime, args.clients, args.think_ms / 1000), RssSampler()
     rss.start()
     load.start()
     time.sleep(1.0)  # the clients' first requests and the arena's growth are not the steady state
@@ -206,6 +213,7 @@ def main() -> None:
     residual = [s["rss_after_mb"] - s["rss_before_mb"] for s in swaps]
     summary = {
         "clients": args.clients,
+        "think_ms": args.think_ms,
         "steady": {"requests": len(steady), "p50_ms": round(steady_p50, 2), "p99_ms": round(steady_p99, 2)},
         "between_swaps": {"requests": len(between), "p99_ms": round(between_p99, 2)},
         "during_swaps": {"requests": len(during_all), "p99_ms": round(swap_p99, 2), "max_ms": round(swap_max, 2)},
@@ -218,7 +226,10 @@ def main() -> None:
         "rss_overlap_mb_median": round(statistics.median(overlap), 1),
         "rss_residual_mb_median": round(statistics.median(residual), 1),
     }
-    print(f"clients {args.clients}, steady {len(steady)} requests: p50 {steady_p50:.2f} ms, p99 {steady_p99:.2f} ms")
+    print(
+        f"clients {args.clients} (think {args.think_ms:g} ms), steady {len(steady)} requests: "
+        f"p50 {steady_p50:.2f} ms, p99 {steady_p99:.2f} ms"
+    )
     print(
         f"{'swap':<34} {'reload ms':>9} {'freed +ms':>9} {'reqs':>5} {'p99 ms':>8} {'max ms':>8} "
         f"{'RSS +peak':>10} {'RSS +after':>10}"
