@@ -20,7 +20,6 @@ one interval of traffic, and the reload runs beside requests, never in front of 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -373,12 +372,9 @@ class Watcher:
             self._thread = None
 
     def before_snapshot(self) -> list[str]:
+        # S3 clients are dropped by Runtime.release_for_snapshot, watcher or not.
         self.stop()
-        released = ["models-watcher"]
-        s3 = sys.modules.get("handler.s3fetch")
-        if s3 is not None:
-            s3.drop_clients()
-        return released
+        return ["models-watcher"]
 
     def after_restore(self) -> list[str]:
         self._next_pointer = 0.0
