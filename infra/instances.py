@@ -86,6 +86,13 @@ def exit_reason(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+def exit_message(returncode: int) -> str:
+    """The platform's line about a runtime that exited."""
+    if returncode == 0:
+        return "Error: Runtime exited without providing a reason"
+    return f"Error: Runtime exited with error: {exit_reason(returncode)}"
+
+
 def peak_rss_mb(pid: int) -> int:
     """Max Memory Used: the process's RSS high-water mark (VmHWM), in MB rounded up."""
     try:
@@ -307,9 +314,7 @@ class Instance:
             self._log_transport.close()
         self._flush_partial()
         orphan = None
-        message = f"Error: Runtime exited with error: {exit_reason(returncode)}"
-        if returncode == 0:
-            message = "Error: Runtime exited without providing a reason"
+        message = exit_message(returncode)
         if self.current is not None:
             inv, self.current = self.current, None
             inv.finish(
@@ -420,8 +425,6 @@ class Instance:
         self.init_failed = True
         self._cancel_timer()
         outcome = _error_outcome(body, error_type)
-        if error_type in (BEFORE_SNAPSHOT_ERROR, AFTER_RESTORE_ERROR):
-            outcome = _platform_outcome(body, error_type)
         self.init_outcome = outcome
         if self.queued is not None:
             inv, self.queued = self.queued, None
@@ -437,7 +440,7 @@ class Instance:
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(asyncio.shield(self.exited), 1.0)
                 if self.proc is not None:
-                    inv.log += f"Error: Runtime exited with error: {exit_reason(code)}\n".encode()
+                    inv.log += f"{exit_message(code)}\n".encode()
         self._finish_soon(inv, outcome, status="error")
 
     def restore_next(self) -> str | None:
@@ -585,28 +588,20 @@ def _unbound(request: Request) -> Response:  # until infra.runtime_api.bind() ro
 
 
 def _error_outcome(body: bytes, error_type: str | None) -> Outcome:
-    """The runtime's error body goes to the invoker as is; its type comes from the body, else the header."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        body_type = parsed.get("errorType")
-        return Outcome(body, str(body_type or error_type or "Unhandled"))
-    return Outcome.error(error_type or "Unhandled", body.decode("utf-8", "replace"))
-
-
-def _platform_outcome(body: bytes, error_type: str) -> Outcome:
-    """`Runtime.BeforeSnapshotError` / `Runtime.AfterRestoreError`: the hook's own error becomes the message."""
+    """The runtime's error body goes to the invoker as is; its type comes from the body, else the header.
+    Around a snapshot the header's platform type wins (`Runtime.BeforeSnapshotError`,
+    `Runtime.AfterRestoreError`) and the hook's own error becomes the message."""
     try:
         parsed = json.loads(body)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        return Outcome.error(error_type, body.decode("utf-8", "replace"))
-    message = f"{parsed.get('errorType', 'Error')}: {parsed.get('errorMessage', '')}"
-    payload = {"errorMessage": message, "errorType": error_type, "stackTrace": parsed.get("stackTrace", [])}
-    return Outcome(json.dumps(payload).encode(), error_type)
+        return Outcome.error(error_type or "Unhandled", body.decode("utf-8", "replace"))
+    if error_type in (BEFORE_SNAPSHOT_ERROR, AFTER_RESTORE_ERROR):
+        message = f"{parsed.get('errorType', 'Error')}: {parsed.get('errorMessage', '')}"
+        payload = {"errorMessage": message, "errorType": error_type, "stackTrace": parsed.get("stackTrace", [])}
+        return Outcome(json.dumps(payload).encode(), error_type)
+    return Outcome(body, str(parsed.get("errorType") or error_type or "Unhandled"))
 
 
 def _pipe_pending(fd: int) -> int:

@@ -15,7 +15,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from infra import runtime_api
-from infra.instances import BEFORE_SNAPSHOT_ERROR, Instance, exit_reason
+from infra.instances import BEFORE_SNAPSHOT_ERROR, Instance, exit_message, exit_reason
 from infra.invocation import EXIT_ERROR, Invocation, Outcome
 from infra.zygote import FD_VARIABLE
 
@@ -152,7 +152,7 @@ class Template:
     def failure_log(self) -> bytes:
         log = bytes(self.instance.init_log)
         if self._exit_code is not None:
-            log += f"Error: Runtime exited with error: {exit_reason(self._exit_code)}\n".encode()
+            log += f"{exit_message(self._exit_code)}\n".encode()
         return log
 
     # -- Owner callbacks from the template's Instance --------------------------------------------------
