@@ -7,7 +7,6 @@ for extra models and the reloader for a standby version, so all of them are buil
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +51,8 @@ def verify_paced(
     while a request is running, so at most ~20% of a core goes to the hash then, and all of it when idle.
     Bounded: a model of 90 MB takes at most ~0.45 s more under continuous load. (Lowering the thread's
     priority instead, nice 10 or 19, starved the hash under saturating load: reloads of 4-7 s.)"""
+    import hashlib  # deferred: a plain init hashes nothing
+
     for name in names:
         path = manifest.root / name
         digest = hashlib.sha256()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +139,8 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    import hashlib  # deferred: loads libcrypto (4.5 MB), and plain init hashes nothing (docs/coldstart.md)
+
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(chunk):
@@ -162,6 +162,8 @@ def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
 def replace_dir(staging: Path, out: Path) -> None:
     """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
     directory or the new one, never a mix (two renames; the old one is removed afterwards)."""
+    import shutil  # deferred: never needed by a plain init
+
     if out.exists():
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)

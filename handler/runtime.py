@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from handler import report
 from handler.backends import Backend
@@ -26,12 +26,16 @@ from handler.manifest import Manifest
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
 from handler.registry import Registry, requested_model, weights_bytes
-from handler.reload import AdminNotAllowedError, Reloader, Sources, Watcher, admin_action, initial_source
 from handler.sources import decode_body, infer_source
-from handler.status import Diagnostics, is_status
 from handler.tasks import Task
 from handler.types import JSON, Event
-from handler.workers import WorkerPool, sizing_from_environ
+
+if TYPE_CHECKING:
+    # Reload, status, snapshot hooks and the worker pool load on first use: a single-model function serving
+    # plain requests never imports them (~10 ms of init here, measured with -X importtime; docs/coldstart.md).
+    from handler.reload import Reloader, Sources, Watcher
+    from handler.status import Diagnostics
+    from handler.workers import WorkerPool
 
 log = logging.getLogger("warmstart")
 
@@ -49,6 +53,7 @@ class Runtime:
         registry: Registry | None = None,
         reloader: Reloader | None = None,
         watcher: Watcher | None = None,
+        make_reloader: Callable[[Registry], Reloader] | None = None,
     ) -> None:
         self.config = config
         self.init_report = init
@@ -58,8 +63,13 @@ class Runtime:
             loaded = Loaded(manifest, backend, task, self.pool, 1, facts, weights_bytes(manifest, backend.name))
             registry = Registry(loaded, str(manifest.root))
         # The models this instance serves, keyed id@version; `manifest`, `backend` and `task` are the default's.
+        # Always there: its leases are what keep a running request's model alive through a reload.
         self.registry = registry
-        self.reloader = reloader or Reloader(registry, config, {})
+        # The reloader is built on first use (an admin or status event) when nothing at init needs it: a plain
+        # single-model function never imports handler.reload.
+        self._reloader = reloader
+        self._make_reloader = make_reloader
+        self._diagnostics: Diagnostics | None = None
         # The timer thread for idle unload and the S3 pointer; None unless either is configured.
         # SnapStart: `watcher.before_snapshot()` / `watcher.after_restore()`.
         self.watcher = watcher
@@ -70,7 +80,6 @@ class Runtime:
         self.started = time.monotonic()
         self.invocations = 0
         self.counts = {"inference": 0, "ping": 0, "status": 0, "rejected": 0, "failed": 0}
-        self.diagnostics = Diagnostics()
         self._lock = threading.Lock()
 
     @classmethod
@@ -92,13 +101,17 @@ class Runtime:
             # no tokenizer pool); torch's threads are created after restore, ORT's session keeps one.
             threads, bound_by = 1, "fork-snapshot"
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # Where the default model comes from: a directory (no S3, no boto3), or s3:// / the pointer, fetched.
-        sources = sources or Sources(environ=env, backend=config.backend)
-        source, pointer_etag = initial_source(config, env, sources)
-        model_dir = config.model_dir
-        if source != str(config.model_dir):
-            with timer.phase("fetch"):
-                model_dir = sources.resolve(source)
+        # Where the default model comes from: a directory (no S3, no boto3, no reload module), or s3:// / the
+        # pointer, fetched.
+        source, pointer_etag, model_dir = str(config.model_dir), None, config.model_dir
+        if sources is not None or config.model_uri or config.model_pointer:
+            from handler.reload import Sources, initial_source
+
+            sources = sources or Sources(environ=env, backend=config.backend)
+            source, pointer_etag = initial_source(config, env, sources)
+            if source != str(config.model_dir):
+                with timer.phase("fetch"):
+                    model_dir = sources.resolve(source)
         loaded = load_model(model_dir, config, env, timer, threads=threads, bound_by=bound_by)
         manifest, slots = loaded.manifest, max_concurrency(env)
         init = {
@@ -116,20 +129,58 @@ class Runtime:
         }
         workers = None
         if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
+            from handler.workers import WorkerPool, sizing_from_environ
+
             workers = WorkerPool(sizing_from_environ(env, max(1, loaded.cpus // slots)), loaded.cpus)
             init["workers"] = {"max_concurrency": slots, **workers.stats()}
         if loaded.warmup_error:
             init["warmup_error"] = loaded.warmup_error
         # A fork template must hold no thread pool: extra models then load on first use, after restore.
         eager = snapshot != "fork"
-        registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init, eager)
+
+        reloader = watcher = None
+        if config.models or source != str(config.model_dir) or _watched(config):
+            registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init, eager)
+        else:  # a plain single-model function: the reloader (and its module) only if an admin event comes
+            registry = _registry(loaded, source, config, env)
         runtime = cls(
-            config, manifest, loaded.backend, loaded.task, init, loaded.pool, workers, registry, reloader, watcher
+            config,
+            manifest,
+            loaded.backend,
+            loaded.task,
+            init,
+            loaded.pool,
+            workers,
+            registry,
+            reloader,
+            watcher,
+            make_reloader=lambda registry: _reloader(registry, pointer_etag, config, env, sources),
         )
         init["instance_id"] = runtime.instance_id
         if emit:
             emit(init)
         return runtime
+
+    @property
+    def reloader(self) -> Reloader:
+        if self._reloader is None:
+            with self._lock:
+                if self._reloader is None:
+                    if self._make_reloader is None:
+                        from handler.reload import Reloader
+
+                        self._reloader = Reloader(self.registry, self.config, {})
+                    else:
+                        self._reloader = self._make_reloader(self.registry)
+        return self._reloader
+
+    @property
+    def diagnostics(self) -> Diagnostics:
+        if self._diagnostics is None:
+            from handler.status import Diagnostics
+
+            self._diagnostics = Diagnostics()
+        return self._diagnostics
 
     @property
     def manifest(self) -> Manifest:
@@ -172,6 +223,8 @@ class Runtime:
     def reopen_after_restore(self) -> list[str]:
         reopened = []
         if self.workers is not None:
+            from handler.workers import WorkerPool
+
             self.workers = WorkerPool(self.workers.sizing, self.workers.cpus)
             reopened.append("workers")
         if self.watcher is not None:
@@ -255,19 +308,21 @@ class Runtime:
         source = infer_source(event)
         try:
             payload = source.payload(event)
+            # Status and admin events carry "warmstart"; only they load the status and reload modules.
+            control = isinstance(payload, dict) and "warmstart" in payload
             if not source.http:
                 if is_ping(payload):
                     self.count("ping")
                     return self.ping(payload, context, count == 1, count)
-                if is_status(payload):
+                if control and _status().is_status(payload):
                     self.count("status")
                     return self.status(payload)
-                if admin_action(payload):
+                if control and _reload().admin_action(payload):
                     self.count("status")  # an admin event is a status-like request: no model run
                     remaining = context.get_remaining_time_in_millis() if context is not None else None
                     return self.reloader.admin(payload, remaining)
-            elif admin_action(payload):
-                raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
+            elif control and _reload().admin_action(payload):
+                raise _reload().AdminNotAllowedError("model admin events are accepted from direct invokes only")
             return source.respond(event, self.infer(payload))
         except Exception as e:
             status, body = self._failure(e, source.name, log_internal=source.http)
@@ -282,8 +337,8 @@ class Runtime:
             self.invocations += 1
         try:
             payload = decode_body(raw)
-            if admin_action(payload):
-                raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
+            if isinstance(payload, dict) and "warmstart" in payload and _reload().admin_action(payload):
+                raise _reload().AdminNotAllowedError("model admin events are accepted from direct invokes only")
             self.count("inference")
             body: JSON = self.serve(payload)
             status = 200
@@ -304,25 +359,30 @@ class Runtime:
         return 500, {"error": {"type": "InternalError", "message": f"{type(error).__name__}: {error}"}}
 
 
-def _models(
-    loaded: Loaded,
-    source: str,
-    pointer_etag: str | None,
-    config: Config,
-    env: Mapping[str, str],
-    sources: Sources,
-    init: dict[str, Any],
-    eager: bool = True,
-) -> tuple[Registry, Reloader, Watcher | None]:
-    """The registry around the default model, extra models (WARMSTART_MODELS), the reloader and, when idle
-    unload or a pointer is configured, its timer thread. Nothing here runs for a plain single-model init."""
+def _status() -> Any:
+    from handler import status
 
+    return status
+
+
+def _reload() -> Any:
+    from handler import reload
+
+    return reload
+
+
+def _watched(config: Config) -> bool:
+    """Idle unload or an S3 pointer: a timer thread (reload's Watcher) runs from init."""
+    return bool(config.idle_unload_s or config.model_pointer)
+
+
+def _registry(loaded: Loaded, source: str, config: Config, env: Mapping[str, str]) -> Registry:
     pool = loaded.pool  # not `loaded` itself: the closure would keep the first default alive after a swap
 
     def load(path: Any) -> Loaded:
         return load_model(path, config, env, report.PhaseTimer(), pool=pool)
 
-    registry = Registry(
+    return Registry(
         loaded,
         source,
         load=load,
@@ -330,6 +390,32 @@ def _models(
         budget_mb=config.model_budget_mb,
         idle_unload_s=config.idle_unload_s,
     )
+
+
+def _reloader(
+    registry: Registry, etag: str | None, config: Config, env: Mapping[str, str], sources: Sources | None
+) -> Reloader:
+    from handler.reload import Reloader, Sources
+
+    return Reloader(registry, config, env, sources or Sources(environ=env, backend=config.backend), etag)
+
+
+def _models(
+    loaded: Loaded,
+    source: str,
+    pointer_etag: str | None,
+    config: Config,
+    env: Mapping[str, str],
+    sources: Sources | None,
+    init: dict[str, Any],
+    eager: bool = True,
+) -> tuple[Registry, Reloader, Watcher | None]:
+    """The registry around the default model, extra models (WARMSTART_MODELS), the reloader and, when idle
+    unload or a pointer is configured, its timer thread. Nothing here runs for a plain single-model init."""
+    from handler.reload import Reloader, Sources, Watcher
+
+    sources = sources or Sources(environ=env, backend=config.backend)
+    registry = _registry(loaded, source, config, env)
     if config.models:
         t0 = time.perf_counter()
         init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
