@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import onnxruntime as ort
 
 from handler.backends import BackendSettings
 from handler.errors import ModelLoadError
+from handler.fingerprint import cpu_fingerprint
 from handler.manifest import Manifest
 from handler.pool import current_arena
 from handler.report import PhaseTimer
@@ -45,6 +47,8 @@ class OnnxBackend:
         self.providers: list[str] = []
         self.device_reason = ""
         self.threads = 0
+        # Whether the pre-optimized, prepacked model was used, or why not: the init report's "coldstart".
+        self.optimized: dict[str, Any] = {"used": False, "reason": "not packed"}
         self._outputs: list[str] = []
         self._bound: list[OutputSpec] | None = None  # None: some output's shape is unknowable before the run
         self._symbols: list[tuple[str, int, str]] = []  # (input, axis, symbol) to read dims off the feeds
@@ -57,12 +61,27 @@ class OnnxBackend:
 
     def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
         path = manifest.path(manifest.backends["onnx"]["model"])
+        optimized, self.optimized = optimized_model(manifest, settings)
+        if optimized is not None:
+            try:
+                self._create(optimized, settings, timer, preoptimized=True)
+                return
+            except ModelLoadError as e:  # never a failed start over a speed-up: the portable model follows
+                self.optimized = {"used": False, "reason": f"load failed: {e}"}
+        self._create(path, settings, timer, preoptimized=False)
+
+    def _create(self, path: Path, settings: BackendSettings, timer: PhaseTimer, preoptimized: bool) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # EXTENDED fuses LayerNorm/GELU/attention patterns; ALL adds CPU-layout transforms that did not pay here.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        # A pre-optimized model was saved after EXTENDED at pack time: running the passes again finds nothing.
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            if preoptimized
+            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        )
         options.log_severity_level = 3
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
         if not settings.prepack:
@@ -161,6 +180,32 @@ class OnnxBackend:
             "threads": self.threads,
             "onnxruntime": ort.__version__,
         }
+
+
+def optimized_model(manifest: Manifest, settings: BackendSettings) -> tuple[Path | None, dict[str, Any]]:
+    """The pre-optimized model's path when it may be used here, and the report's line either way.
+
+    Its prepacked weights are in MLAS's layout for the ORT version and CPU features they were made with;
+    anything else would read them wrongly, so any difference means the portable model (never a wrong answer).
+    """
+    spec = manifest.backends["onnx"].get("optimized")
+    if not spec:
+        return None, {"used": False, "reason": "not packed (warmstart optimize)"}
+    if not settings.optimized:
+        return None, {"used": False, "reason": "off (WARMSTART_ORT_OPTIMIZED=0)"}
+    if settings.cuda.usable:
+        return None, {"used": False, "reason": "CUDA: prepacked weights are for the CPU provider"}
+    if not settings.prepack:
+        return None, {"used": False, "reason": "prepacking off (WARMSTART_ORT_PREPACK=0)"}
+    made_for = {"onnxruntime": spec.get("onnxruntime"), **{k: spec.get(k) for k in ("arch", "cpu_features")}}
+    here = {"onnxruntime": ort.__version__, **cpu_fingerprint()}
+    differs = [f"{k} {here[k]} != {made_for[k]}" for k in here if here[k] != made_for[k]]
+    if differs:
+        return None, {"used": False, "reason": "made for another target: " + "; ".join(differs), "made_for": made_for}
+    missing = [n for n in spec.get("files", []) if n not in manifest.files]
+    if missing or spec.get("model") not in manifest.files:
+        return None, {"used": False, "reason": f"files not in this copy of the model: {missing or spec.get('model')}"}
+    return manifest.path(spec["model"]), {"used": True, "model": spec["model"], "made_for": made_for}
 
 
 def create() -> OnnxBackend:

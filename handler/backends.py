@@ -25,6 +25,9 @@ class BackendSettings:
     cuda: CudaProbe
     spin: bool  # let intra-op threads spin between ops: faster, but burns billed CPU time on Lambda
     prepack: bool = True
+    # The manifest's pre-optimized ONNX model with prepacked weights, when made for this ORT and CPU
+    # (WARMSTART_ORT_OPTIMIZED=0: never).
+    optimized: bool = True
 
 
 class Backend(Protocol):

@@ -122,6 +122,7 @@ def load_model(
         cuda=cuda,
         spin=not on_lambda and threads > 1,
         prepack=env.get("WARMSTART_ORT_PREPACK", "1") != "0",
+        optimized=env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0",
     )
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):

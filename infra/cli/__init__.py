@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # Imported lazily per run so `warmstart pack` never pays for uvicorn and `warmstart local` never for onnx.
 COMMAND_MODULES = (
     "infra.cli.pack",
+    "infra.cli.optimize",
     "infra.cli.local",
     "infra.cli.warm",
     "infra.cli.demo",

@@ -1,0 +1,34 @@
+"""`warmstart optimize DIR`: save a packed model's ONNX graph pre-optimized, with prepacked weights, for this
+machine's ONNX Runtime and CPU (infra.pack.optimize). `--remove` takes it out again."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("optimize", help="pre-optimize a packed ONNX model (prepacked weights) for this machine")
+    p.add_argument("model", type=Path, nargs="?", default=Path("models/default"), help="packed model directory")
+    p.add_argument("--remove", action="store_true", help="remove the optimized model instead")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Pack-time tools (onnx) load only here, never in the function.
+    from handler.errors import ModelLoadError
+    from infra.pack.optimize import OptimizeError, optimize, remove
+
+    try:
+        if args.remove:
+            print(json.dumps({"model": str(args.model), "removed": remove(args.model)}))
+            return 0
+        entry = optimize(args.model)
+    except (OptimizeError, ModelLoadError, FileNotFoundError) as e:
+        print(f"warmstart optimize: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"model": str(args.model), "optimized": entry}))
+    return 0

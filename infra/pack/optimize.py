@@ -1,0 +1,175 @@
+"""Pre-optimize a packed ONNX model for the machine it will run on (pack time: `warmstart optimize DIR`).
+
+ONNX Runtime spends most of session creation on graph optimization and on prepacking MatMul weights into
+MLAS's blocked layout (a second copy in memory). Done once here and saved (`optimized_model_filepath` +
+`session.save_external_prepacked_constant_initializers`), a cold start maps both instead: measured in
+docs/coldstart.md. The prepacked layout depends on the ORT version and the CPU features MLAS dispatches on,
+so both are recorded in the manifest and checked at load (handler.backend_onnx.optimized_model): any mismatch
+serves the portable model, with the reason in the init report. Run this where the function runs (the image
+build, `layers.build` for its target), with the runtime's pinned onnxruntime.
+
+The result is kept only if its outputs are bit-identical to the portable model's on probe inputs (the
+embedding task: real tokenized sentences at several batch sizes and lengths).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from handler.fingerprint import cpu_fingerprint
+from handler.manifest import MANIFEST_NAME, load_manifest, sha256_file
+
+OPT_FILE, OPT_DATA = "model.opt.onnx", "model.opt.onnx.data"
+PAGE = 4096
+# Sentences of several lengths (with padding inside a batch), so every code path of the graph runs.
+PROBE_TEXTS = [
+    "A cold start is the time from nothing to the first answer.",
+    "short",
+    "Prepacked weights are laid out for the CPU's kernels; a different CPU reads them differently. " * 6,
+    "naïve café, 東京, emoji 🚀 and a very-long-hyphenated-token-sequence-that-splits-into-many-pieces",
+]
+
+
+class OptimizeError(ValueError):
+    """The optimized model could not be made or did not reproduce the portable model's outputs exactly."""
+
+
+def _options(ort: Any, preoptimized: bool) -> Any:
+    # The runtime's settings (handler.backend_onnx), one thread: the saved model must be what init would build.
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_DISABLE_ALL if preoptimized else level.ORT_ENABLE_EXTENDED
+    return options
+
+
+def probe_feeds(manifest: Any, session: Any) -> list[dict[str, npt.NDArray[Any]]]:
+    """Inputs to compare the two models on: tokenized sentences for a text model, seeded random arrays else."""
+    names = [i.name for i in session.get_inputs()]
+    if manifest.task == "embedding" and manifest.tokenizer.get("file"):
+        from handler.tokens import TextEncoder
+
+        encoder = TextEncoder(manifest.path(manifest.tokenizer["file"]), int(manifest.tokenizer["truncation"]))
+        feeds: list[dict[str, npt.NDArray[Any]]] = []
+        for batch in ([PROBE_TEXTS[0]], PROBE_TEXTS, PROBE_TEXTS[1:3]):
+            ids, mask = encoder.encode(batch)
+            feeds.append({n: ids if n == "input_ids" else mask for n in names})
+        return feeds
+    rng = np.random.default_rng(0)
+    feeds = []
+    for size in (1, 3):
+        feed: dict[str, npt.NDArray[Any]] = {}
+        for i in session.get_inputs():
+            # Symbolic dims: the batch first, 7 elsewhere.
+            shape = [int(d) if isinstance(d, int) else (size if n == 0 else 7) for n, d in enumerate(i.shape)]
+            if "float" in i.type:
+                feed[i.name] = rng.standard_normal(shape).astype(np.float16 if "16" in i.type else np.float32)
+            elif "bool" in i.type:
+                feed[i.name] = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                feed[i.name] = rng.integers(0, 100, shape).astype(np.int32 if "int32" in i.type else np.int64)
+        feeds.append(feed)
+    return feeds
+
+
+def optimize(model_dir: Path) -> dict[str, Any]:
+    """Write model.opt.onnx (+ .data) into the packed `model_dir` and record it in its manifest; returns the
+    manifest entry. Replaces an earlier optimized model. Raises OptimizeError when outputs differ."""
+    import onnxruntime as ort
+
+    model_dir = model_dir.resolve()
+    manifest = load_manifest(model_dir)
+    if "onnx" not in manifest.backends:
+        raise OptimizeError(f"{model_dir}: not packed for the onnx backend")
+    portable = manifest.path(manifest.backends["onnx"]["model"])
+    with tempfile.TemporaryDirectory(prefix=".optimize-", dir=model_dir) as tmp:
+        work = Path(tmp)
+        options = _options(ort, preoptimized=False)
+        options.optimized_model_filepath = str(work / OPT_FILE)
+        # The data file name is relative to the model file: both move into model_dir together below.
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", OPT_DATA)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "4096")
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        reference = ort.InferenceSession(str(portable), options, providers=["CPUExecutionProvider"])
+        candidate = ort.InferenceSession(
+            str(work / OPT_FILE), _options(ort, preoptimized=True), providers=["CPUExecutionProvider"]
+        )
+        feeds = probe_feeds(manifest, reference)
+        outputs = [o.name for o in reference.get_outputs()]
+        for n, feed in enumerate(feeds):
+            for name, a, b in zip(outputs, reference.run(None, feed), candidate.run(None, feed), strict=True):
+                if not np.array_equal(a, b):
+                    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                    raise OptimizeError(f"output {name!r} of probe {n} differs from the portable model's (max {diff})")
+        del reference, candidate
+        unaligned = _unaligned(work / OPT_FILE)
+        entry = {
+            "model": OPT_FILE,
+            "files": [OPT_FILE, OPT_DATA],
+            "onnxruntime": ort.__version__,
+            **cpu_fingerprint(),
+            "graph_optimization_level": "extended",
+            "prepacked": True,
+            "bit_identical_probes": len(feeds),
+            # ORT maps an external tensor in place only at a page-aligned offset; the rest it reads.
+            "unaligned_tensors": unaligned,
+        }
+        for name in (OPT_FILE, OPT_DATA):
+            os.replace(work / name, model_dir / name)
+    _record(model_dir, entry)
+    return entry
+
+
+def _unaligned(model_path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    count = 0
+    for tensor in model.graph.initializer:
+        info = {e.key: e.value for e in tensor.external_data}
+        if "offset" in info and int(info["offset"]) % PAGE and int(info.get("length", 0)) >= PAGE:
+            count += 1
+    return count
+
+
+def _record(model_dir: Path, entry: dict[str, Any]) -> None:
+    """Add the files and the entry to the manifest: written aside and renamed, so readers never see half."""
+    path = model_dir / MANIFEST_NAME
+    raw = json.loads(path.read_text())
+    for name in entry["files"]:
+        file = model_dir / name
+        raw["files"][name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+    raw["backends"]["onnx"]["optimized"] = entry
+    tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    os.replace(tmp, path)
+    load_manifest(model_dir)  # what we wrote must read back
+
+
+def remove(model_dir: Path) -> bool:
+    """Drop the optimized model from a packed directory (before copying it to another target)."""
+    path = model_dir / MANIFEST_NAME
+    raw = json.loads(path.read_text())
+    entry = raw["backends"].get("onnx", {}).pop("optimized", None)
+    if entry is None:
+        return False
+    for name in entry.get("files", []):
+        raw["files"].pop(name, None)
+    tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    os.replace(tmp, path)
+    for name in entry.get("files", []):
+        (model_dir / name).unlink(missing_ok=True)
+    return True
+
+
+__all__ = ["OPT_DATA", "OPT_FILE", "OptimizeError", "optimize", "remove"]
