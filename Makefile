@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 MODEL := models/default/manifest.json
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench bench-quota clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
+# Optimized for this machine (prepacked ONNX weights, checked at load against ORT version + CPU features).
 $(MODEL): $(BIN)/.installed $(wildcard infra/pack/*.py)
 	$(BIN)/warmstart pack --default --force
+	$(BIN)/warmstart optimize models/default
 
 setup: $(MODEL)
 
@@ -31,6 +33,10 @@ lint: $(BIN)/.installed
 
 bench: setup
 	$(BIN)/python bench/bench_coldstart.py
+
+# CPU quotas x warm/cold page cache (root: cgroup v1 cpu controller, posix_fadvise DONTNEED).
+bench-quota: setup
+	$(BIN)/python bench/bench_coldstart_quota.py
 
 clean:
 	rm -rf $(VENV) models build dist

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from handler.config import snapshot_mode
-from handler.runtime import Runtime
-from handler.types import JSON, Event
+from handler import prefetch
+
+# First, before the imports below take the CPU: the kernel reads the libraries and model files meanwhile.
+prefetch.start()
+
+from handler.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
+from handler.runtime import Runtime  # noqa: E402
+from handler.types import JSON, Event  # noqa: E402
 
 runtime = Runtime.start()
 if snapshot_mode() is not None:

@@ -38,6 +38,8 @@ class Loaded:
     verified_files: int = 0  # files whose SHA-256 was checked while loading
     warmup_error: str | None = None
     phases_ms: dict[str, float] = field(default_factory=dict)
+    # Which cold-start savings this load used, or why not (the init report's "coldstart").
+    coldstart: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -157,4 +159,14 @@ def load_model(
         verified_files=verified,
         warmup_error=warmup_error,
         phases_ms=dict(timer.phases),
+        coldstart={
+            k: v
+            for k, v in (("onnx_optimized", getattr(backend, "optimized", None)), ("tokenizer", _tokenizer(task)))
+            if v is not None
+        },
     )
+
+
+def _tokenizer(task: Task) -> dict[str, Any] | None:
+    encoder = getattr(task, "encoder", None)
+    return getattr(encoder, "coldstart", None)

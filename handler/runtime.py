@@ -126,6 +126,7 @@ class Runtime:
             "process_age_at_init_ms": age_at_start,
             **report.memory_mb(),
             "weights_mb": round(loaded.weights_bytes / 2**20, 1),
+            "coldstart": coldstart_report(loaded.coldstart),
         }
         workers = None
         if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
@@ -357,6 +358,22 @@ class Runtime:
         if log_internal:
             log.error("internal error", exc_info=error)
         return 500, {"error": {"type": "InternalError", "message": f"{type(error).__name__}: {error}"}}
+
+
+def coldstart_report(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Which cold-start savings this start used (docs/coldstart.md): BLAS threads pinned before numpy, the
+    background prefetch, the pre-optimized model, the tokenizer shortcut; and any deferred module that got
+    imported anyway (something pulled it onto the init path)."""
+    import handler
+    from handler import prefetch
+
+    deferred = ("handler.reload", "handler.status", "handler.workers", "handler.snapshot", "hashlib", "shutil")
+    return {
+        "blas_threads": handler.BLAS_THREADS,
+        "prefetch": prefetch.report(),
+        **facts,
+        "deferred_imports_loaded": [m for m in deferred if m in sys.modules],
+    }
 
 
 def _status() -> Any:

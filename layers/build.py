@@ -158,14 +158,39 @@ def check_limit(sizes: Sequence[Artifact], limit: int) -> None:
         )
 
 
-def default_model(work: Path) -> Path:
-    """The embedded default model, ONNX only (both backends would not fit beside the dependencies)."""
+def default_model(work: Path, optimize: bool = True, requirements: Path = ROOT / "layers" / "requirements.txt") -> Path:
+    """The embedded default model, ONNX only (both backends would not fit beside the dependencies); with
+    `optimize`, pre-optimized for this machine when its onnxruntime is the layer's pinned one."""
     from infra.pack import pack_default  # pack-time deps (onnx, safetensors, the model package)
 
     out = work / "model-onnx"
     if not (out / "manifest.json").is_file():
         pack_default(out, ["onnx"], force=True)
+    if optimize:
+        print(optimize_for_layer(out, requirements))
     return out
+
+
+def optimize_for_layer(model: Path, requirements: Path) -> str:
+    """Prepacked weights are valid only for the ORT version that made them: made here only when this machine's
+    onnxruntime is the one the dependency layer pins (the layer's CPU features are checked at load)."""
+    import onnxruntime
+
+    from infra.pack.optimize import optimize, remove
+
+    pins = dict(
+        line.split("==", 1)
+        for line in requirements.read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    pinned = pins.get("onnxruntime", "").strip()
+    if pinned != onnxruntime.__version__:
+        remove(model)
+        return f"optimize: skipped, onnxruntime here {onnxruntime.__version__} != the layer's {pinned or 'unpinned'}"
+    entry = optimize(model)
+    return (
+        f"optimize: prepacked for onnxruntime {entry['onnxruntime']} {entry['arch']} {','.join(entry['cpu_features'])}"
+    )
 
 
 def build(
@@ -219,10 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--requirements", type=Path, default=ROOT / "layers" / "requirements.txt")
     p.add_argument("--wheels", type=Path, help="install from this wheel directory only (offline)")
     p.add_argument("--limit-mb", type=float, default=LAMBDA_UNZIPPED_LIMIT / MB, help="unzipped limit (MB)")
+    p.add_argument(
+        "--no-optimize", action="store_true", help="default model: no pre-optimized ONNX model (prepacked weights)"
+    )
     args = p.parse_args(argv)
     from handler.errors import ModelLoadError
 
-    model = args.model or default_model(ROOT / "build")
+    model = args.model or default_model(ROOT / "build", optimize=not args.no_optimize, requirements=args.requirements)
     try:
         artifacts = build(args.out, model, args.requirements, args.wheels, int(args.limit_mb * MB))
     except (LayerBuildError, ModelLoadError) as e:

@@ -112,9 +112,11 @@ def optimize(model_dir: Path) -> dict[str, Any]:
                     raise OptimizeError(f"output {name!r} of probe {n} differs from the portable model's (max {diff})")
         del reference, candidate
         unaligned = _unaligned(work / OPT_FILE)
+        # A model whose initializers are all small has no data file: everything is inline.
+        files = [name for name in (OPT_FILE, OPT_DATA) if (work / name).exists()]
         entry = {
             "model": OPT_FILE,
-            "files": [OPT_FILE, OPT_DATA],
+            "files": files,
             "onnxruntime": ort.__version__,
             **cpu_fingerprint(),
             "graph_optimization_level": "extended",
@@ -123,7 +125,7 @@ def optimize(model_dir: Path) -> dict[str, Any]:
             # ORT maps an external tensor in place only at a page-aligned offset; the rest it reads.
             "unaligned_tensors": unaligned,
         }
-        for name in (OPT_FILE, OPT_DATA):
+        for name in files:
             os.replace(work / name, model_dir / name)
     _record(model_dir, entry)
     return entry

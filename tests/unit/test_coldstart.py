@@ -1,0 +1,237 @@
+"""The cold-start savings (docs/coldstart.md): each one does what it says, can be switched off, and never
+changes an answer. Timings live in bench/bench_coldstart_quota.py, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from handler import prefetch
+from handler.config import Config
+from handler.fingerprint import cpu_fingerprint, cpu_flags
+from handler.runtime import Runtime
+from infra.pack.optimize import OPT_DATA, OPT_FILE, OptimizeError, optimize, remove
+from tests.conftest import ROOT, write_tiny_onnx
+
+HARD_TEXTS = [
+    "A cold start is the time from nothing to the first answer.",
+    "naïve café — 東京タワー, emoji 🚀🔥, ÅNGSTRÖM and ﬁ ligatures",
+    "x" * 300,
+    "",
+    "   leading and trailing   \t\n",
+]
+
+
+def run_python(code: str, env: dict[str, str]) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "OPENBLAS_"))}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+# -- BLAS threads ------------------------------------------------------------------------------------------
+
+BLAS_PROBE = """
+import json, os
+import handler
+import numpy
+print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "env": os.environ.get("OPENBLAS_NUM_THREADS"),
+                  "report": handler.BLAS_THREADS}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="OpenBLAS starts no worker thread on one CPU")
+def test_openblas_is_pinned_before_numpy_loads() -> None:
+    ours = json.loads(run_python(BLAS_PROBE, {}))
+    off = json.loads(run_python(BLAS_PROBE, {"WARMSTART_BLAS_THREADS": "default"}))
+    # The setting reached OpenBLAS in time: no worker thread; with the switch off OpenBLAS starts its own.
+    assert ours["threads"] == 1 and ours["env"] == "1"
+    assert ours["report"] == {"OPENBLAS_NUM_THREADS": "1", "by": "warmstart", "too_late": False}
+    assert off["threads"] > 1 and off["env"] is None and off["report"]["by"] == "off"
+
+
+def test_an_explicit_openblas_setting_wins() -> None:
+    got = json.loads(run_python(BLAS_PROBE, {"OPENBLAS_NUM_THREADS": "2"}))
+    assert got["env"] == "2" and got["report"]["by"] == "environment"
+
+
+def test_numpy_imported_first_is_reported_as_too_late() -> None:
+    got = json.loads(run_python("import numpy\n" + BLAS_PROBE, {}))
+    assert got["report"]["too_late"] is True
+
+
+# -- the import chain --------------------------------------------------------------------------------------
+
+DEFERRED = {"handler.reload", "handler.status", "handler.workers", "handler.snapshot", "hashlib", "shutil"}
+
+
+def test_single_model_init_imports_no_deferred_module(model_dir: Path) -> None:
+    code = (
+        f"import json, sys, handler.app\nprint(json.dumps(sorted(m for m in {sorted(DEFERRED)!r} if m in sys.modules)))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "WARMSTART_WARMUP": "0"}
+    assert json.loads(run_python(code, env)) == []
+
+
+def test_status_and_admin_events_still_load_what_they_need(new_runtime: Any) -> None:
+    runtime = new_runtime()
+    assert runtime.handle({"warmstart": "status"})["warmstart"] == "status"
+    assert runtime.handle({"warmstart": "models"})["default"] == runtime.manifest.key
+
+
+# -- prefetch ----------------------------------------------------------------------------------------------
+
+
+def test_prefetch_plan_reads_libraries_first_then_the_model_in_touch_order(model_dir: Path) -> None:
+    files = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"})
+    names = [p.name for p in files]
+    first_model = next(i for i, p in enumerate(files) if p.parent == model_dir)
+    assert all(p.parent != model_dir for p in files[:first_model])  # libraries first
+    assert any("openblas" in n for n in names[:first_model]) and any("onnxruntime" in n for n in names)
+    assert not any("providers_cuda" in n for n in names)
+    assert names[-1] == "tokenizer.json"  # read last by init
+    assert all(p.is_file() for p in files)
+    model_only = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"}, libs=False)
+    assert all(p.parent == model_dir for p in model_only)
+
+
+def test_prefetch_takes_the_optimized_files_only_when_they_fit_this_cpu(optimized_dir: Path) -> None:
+    env = {"WARMSTART_MODEL": str(optimized_dir), "WARMSTART_BACKEND": "onnx"}
+    assert [p.name for p in prefetch.plan(env, libs=False)] == [OPT_FILE, OPT_DATA, "tokenizer.json"]
+    other = copy_model(optimized_dir, optimized_dir.parent / "other-cpu", cpu_features=["sve"])
+    env["WARMSTART_MODEL"] = str(other)
+    assert [p.name for p in prefetch.plan(env, libs=False)] == ["model.onnx", "model.onnx.data", "tokenizer.json"]
+
+
+def test_prefetch_never_fails_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefetch, "_started", None)
+    assert prefetch.plan({"WARMSTART_MODEL": "s3://bucket/model"}) == []
+    assert prefetch.start({"WARMSTART_PREFETCH": "off"}) is None and prefetch.report() == {"mode": "off"}
+    with pytest.raises(FileNotFoundError):
+        prefetch.plan({"WARMSTART_MODEL": str(tmp_path)})
+    assert prefetch.start({"WARMSTART_MODEL": str(tmp_path)}) is None  # no manifest: init reports it, not us
+
+
+def test_the_init_report_says_which_savings_were_used(model_dir: Path) -> None:
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "WARMSTART_WARMUP": "0"}
+    code = "import handler.app"
+    report = json.loads(run_python(code, env))
+    cold = report["coldstart"]
+    assert cold["blas_threads"]["by"] == "warmstart"
+    assert cold["prefetch"]["mode"] == "all" and cold["prefetch"]["files"] > 3
+    assert "used" in cold["onnx_optimized"] and cold["deferred_imports_loaded"] == []
+    off = json.loads(run_python(code, {**env, "WARMSTART_PREFETCH": "off", "WARMSTART_ORT_OPTIMIZED": "0"}))
+    assert off["coldstart"]["prefetch"] == {"mode": "off"}
+    assert off["coldstart"]["onnx_optimized"]["used"] is False
+
+
+# -- pre-optimized model with prepacked weights ------------------------------------------------------------
+
+
+def copy_model(src: Path, dst: Path, **optimized: Any) -> Path:
+    """A copy of a packed model (large files symlinked) whose manifest's optimized entry is overridden."""
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name != "manifest.json" and p.is_file():
+            (dst / p.name).symlink_to(p.resolve())
+    raw = json.loads((src / "manifest.json").read_text())
+    raw["backends"]["onnx"]["optimized"].update(optimized)
+    (dst / "manifest.json").write_text(json.dumps(raw))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def optimized_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("optimized") / "model"
+    out.mkdir()
+    for name in ("model.onnx", "model.onnx.data", "tokenizer.json"):
+        (out / name).symlink_to((model_dir / name).resolve())
+    raw = json.loads((model_dir / "manifest.json").read_text())
+    raw["backends"]["onnx"].pop("optimized", None)
+    raw["files"] = {k: v for k, v in raw["files"].items() if k in ("model.onnx", "model.onnx.data", "tokenizer.json")}
+    raw["backends"] = {"onnx": raw["backends"]["onnx"]}
+    raw["default_backend"] = "onnx"
+    (out / "manifest.json").write_text(json.dumps(raw))
+    entry = optimize(out)
+    assert entry["onnxruntime"] and entry["cpu_features"] == cpu_fingerprint()["cpu_features"]
+    return out
+
+
+def embed(model: Path, **env: str) -> tuple[list[list[float]], dict[str, Any]]:
+    runtime = Runtime.start(Config(model_dir=model, backend="onnx", warmup=False), environ=env, emit=None)
+    reply = runtime.handle({"inputs": HARD_TEXTS})
+    return reply["embeddings"], runtime.init_report["coldstart"]["onnx_optimized"]
+
+
+def test_optimized_model_is_used_and_bit_identical(optimized_dir: Path) -> None:
+    fast, used = embed(optimized_dir)
+    portable, off = embed(optimized_dir, WARMSTART_ORT_OPTIMIZED="0")
+    assert used["used"] is True and off == {"used": False, "reason": "off (WARMSTART_ORT_OPTIMIZED=0)"}
+    assert fast == portable  # bit-identical floats, not merely close
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ({"cpu_features": ["avx512f", "amx_tile"]}, "made for another target: cpu_features"),
+        ({"onnxruntime": "0.0.1"}, "made for another target: onnxruntime"),
+        ({"arch": "aarch64"}, "made for another target: arch"),
+        ({"model": "tokenizer.json"}, "load failed"),  # a broken optimized file: the portable model serves
+    ],
+)
+def test_a_mismatch_falls_back_to_the_portable_model_with_a_report_line(
+    optimized_dir: Path, tmp_path: Path, override: dict[str, Any], reason: str
+) -> None:
+    other = copy_model(optimized_dir, tmp_path / "model", **override)
+    got, line = embed(other)
+    assert line["used"] is False and line["reason"].startswith(reason)
+    assert got == embed(optimized_dir, WARMSTART_ORT_OPTIMIZED="0")[0]
+
+
+def test_optimize_refuses_outputs_that_differ_and_remove_undoes_it(tmp_path: Path, monkeypatch: Any) -> None:
+    from handler.manifest import load_manifest
+    from infra.pack import optimize as module
+    from infra.pack import pack_onnx
+
+    write_tiny_onnx(tmp_path / "tiny.onnx")
+    packed = pack_onnx(tmp_path / "tiny.onnx", tmp_path / "packed", "tiny", "1")
+    entry = optimize(packed)
+    assert entry["bit_identical_probes"] == 2 and OPT_FILE in load_manifest(packed).files
+    assert remove(packed) and not (packed / OPT_FILE).exists()
+    assert OPT_FILE not in load_manifest(packed).files and "optimized" not in load_manifest(packed).backends["onnx"]
+
+    real = np.array_equal
+    monkeypatch.setattr(module.np, "array_equal", lambda a, b: False if a.dtype == np.float32 else real(a, b))
+    with pytest.raises(OptimizeError, match="differs"):
+        optimize(packed)
+    assert "optimized" not in load_manifest(packed).backends["onnx"]  # nothing recorded
+
+
+def test_cpu_flags_reads_x86_and_arm() -> None:
+    assert cpu_flags("processor: 0\nflags\t\t: fpu avx2 fma\n") == {"fpu", "avx2", "fma"}
+    assert cpu_flags("Features\t: fp asimd sve\n") == {"fp", "asimd", "sve"}
+    assert "hypervisor" not in cpu_fingerprint("flags : avx2 hypervisor")["cpu_features"]
+
+
+def test_requirements_pin_the_same_onnxruntime_for_pack_and_function() -> None:
+    def pin(path: Path) -> str:
+        return next(
+            line.split("==")[1].strip() for line in path.read_text().splitlines() if line.startswith("onnxruntime==")
+        )
+
+    assert pin(ROOT / "infra/deploy/requirements-pack.txt") == pin(ROOT / "layers/requirements.txt")
+
+
+def test_no_copy_left_behind(optimized_dir: Path) -> None:
+    assert not [p for p in optimized_dir.iterdir() if p.name.startswith(".optimize-")]
+    shutil.rmtree(optimized_dir.parent / "other-cpu", ignore_errors=True)
