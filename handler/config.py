@@ -102,6 +102,7 @@ class Config:
     model_budget_mb: int = 0  # resident weights of all models together (0: no limit)
     model_pointer: str | None = None  # s3://.../CURRENT naming the default model's source
     pointer_check_s: int = 60  # at most one pointer read per interval
+    tokenizer_shortcut: bool = True  # WordPiece from the vocabulary where the manifest proves it equivalent
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -137,4 +138,5 @@ class Config:
             model_budget_mb=env_int(env, "WARMSTART_MODEL_BUDGET_MB", cls.model_budget_mb, 0, 10_000_000),
             model_pointer=pointer,
             pointer_check_s=env_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
+            tokenizer_shortcut=_bool(env, "WARMSTART_TOKENIZER_SHORTCUT", cls.tokenizer_shortcut),
         )

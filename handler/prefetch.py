@@ -119,9 +119,13 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Path]:
     optimized = spec.get("optimized")
     if optimized and _fits(optimized):
         names = list(optimized.get("files", [])) or names  # the session will open these instead
-    tokenizer = (raw.get("tokenizer") or {}).get("file")
-    if tokenizer:
-        names.append(tokenizer)
+    tokenizer = raw.get("tokenizer") or {}
+    shortcut = tokenizer.get("shortcut") or {}
+    shortcut_on = env.get("WARMSTART_TOKENIZER_SHORTCUT", "1") not in ("0", "false", "no", "off")
+    if shortcut.get("vocab") in raw.get("files", {}) and shortcut_on:
+        names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
+    elif tokenizer.get("file"):
+        names.append(tokenizer["file"])
     return files + [model_dir / n for n in names if n in raw.get("files", {})]
 
 

@@ -20,7 +20,7 @@ from handler.config import Config
 from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
 from handler.manifest import Manifest, TensorSpec
 from handler.pool import BufferPool, current_arena
-from handler.tokens import shared_encoder
+from handler.tokens import shared_encoder, usable_shortcut
 from handler.types import JSON, Arrays
 
 OUTPUT_FORMATS = ("list", "npy")
@@ -58,9 +58,16 @@ class EmbeddingTask:
         entry = manifest.files.get(name)
         # Shared with a loaded version whose tokenizer file has the same SHA-256 and settings: a reload to
         # such a version neither parses nor drops a tokenizer (each holds the GIL for milliseconds).
+        # A WordPiece tokenizer built from the vocabulary, where a pack-time proof says it is the same (faster).
+        vocab, why = usable_shortcut(manifest.root, tok, manifest.files)
+        shortcut = (vocab, tok["shortcut"]["settings"]) if vocab and config.tokenizer_shortcut else None
         self.encoder = shared_encoder(
-            manifest.path(name), max_length, int(tok.get("pad_id", 0)), entry.sha256 if entry else None
+            manifest.path(name), max_length, int(tok.get("pad_id", 0)), entry.sha256 if entry else None, shortcut
         )
+        if shortcut is None and not self.encoder.coldstart.get("shortcut"):
+            self.encoder.coldstart["reason"] = (
+                why if config.tokenizer_shortcut else "off (WARMSTART_TOKENIZER_SHORTCUT=0)"
+            )
         self.backend = backend
         self.model = manifest.key
         self.output = manifest.outputs[0].name

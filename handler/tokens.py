@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,62 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 
+def bert_wordpiece(vocab: Path, settings: Mapping[str, Any]) -> Tokenizer:
+    """A BERT WordPiece tokenizer from its vocabulary file and the manifest's recorded settings: ~2x faster to
+    build than parsing tokenizer.json (docs/coldstart.md). Used only where a pack-time check proved it gives
+    the JSON pipeline's ids (infra/pack/wordpiece.py builds it with this same function)."""
+    from tokenizers import AddedToken, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    tok = Tokenizer(
+        WordPiece.from_file(
+            str(vocab),
+            unk_token=settings["unk_token"],
+            continuing_subword_prefix=settings["continuing_subword_prefix"],
+            max_input_chars_per_word=settings["max_input_chars_per_word"],
+        )
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=settings["clean_text"],
+        handle_chinese_chars=settings["handle_chinese_chars"],
+        strip_accents=settings["strip_accents"],
+        lowercase=settings["lowercase"],
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    (cls, cls_id), (sep, sep_id) = settings["cls"], settings["sep"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, cls_id), (sep, sep_id)]
+    )
+    # Special tokens are matched in the raw text before normalization, as tokenizer.json's added_tokens are.
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in settings["special_tokens"]])
+    return tok
+
+
+def usable_shortcut(root: Path, tokenizer: Mapping[str, Any], files: Mapping[str, Any]) -> tuple[Path | None, str]:
+    """The vocabulary file when the manifest's shortcut proof covers this tokenizer file; else why not."""
+    shortcut = tokenizer.get("shortcut")
+    if not shortcut:
+        return None, "no pack-time proof (warmstart optimize)"
+    entry = files.get(tokenizer.get("file", ""))
+    if entry is None or getattr(entry, "sha256", None) != shortcut.get("proof", {}).get("tokenizer_sha256"):
+        return None, "the proof is for another tokenizer.json"
+    if shortcut.get("vocab") not in files:
+        return None, "vocabulary file not in this copy of the model"
+    return root / shortcut["vocab"], "proved"
+
+
 class TextEncoder:
-    def __init__(self, path: Path, max_length: int, pad_id: int = 0) -> None:
-        # Read here (file I/O releases the GIL), parsed by `from_str`: the parse holds the GIL, and
-        # `from_file` took ~22-27 ms of it for all-MiniLM's 466 KB tokenizer.json, `from_str` ~13 ms (measured).
-        self._tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+    def __init__(
+        self, path: Path, max_length: int, pad_id: int = 0, shortcut: tuple[Path, Mapping[str, Any]] | None = None
+    ) -> None:
+        if shortcut is not None:
+            self._tok = bert_wordpiece(shortcut[0], shortcut[1])
+            self.coldstart: dict[str, Any] = {"shortcut": "wordpiece", "vocab": shortcut[0].name}
+        else:
+            # Read here (file I/O releases the GIL), parsed by `from_str`: the parse holds the GIL, and
+            # `from_file` took ~22-27 ms of it for all-MiniLM's 466 KB tokenizer.json, `from_str` ~13 ms.
+            self._tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+            self.coldstart = {"shortcut": None}
         # The packed tokenizer.json may carry its own truncation/padding (all-MiniLM's says 128, fixed);
         # the manifest's settings are the truth: sentence-transformers truncates at max_seq_length.
         self._tok.enable_truncation(max_length)
@@ -54,20 +105,26 @@ _shared: weakref.WeakValueDictionary[tuple[str, int, int], TextEncoder] = weakre
 _shared_lock = threading.Lock()
 
 
-def shared_encoder(path: Path, max_length: int, pad_id: int, sha256: str | None) -> TextEncoder:
+def shared_encoder(
+    path: Path,
+    max_length: int,
+    pad_id: int,
+    sha256: str | None,
+    shortcut: tuple[Path, Mapping[str, Any]] | None = None,
+) -> TextEncoder:
     """The encoder of a model that is already loaded when its tokenizer file has the same SHA-256 (as its
     manifest lists it: a reload has hashed every file by now) and the same truncation and pad id; else a new
     one, parsed here and kept for the next. Sharing is safe: an encoder's settings are fixed when it is
     built, and worker threads already call one tokenizer concurrently (`encode_batch` takes `&self`).
     `sha256=None` (a file the manifest does not list): never shared."""
     if not sha256:
-        return TextEncoder(path, max_length, pad_id)
+        return TextEncoder(path, max_length, pad_id, shortcut)
     key = (sha256, max_length, pad_id)
     with _shared_lock:
         encoder = _shared.get(key)
     if encoder is not None:
         return encoder
-    fresh = TextEncoder(path, max_length, pad_id)  # parsed outside the lock: another load may run meanwhile
+    fresh = TextEncoder(path, max_length, pad_id, shortcut)  # parsed outside the lock: another load may run meanwhile
     with _shared_lock:
         encoder = _shared.setdefault(key, fresh)
     return encoder

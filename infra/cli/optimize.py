@@ -1,5 +1,6 @@
 """`warmstart optimize DIR`: save a packed model's ONNX graph pre-optimized, with prepacked weights, for this
-machine's ONNX Runtime and CPU (infra.pack.optimize). `--remove` takes it out again."""
+machine's ONNX Runtime and CPU (infra.pack.optimize), and prove the tokenizer shortcut where it holds
+(infra.pack.wordpiece). `--remove` takes the optimized model out again."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx) load only here, never in the function.
     from handler.errors import ModelLoadError
     from infra.pack.optimize import OptimizeError, optimize, remove
+    from infra.pack.wordpiece import NotPlainBert, prove
 
     try:
         if args.remove:
@@ -30,5 +32,9 @@ def run(args: argparse.Namespace) -> int:
     except (OptimizeError, ModelLoadError, FileNotFoundError) as e:
         print(f"warmstart optimize: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"model": str(args.model), "optimized": entry}))
+    try:
+        tokenizer: Any = prove(args.model)
+    except NotPlainBert as e:  # not an error: init parses tokenizer.json as before
+        tokenizer = {"shortcut": None, "reason": str(e)}
+    print(json.dumps({"model": str(args.model), "optimized": entry, "tokenizer": tokenizer}))
     return 0

@@ -99,7 +99,7 @@ def test_prefetch_plan_reads_libraries_first_then_the_model_in_touch_order(model
     assert all(p.parent != model_dir for p in files[:first_model])  # libraries first
     assert any("openblas" in n for n in names[:first_model]) and any("onnxruntime" in n for n in names)
     assert not any("providers_cuda" in n for n in names)
-    assert names[-1] == "tokenizer.json"  # read last by init
+    assert names[-1] in ("tokenizer.json", "vocab.txt")  # read last by init
     assert all(p.is_file() for p in files)
     model_only = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"}, libs=False)
     assert all(p.parent == model_dir for p in model_only)
@@ -107,10 +107,10 @@ def test_prefetch_plan_reads_libraries_first_then_the_model_in_touch_order(model
 
 def test_prefetch_takes_the_optimized_files_only_when_they_fit_this_cpu(optimized_dir: Path) -> None:
     env = {"WARMSTART_MODEL": str(optimized_dir), "WARMSTART_BACKEND": "onnx"}
-    assert [p.name for p in prefetch.plan(env, libs=False)] == [OPT_FILE, OPT_DATA, "tokenizer.json"]
+    assert [p.name for p in prefetch.plan(env, libs=False)][:2] == [OPT_FILE, OPT_DATA]
     other = copy_model(optimized_dir, optimized_dir.parent / "other-cpu", cpu_features=["sve"])
     env["WARMSTART_MODEL"] = str(other)
-    assert [p.name for p in prefetch.plan(env, libs=False)] == ["model.onnx", "model.onnx.data", "tokenizer.json"]
+    assert [p.name for p in prefetch.plan(env, libs=False)][:2] == ["model.onnx", "model.onnx.data"]
 
 
 def test_prefetch_never_fails_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,6 +158,7 @@ def optimized_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         (out / name).symlink_to((model_dir / name).resolve())
     raw = json.loads((model_dir / "manifest.json").read_text())
     raw["backends"]["onnx"].pop("optimized", None)
+    raw["tokenizer"].pop("shortcut", None)
     raw["files"] = {k: v for k, v in raw["files"].items() if k in ("model.onnx", "model.onnx.data", "tokenizer.json")}
     raw["backends"] = {"onnx": raw["backends"]["onnx"]}
     raw["default_backend"] = "onnx"
@@ -235,3 +236,68 @@ def test_requirements_pin_the_same_onnxruntime_for_pack_and_function() -> None:
 def test_no_copy_left_behind(optimized_dir: Path) -> None:
     assert not [p for p in optimized_dir.iterdir() if p.name.startswith(".optimize-")]
     shutil.rmtree(optimized_dir.parent / "other-cpu", ignore_errors=True)
+
+
+# -- tokenizer shortcut ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proved_dir(optimized_dir: Path) -> Path:
+    from infra.pack.wordpiece import prove
+
+    entry = prove(optimized_dir)
+    assert entry["proof"]["cases"] >= 40
+    return optimized_dir
+
+
+def encode_with(model: Path, texts: list[str], **env: str) -> tuple[list[list[int]], dict[str, Any]]:
+    runtime = Runtime.start(Config.from_environ({"WARMSTART_MODEL": str(model), **env}), environ=env, emit=None)
+    ids, _ = runtime.task.encoder.encode(texts)  # type: ignore[attr-defined]
+    return ids.tolist(), runtime.init_report["coldstart"]["tokenizer"]
+
+
+def test_the_tokenizer_shortcut_gives_the_json_tokenizers_ids_on_hard_cases(proved_dir: Path) -> None:
+    from infra.pack.wordpiece import HARD_CASES
+
+    fast, used = encode_with(proved_dir, HARD_CASES, WARMSTART_WARMUP="0")
+    slow, off = encode_with(proved_dir, HARD_CASES, WARMSTART_WARMUP="0", WARMSTART_TOKENIZER_SHORTCUT="0")
+    assert used == {"shortcut": "wordpiece", "vocab": "vocab.txt"}
+    assert off["shortcut"] is None and "WARMSTART_TOKENIZER_SHORTCUT=0" in off["reason"]
+    assert fast == slow
+
+
+def test_a_proof_for_another_tokenizer_file_is_not_used(proved_dir: Path, tmp_path: Path) -> None:
+    other = copy_model(proved_dir, tmp_path / "model")
+    raw = json.loads((other / "manifest.json").read_text())
+    raw["tokenizer"]["shortcut"]["proof"]["tokenizer_sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(raw))
+    _, line = encode_with(other, ["x"], WARMSTART_WARMUP="0")
+    assert line == {"shortcut": None, "reason": "the proof is for another tokenizer.json"}
+
+
+def test_the_proof_refuses_a_pipeline_that_is_not_plain_bert(model_dir: Path) -> None:
+    from infra.pack.wordpiece import NotPlainBert, bert_settings
+
+    raw = json.loads((model_dir / "tokenizer.json").read_text())
+    assert bert_settings(raw)["lowercase"] is True
+    for part, value, message in [
+        ("normalizer", {"type": "Lowercase"}, "normalizer"),
+        ("pre_tokenizer", {"type": "Whitespace"}, "pre-tokenizer"),
+        ("post_processor", None, "post-processor"),
+    ]:
+        with pytest.raises(NotPlainBert, match=message):
+            bert_settings({**raw, part: value})
+    extra = {"id": 30522, "special": False, "content": "<x>", "normalized": True}
+    with pytest.raises(NotPlainBert, match="added token"):
+        bert_settings({**raw, "added_tokens": [*raw["added_tokens"], extra]})
+
+
+def test_the_proof_catches_ids_that_differ(proved_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.pack import wordpiece
+
+    other = copy_model(proved_dir, tmp_path / "model")
+    real = wordpiece.bert_settings
+    # A shortcut that would not lowercase: the pipeline check passes it, the cases must not.
+    monkeypatch.setattr(wordpiece, "bert_settings", lambda raw: {**real(raw), "lowercase": False})
+    with pytest.raises(wordpiece.NotPlainBert, match="ids differ"):
+        wordpiece.prove(other)
