@@ -11,7 +11,8 @@ Variants (--variants, comma-separated):
   minimal_ort     bench/handlers/minimal_ort.py: ONNX Runtime + tokenizers, defaults
   floor_ort       bench/handlers/floor_ort.py: the tuned hand-written floor (takes the free savings)
   naive_st        bench/handlers/naive_st.py: sentence-transformers loaded at init (10+ s a start)
-  ours-no-blas, ours-no-prefetch, ours-no-optimized, ours-no-warmup: ours with one switch off
+  ours-no-blas, ours-no-prefetch, ours-no-optimized, ours-no-shortcut, ours+warmup: ours with one switch
+                  flipped (warm-up is off by default for an on-demand init)
   ours_torch, main_torch, floor_torch (minimal_torch.py), ours_torch-no-prefetch: the torch backend
 
 Usage: .venv/bin/python bench/bench_coldstart_quota.py [--rounds 5] [--quotas 0.29,0.58,1.0,1.7]
@@ -58,7 +59,8 @@ VARIANTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "ours-no-blas": ("ours", APP, {"WARMSTART_BLAS_THREADS": "default"}),
     "ours-no-prefetch": ("ours", APP, {"WARMSTART_PREFETCH": "off"}),
     "ours-no-optimized": ("ours", APP, {"WARMSTART_ORT_OPTIMIZED": "0"}),
-    "ours-no-warmup": ("ours", APP, {"WARMSTART_WARMUP": "0"}),
+    "ours+warmup": ("ours", APP, {"WARMSTART_WARMUP": "1"}),
+    "ours-no-shortcut": ("ours", APP, {"WARMSTART_TOKENIZER_SHORTCUT": "0"}),
     "ours_torch": ("ours", APP, {"WARMSTART_BACKEND": "torch"}),
     "ours_torch-no-prefetch": ("ours", APP, {"WARMSTART_BACKEND": "torch", "WARMSTART_PREFETCH": "off"}),
     "main_torch": ("ref", APP, {"WARMSTART_BACKEND": "torch"}),
@@ -131,6 +133,7 @@ def command(name: str, quota: float, ref_root: Path | None) -> tuple[list[str], 
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WARMSTART_", "OPENBLAS_", "OMP_"))},
         "AWS_LAMBDA_FUNCTION_NAME": "bench",
+        "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",  # as Lambda sets it for a cold start
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(QUOTAS.get(quota, int(quota * 1769))),
         "WARMSTART_MODEL": str(MODEL),
         # The code root first: the ref's `handler` package, not this checkout's (installed editable).

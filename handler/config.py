@@ -130,7 +130,10 @@ class Config:
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
-            warmup=_bool(env, "WARMSTART_WARMUP", cls.warmup),
+            # An on-demand Lambda init sits on the first request's path: a warm-up inference there costs more
+            # init than it saves that request (docs/coldstart.md). Provisioned concurrency and SnapStart init
+            # ahead of traffic, and other hosts gate traffic on readiness: those warm up.
+            warmup=_bool(env, "WARMSTART_WARMUP", env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand"),
             device=device,
             model_uri=model_uri,
             models=models,

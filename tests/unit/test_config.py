@@ -89,3 +89,13 @@ def test_boolean_spellings(raw: str, expected: bool) -> None:
 def test_invalid_device_lists_valid_ones() -> None:
     with pytest.raises(ConfigError, match="auto, cpu, cuda"):
         Config.from_environ({"WARMSTART_DEVICE": "gpu"})
+
+
+@pytest.mark.parametrize(
+    ("init_type", "expected"),
+    [("on-demand", False), ("provisioned-concurrency", True), ("snap-start", True), (None, True)],
+)
+def test_warmup_by_default_only_where_init_is_off_the_request_path(init_type: str | None, expected: bool) -> None:
+    env = {"AWS_LAMBDA_INITIALIZATION_TYPE": init_type} if init_type else {}
+    assert Config.from_environ(env).warmup is expected
+    assert Config.from_environ({**env, "WARMSTART_WARMUP": "1"}).warmup is True
