@@ -42,8 +42,12 @@ _SKIP = ("providers_cuda", "providers_tensorrt")
 _started: Prefetch | None = None
 
 
+# A file and the [offset, length] ranges to read from it (None: all of it).
+Item = tuple[Path, "list[list[int]] | None"]
+
+
 class Prefetch:
-    def __init__(self, files: list[Path], mode: str) -> None:
+    def __init__(self, files: list[Item], mode: str) -> None:
         self.files = files
         self.mode = mode
         self.bytes = 0
@@ -53,15 +57,19 @@ class Prefetch:
         self._thread = threading.Thread(target=self._run, name="warmstart-prefetch", daemon=True)
 
     def _run(self) -> None:
-        for path in self.files:
+        for path, ranges in self.files:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
                 continue  # a file the manifest names but that is absent: init reports it, not us
             try:
-                self.bytes += os.fstat(fd).st_size
-                # Whole file: the kernel queues the reads and returns; the I/O completes in the background.
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                # The kernel queues the reads and returns; the I/O completes in the background.
+                if ranges is None:
+                    self.bytes += os.fstat(fd).st_size
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                for offset, length in ranges or ():
+                    self.bytes += length
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
             except OSError as e:
                 self.error = f"{path.name}: {e}"
             finally:
@@ -104,8 +112,9 @@ def report() -> dict[str, Any]:
     return _started.report() if _started is not None else {"mode": "off"}
 
 
-def plan(env: Mapping[str, str], libs: bool = True) -> list[Path]:
-    """The files, in the order init touches them."""
+def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
+    """The files (and for the pre-optimized data, the ranges the session reads), in the order init touches
+    them."""
     model_dir = _model_dir(env)
     if model_dir is None:
         return []
@@ -114,11 +123,13 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Path]:
     spec = raw["backends"].get(backend)
     if spec is None:
         return []
-    files = _libraries(backend) if libs else []
+    files: list[Item] = [(p, None) for p in _libraries(backend)] if libs else []
     names = list(spec.get("files", []))
+    ranges: dict[str, list[list[int]]] = {}
     optimized = spec.get("optimized")
-    if optimized and _fits(optimized):
+    if optimized and _fits(optimized) and env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0":
         names = list(optimized.get("files", [])) or names  # the session will open these instead
+        ranges = optimized.get("touched_ranges") or {}
     tokenizer = raw.get("tokenizer") or {}
     shortcut = tokenizer.get("shortcut") or {}
     shortcut_on = env.get("WARMSTART_TOKENIZER_SHORTCUT", "1") not in ("0", "false", "no", "off")
@@ -126,7 +137,7 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Path]:
         names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
     elif tokenizer.get("file"):
         names.append(tokenizer["file"])
-    return files + [model_dir / n for n in names if n in raw.get("files", {})]
+    return files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
 
 
 def _fits(optimized: Mapping[str, Any]) -> bool:

@@ -94,23 +94,31 @@ def test_status_and_admin_events_still_load_what_they_need(new_runtime: Any) -> 
 
 def test_prefetch_plan_reads_libraries_first_then_the_model_in_touch_order(model_dir: Path) -> None:
     files = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"})
-    names = [p.name for p in files]
-    first_model = next(i for i, p in enumerate(files) if p.parent == model_dir)
-    assert all(p.parent != model_dir for p in files[:first_model])  # libraries first
+    paths = [p for p, _ in files]
+    names = [p.name for p in paths]
+    first_model = next(i for i, p in enumerate(paths) if p.parent == model_dir)
+    assert all(p.parent != model_dir for p in paths[:first_model])  # libraries first
     assert any("openblas" in n for n in names[:first_model]) and any("onnxruntime" in n for n in names)
     assert not any("providers_cuda" in n for n in names)
     assert names[-1] in ("tokenizer.json", "vocab.txt")  # read last by init
-    assert all(p.is_file() for p in files)
+    assert all(p.is_file() for p in paths)
     model_only = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"}, libs=False)
-    assert all(p.parent == model_dir for p in model_only)
+    assert all(p.parent == model_dir for p, _ in model_only)
 
 
 def test_prefetch_takes_the_optimized_files_only_when_they_fit_this_cpu(optimized_dir: Path) -> None:
     env = {"WARMSTART_MODEL": str(optimized_dir), "WARMSTART_BACKEND": "onnx"}
-    assert [p.name for p in prefetch.plan(env, libs=False)][:2] == [OPT_FILE, OPT_DATA]
+    planned = prefetch.plan(env, libs=False)
+    assert [p.name for p, _ in planned][:2] == [OPT_FILE, OPT_DATA]
+    # Only what the session reads of the data file: the packed copies, not the originals or the embedding table.
+    ranges = planned[1][1]
+    assert ranges and sum(n for _, n in ranges) < 0.5 * (optimized_dir / OPT_DATA).stat().st_size
     other = copy_model(optimized_dir, optimized_dir.parent / "other-cpu", cpu_features=["sve"])
     env["WARMSTART_MODEL"] = str(other)
-    assert [p.name for p in prefetch.plan(env, libs=False)][:2] == ["model.onnx", "model.onnx.data"]
+    assert [(p.name, r) for p, r in prefetch.plan(env, libs=False)][:2] == [
+        ("model.onnx", None),
+        ("model.onnx.data", None),
+    ]
 
 
 def test_prefetch_never_fails_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
