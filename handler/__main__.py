@@ -1,5 +1,9 @@
-"""One entrypoint, `python -m handler`: Lambda mode when `AWS_LAMBDA_RUNTIME_API` is set (the process becomes
-`python -m awslambdaric handler.app.lambda_handler`), the HTTP host on `$PORT` (default 8080) otherwise."""
+"""One entrypoint for every host, `python -m handler [serve | MODULE.FUNCTION]`:
+
+- `AWS_LAMBDA_RUNTIME_API` set (Lambda, or its Runtime Interface Emulator): the process becomes
+  `python -m awslambdaric MODULE.FUNCTION` (default `handler.app.lambda_handler`; an image's CMD names it);
+- `serve` (SageMaker starts containers with it), or no runtime API: the HTTP host (`handler.serve`).
+"""
 
 from __future__ import annotations
 
@@ -7,31 +11,24 @@ import os
 import sys
 
 HANDLER = "handler.app.lambda_handler"
+USAGE = "usage: python -m handler [serve | MODULE.FUNCTION]"
 
 
 def main(argv: list[str] | None = None) -> None:
-    if os.environ.get("AWS_LAMBDA_RUNTIME_API"):
+    args = sys.argv[1:] if argv is None else argv
+    serve = args[:1] == ["serve"]
+    if len(args) > 1 or (args and not serve and "." not in args[0]):
+        # SageMaker runs `train` for training jobs: an inference image has no answer for that.
+        sys.exit(f"{USAGE}\n  got {' '.join(args)!r}")
+    if os.environ.get("AWS_LAMBDA_RUNTIME_API") and not serve:
         # exec, not import: the runtime client owns the process exactly as with `python -m awslambdaric`.
-        os.execv(sys.executable, [sys.executable, "-m", "awslambdaric", HANDLER])
+        os.execv(sys.executable, [sys.executable, "-m", "awslambdaric", args[0] if args else HANDLER])
         return  # only reached where execv is stubbed (tests)
-    port = int(os.environ.get("PORT", "8080"))
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
-    import uvicorn
+    from handler.serve import serve_http
 
-    from handler.http import create_app
-
-    # One process, one event loop: the runtime's worker pool is the concurrency; more processes would each
-    # load the model and split the CPUs between sessions.
-    uvicorn.run(
-        create_app(),
-        host=os.environ.get("HOST", "0.0.0.0"),
-        port=port,
-        workers=1,
-        access_log=False,
-        log_level=os.environ.get("WARMSTART_LOG_LEVEL", "warning"),
-        timeout_graceful_shutdown=10,
-    )
+    serve_http(sagemaker=serve)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -16,6 +16,9 @@ LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # Where the embedded default model is looked for, in order: next to the code (image, repo), then a layer.
 DEFAULT_MODEL_DIRS = (_PACKAGE_ROOT / "models" / "default", Path("/opt/models/default"))
+# SageMaker unpacks the endpoint's model artifact here; used (before the embedded default) when it holds a
+# packed model, so one image serves whatever model the endpoint names.
+SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 
 
 SnapshotMode = Literal["vm", "fork"]
@@ -109,6 +112,8 @@ class Config:
         model = env.get("WARMSTART_MODEL", "").strip()
         model_uri = parse_model_source("WARMSTART_MODEL", model) if "://" in model else None
         default_dir = next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+        if (SAGEMAKER_MODEL_DIR / "manifest.json").is_file():
+            default_dir = SAGEMAKER_MODEL_DIR
         model_dir = Path(model) if model and model_uri is None else default_dir
         models = tuple(
             parse_model_source("WARMSTART_MODELS", m) for m in env.get("WARMSTART_MODELS", "").split(",") if m.strip()

@@ -19,10 +19,12 @@ from typing import Any
 
 from handler import report
 from handler.backends import Backend
-from handler.config import Config, snapshot_mode
-from handler.errors import RequestError
+from handler.compat import COMPAT_PATHS, NATIVE, ROUTES, Route
+from handler.config import LAMBDA_PAYLOAD_LIMIT, Config, snapshot_mode
+from handler.errors import RequestError, UnsupportedRequestError
 from handler.loader import Loaded, load_model, max_concurrency
 from handler.manifest import Manifest
+from handler.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, load_npy, npy_answer
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
 from handler.registry import Registry, requested_model, weights_bytes
@@ -235,18 +237,23 @@ class Runtime:
         with self._lock:
             self.counts[kind] += 1
 
-    def infer(self, payload: JSON) -> dict[str, Any]:
+    def infer(self, payload: JSON, task: str | None = None) -> dict[str, Any]:
         """The task, on a worker when several requests may run at once."""
         self.count("inference")
         if self.workers is not None:
-            return self.workers.call(self.serve, payload)
-        return self.serve(payload)
+            return self.workers.call(self.serve, payload, task)
+        return self.serve(payload, task)
 
-    def serve(self, payload: JSON) -> dict[str, Any]:
+    def serve(self, payload: JSON, task: str | None = None) -> dict[str, Any]:
         """The named (or default) model's task, under a lease: a reload or eviction never pulls the model
-        out from under a running request."""
+        out from under a running request. `task`: the one a compatible route needs the model to have."""
         with self.registry.lease(requested_model(payload)) as model:
+            if task is not None and model.task.name != task:
+                raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
             return model.task(payload)
+
+    def find(self, model_id: str) -> str | None:
+        return self.registry.find(model_id)
 
     def handle(self, event: Event, context: Any = None) -> JSON:
         with self._lock:
@@ -268,6 +275,12 @@ class Runtime:
                     return self.reloader.admin(payload, remaining)
             elif admin_action(payload):
                 raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
+            else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
+                path = source.path(event)  # type: ignore[attr-defined]
+                if path in COMPAT_PATHS:
+                    route = ROUTES[path]
+                    answer = self.infer(route.request(payload, self.find), route.task)
+                    return source.respond(event, route.response(answer, payload))
             return source.respond(event, self.infer(payload))
         except Exception as e:
             status, body = self._failure(e, source.name, log_internal=source.http)
@@ -276,20 +289,49 @@ class Runtime:
             return source.respond(event, body, status)
 
     def handle_body(self, raw: bytes) -> tuple[int, bytes]:
-        """A POSTed body → (status, JSON bytes): the HTTP host's path, run on a worker. The same task and the
-        same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary request."""
+        """A POSTed JSON body → (status, JSON bytes): `handle_http` on the native route."""
+        status, body, _ = self.handle_http(raw)
+        return status, body
+
+    def handle_http(
+        self,
+        raw: bytes,
+        route: Route = NATIVE,
+        content: Kind = "json",
+        accept: Kind = "json",
+        limit: int = LAMBDA_PAYLOAD_LIMIT,
+    ) -> tuple[int, bytes, str]:
+        """A POSTed body → (status, body bytes, media type): the HTTP host's path, run on a worker. The same
+        task and the same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary
+        request. `content`/`accept`: the negotiated media kinds (`handler.media`); errors are always JSON."""
         with self._lock:
             self.invocations += 1
         try:
-            payload = decode_body(raw)
+            payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
             if admin_action(payload):
                 raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
+            native = route.request(payload, self.find)
+            if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
+                native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
             self.count("inference")
-            body: JSON = self.serve(payload)
+            answer = self.serve(native, route.task)
+            if accept == "npy":
+                return 200, npy_answer(answer), MEDIA_TYPES["npy"]
+            body: JSON = route.response(answer, payload)
             status = 200
         except Exception as e:
             status, body = self._failure(e, "http")
-        return status, json.dumps(body, separators=(",", ":")).encode()
+        return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+
+    def _npy_request(self, raw: bytes) -> JSON:
+        """An `application/x-npy` body as the default tensor model's one input."""
+        inputs = getattr(self.task, "inputs", None)
+        if self.task.name != "tensor" or not isinstance(inputs, dict):
+            raise UnsupportedMediaTypeError(f"a {self.task.name} model reads JSON only; .npy is for tensor models")
+        if len(inputs) != 1:
+            raise UnsupportedMediaTypeError(f"this model takes inputs {sorted(inputs)}: send JSON with each named")
+        (name,) = inputs
+        return {"inputs": {name: load_npy(raw)}}
 
     def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]:
         """Count and log a failed request; the HTTP status and error body it maps to. (A direct invoke's

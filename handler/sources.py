@@ -31,10 +31,10 @@ class MethodNotAllowedError(UnsupportedRequestError):
     status = 405
 
 
-def decode_body(raw: bytes) -> JSON:
-    """Bytes → JSON value with the size, encoding and syntax errors told apart."""
-    if len(raw) > LAMBDA_PAYLOAD_LIMIT:
-        raise PayloadTooLargeError(f"body is {len(raw)} bytes; the limit is {LAMBDA_PAYLOAD_LIMIT} (Lambda's 6 MB)")
+def decode_body(raw: bytes, limit: int = LAMBDA_PAYLOAD_LIMIT) -> JSON:
+    """Bytes → JSON value with the size, encoding and syntax errors told apart (`limit`: the host's)."""
+    if len(raw) > limit:
+        raise PayloadTooLargeError(f"body is {len(raw)} bytes; the limit is {limit} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -75,6 +75,10 @@ class _Http:
 
     def method(self, event: dict[str, Any]) -> str:
         return str(event.get("httpMethod", "POST")).upper()
+
+    def path(self, event: dict[str, Any]) -> str:
+        """The request path (a compatible API's route when it names one)."""
+        return str(event.get("path") or "/")
 
     def payload(self, event: dict[str, Any]) -> JSON:
         method = self.method(event)
@@ -117,6 +121,9 @@ class HttpApiV2(_Http):
 
     def method(self, event: dict[str, Any]) -> str:
         return str(event["requestContext"]["http"].get("method", "POST")).upper()
+
+    def path(self, event: dict[str, Any]) -> str:
+        return str(event.get("rawPath") or event["requestContext"]["http"].get("path") or "/")
 
 
 class Alb(_Http):

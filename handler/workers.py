@@ -57,6 +57,7 @@ class WorkerPool:
         self._serial = 0
         self._streak = 0
         self._closed = False
+        self._draining: str | None = None  # why new requests are refused (graceful shutdown)
         self._last_check = time.monotonic()
         self._last_cpu = time.process_time()
         self.cpu = 0.0
@@ -71,6 +72,10 @@ class WorkerPool:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         future: Future[T] = Future()
+        if self._draining is not None:
+            with self._lock:
+                self.rejected += 1
+            raise ServiceBusyError(self._draining)
         try:
             self._queue.put_nowait((future, lambda: fn(*args)))
         except queue.Full:
@@ -144,6 +149,30 @@ class WorkerPool:
             del future, job, item  # drop the request's objects now, not when the next one arrives
             self._maybe_resize()
 
+    def drain(self, reason: str) -> int:
+        """Graceful shutdown, first step: refuse new requests and fail every queued-but-unstarted one at once
+        with `ServiceBusyError(reason)`; requests already running go on. Returns how many were failed."""
+        with self._lock:
+            self._draining = reason
+        failed, sentinels = 0, 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                sentinels += 1
+                continue
+            future, _ = item
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ServiceBusyError(reason))
+                failed += 1
+        for _ in range(sentinels):  # a shutdown already under way keeps its stop signals
+            self._queue.put_nowait(None)
+        with self._lock:
+            self.rejected += failed
+        return failed
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
@@ -159,6 +188,7 @@ class WorkerPool:
             return {
                 "workers": self._workers,
                 "busy": self._busy,
+                "draining": self._draining is not None,
                 "queued": self._queue.qsize(),
                 "queue_high_water": self.high_water,
                 "min_workers": self.sizing.min_workers,
