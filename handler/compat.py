@@ -3,7 +3,9 @@
 Each route is two pure functions around the native task: `request` turns the client's body into a native
 request (validating what only that API has), `response` turns the native answer into the client's shape.
 The vectors themselves are passed through untouched, so they are the native route's, byte for byte. Used
-by the HTTP host (by path) and by Lambda HTTP events (Function URL, API Gateway) whose path names a route.
+by the HTTP host (by path) and by Lambda HTTP events (Function URL, API Gateway) whose path names a route,
+except `/embed`: on Lambda that path has always been the native route (the repo's events use it), so it
+keeps the native answer there.
 
 | path | API | task | native request |
 |---|---|---|---|
@@ -237,5 +239,6 @@ class TeiPredict:
 
 NATIVE = Native()
 ROUTES: dict[str, Route] = {r.path: r for r in (NATIVE, OpenAIEmbeddings(), TeiEmbed(), TeiRerank(), TeiPredict())}
-# Lambda HTTP events reach the native task on any path (as before); only these paths are mapped.
-COMPAT_PATHS = frozenset(p for p in ROUTES if p != NATIVE.path)
+# Lambda HTTP events reach the native task on any path (as before); only these paths are mapped. `/embed`
+# is not: it was the native route's path on Lambda before TEI's routes existed.
+LAMBDA_PATHS = frozenset(p for p in ROUTES if p not in (NATIVE.path, TeiEmbed.path))

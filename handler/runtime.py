@@ -19,7 +19,7 @@ from typing import Any
 
 from handler import report
 from handler.backends import Backend
-from handler.compat import COMPAT_PATHS, NATIVE, ROUTES, Route
+from handler.compat import LAMBDA_PATHS, NATIVE, ROUTES, Route
 from handler.config import LAMBDA_PAYLOAD_LIMIT, Config, snapshot_mode
 from handler.errors import RequestError, UnsupportedRequestError
 from handler.loader import Loaded, load_model, max_concurrency
@@ -277,7 +277,7 @@ class Runtime:
                 raise AdminNotAllowedError("model admin events are accepted from direct invokes only")
             else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
                 path = source.path(event)  # type: ignore[attr-defined]
-                if path in COMPAT_PATHS:
+                if path in LAMBDA_PATHS:
                     route = ROUTES[path]
                     answer = self.infer(route.request(payload, self.find), route.task)
                     return source.respond(event, route.response(answer, payload))

@@ -9,7 +9,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -129,21 +128,3 @@ def test_lambda_import_chain_has_no_http_stack() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
-
-
-def test_entrypoint_picks_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
-
-    from handler import __main__ as entry
-
-    calls: list[Any] = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
-    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
-    entry.main([])
-    assert calls == [[sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"]]
-
-    monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API")
-    monkeypatch.setenv("PORT", "9123")
-    entry.main([])
-    assert calls[-1]["port"] == 9123 and calls[-1]["workers"] == 1
