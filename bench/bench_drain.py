@@ -40,7 +40,7 @@ def main() -> None:
         exits.append(out.exit_ms)
         flights = ", ".join(f"{a.status} @ {out.after_signal_ms(a):.0f}" for a in running)
         statuses = sorted({a.status for a in queued})
-        print(f"| {i + 1} | {flights} | {len(queued)} × {statuses} | {q_ms:.1f} | {out.exit_ms:.0f} |")
+        print(f"| {i + 1} | {flights} | {len(queued)} x {statuses} | {q_ms:.1f} | {out.exit_ms:.0f} |")
     print(
         f"\nqueued answered within {statistics.median(worst_queued):.1f} ms (median of worst), "
         f"exit {statistics.median(exits):.0f} ms after SIGTERM (drain {args.drain_s} s, requests {args.sleep_s} s)"
