@@ -203,12 +203,18 @@ class WorkerPool:
             }
 
 
+# Requests waiting per worker before 503: enough to keep every worker busy through a burst, few enough that
+# a request is never queued for more than a few service times (bench/bench_load.py measures the trade).
+QUEUE_PER_WORKER = 8
+
+
 def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
     """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and
-    WARMSTART_QUEUE_MAX (default 64)."""
+    WARMSTART_QUEUE_MAX (default: 8 per worker). `cpus` is the quota's (`handler.cpu`), never the host's
+    core count, so both follow the CPU the instance really has."""
     max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
     return Sizing(
         min_workers=env_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
         max_workers=max_workers,
-        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", 64, 1, 100_000),
+        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", QUEUE_PER_WORKER * max_workers, 1, 100_000),
     )
