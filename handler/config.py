@@ -72,6 +72,7 @@ class Config:
     backend: BackendName | None  # None: the manifest's default backend
     max_inputs: int = 256
     max_chars: int = 20_000
+    max_elements: int = 1 << 24  # per tensor-task input; a .npy header is checked against it before allocating
     max_hold_ms: int = 10_000
     verify_sha256: bool = False
     threads: int | None = None  # None: from the CPU quota really available
@@ -108,6 +109,7 @@ class Config:
             backend=parse_backend(backend_raw) if backend_raw else None,
             max_inputs=env_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
             max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
+            max_elements=env_int(env, "WARMSTART_MAX_ELEMENTS", cls.max_elements, 1, 1 << 31),
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
