@@ -35,7 +35,7 @@ from typing import Any
 
 from handler.config import env_int
 from handler.errors import ConfigError, InsufficientStorageError, ModelFetchError, WarmstartError
-from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, replace_dir, sha256_file
+from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, parse_json, replace_dir, sha256_file
 
 DEFAULT_CACHE_DIR = Path("/tmp/warmstart/models")
 DEFAULT_PART_MB = 8
@@ -433,7 +433,7 @@ class _Fetch:
                 raise ModelFetchError(f"{url}: missing; {self.source} is not a packed model") from e
             raise _fetch_error(url, e) from e
         try:
-            raw = json.loads(body)
+            raw = parse_json(body)
             manifest = _parse(self.settings.cache_dir, raw)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ModelFetchError(f"{url}: invalid manifest: {e}") from None

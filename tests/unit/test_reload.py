@@ -4,6 +4,7 @@ the S3 pointer (a fake reader, then moto with part A's fetcher) and the timer th
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -39,6 +40,14 @@ class Version:
 
     def copy(self, dst: Path) -> Path:
         return Path(shutil.copytree(self.dir, dst))
+
+
+def list_file(model: Path, name: str) -> None:
+    """List one more file in the manifest, sized like what `model / name` is (the directory itself for "")."""
+    raw = json.loads((model / "manifest.json").read_text())
+    size = model.stat().st_size if name == "" else 0
+    raw["files"][name] = {"size": size, "sha256": "0" * 64}
+    (model / "manifest.json").write_text(json.dumps(raw))
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +110,10 @@ def test_reloading_the_serving_version_changes_nothing(versions: dict[str, Versi
         (lambda d: truncate(d / "model.onnx.data", 8), "truncated or replaced"),
         (lambda d: (d / "model.onnx").unlink(), "listed in the manifest but missing"),
         (lambda d: (d / "manifest.json").write_text("{"), "not valid JSON"),
+        (lambda d: list_file(d, ""), "files entry '': an empty file name"),
+        (lambda d: list_file(d, "model\x00.onnx"), "files entry 'model\\\\x00.onnx': the name holds a NUL byte"),
     ],
-    ids=["flipped-data-byte", "flipped-graph-byte", "truncated", "missing-file", "bad-manifest"],
+    ids=["flipped-data-byte", "flipped-graph-byte", "truncated", "missing-file", "bad-manifest", "empty-name", "nul"],
 )
 def test_a_damaged_version_is_refused_and_the_old_one_keeps_serving(
     versions: dict[str, Version], tmp_path: Path, damage: Any, message: str

@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -508,3 +509,16 @@ def test_the_default_model_from_s3_serves_the_same_embeddings(
     got, want = runtime.infer(texts), onnx_runtime.infer(texts)
     assert got["model"] == want["model"] == "all-minilm-l6-v2@0.1.0"
     np.testing.assert_array_equal(np.asarray(got["embeddings"]), np.asarray(want["embeddings"]))
+
+
+@pytest.mark.parametrize("name", ["", "a\x00b", "../escape"])
+def test_odd_file_names_in_a_remote_manifest_fetch_nothing(s3: Any, tmp_path: Path, name: str) -> None:
+    model = build_model(tmp_path / "src")
+    raw = json.loads((model.dir / "manifest.json").read_text())
+    raw["files"][name] = {"size": 1, "sha256": "0" * 64}
+    (model.dir / "manifest.json").write_text(json.dumps(raw))
+    upload(s3, model.dir)
+    rec = Recorder(s3)
+    with pytest.raises(ModelFetchError, match=rf"invalid manifest: files entry {re.escape(repr(name))}"):
+        fetch(rec, tmp_path / "cache")
+    assert rec.ranged() == [] and published(tmp_path / "cache") == []
