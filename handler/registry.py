@@ -425,6 +425,16 @@ class Registry:
 
     # -- what status shows ---------------------------------------------------------------------------------
 
+    def counts(self) -> dict[str, int]:
+        """How many models are where: what an unauthenticated status may show (no keys, sources or paths)."""
+        with self._lock:
+            return {
+                "loaded": len(self._slots),
+                "available": sum(1 for k in self._available if k not in self._slots),
+                "retiring": len(self._retiring),
+                "in_flight": self.in_flight,
+            }
+
     def describe(self) -> dict[str, Any]:
         with self._lock:
             now = self._clock()

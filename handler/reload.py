@@ -315,6 +315,10 @@ class Reloader:
             self._running = None
             self._busy.release()
 
+    @property
+    def running(self) -> bool:
+        return self._running is not None
+
     def describe(self) -> dict[str, Any]:
         return {
             "running": self._running,
