@@ -425,6 +425,13 @@ class Registry:
 
     # -- what status shows ---------------------------------------------------------------------------------
 
+    def paths(self) -> set[Path]:
+        """Every model directory in use or that may be loaded on demand, replaced versions not yet freed
+        included: what the S3 cache must keep."""
+        with self._lock:
+            slots = [*self._slots.values(), *self._retiring, *self._graveyard]
+            return {s.path for s in slots} | {a.path for a in self._available.values()}
+
     def counts(self) -> dict[str, int]:
         """How many models are where: what an unauthenticated status may show (no keys, sources or paths)."""
         with self._lock:

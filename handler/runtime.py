@@ -230,6 +230,7 @@ class Runtime:
             "workers": self.workers.stats() if self.workers else None,
             "models": self.registry.describe(),
             "reload": self.reloader.describe(),
+            "cache": self.reloader.sources.describe_cache(),  # None unless a model came from S3
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
@@ -361,6 +362,8 @@ def _models(
         t0 = time.perf_counter()
         init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
         init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    sources.attach(registry.paths)  # what the S3 cache keeps from now on
+    sources.settle()
     reloader = Reloader(registry, config, env, sources, pointer_etag)
     watcher = None
     if Watcher.wanted(config):

@@ -349,6 +349,53 @@ def test_s3_pointer_reload_with_moto(
             s3fetch.drop_clients()
 
 
+def test_s3_reloads_prune_the_cache_to_what_is_served(
+    versions: dict[str, Version], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue: each reload from S3 left its version in the cache, so on a small /tmp the third fetch failed
+    with InsufficientStorageError. Here /tmp holds two versions and a half (plus the fetch's margin): reloads
+    go on indefinitely, the cache holds what is served, and status says so."""
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    from handler import s3fetch
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    cache = tmp_path / "cache"
+    size = sum(f.stat().st_size for f in versions["1.0"].dir.iterdir())
+    capacity = s3fetch.SPACE_MARGIN + size * 5 // 2
+
+    def disk_usage(path: Any) -> Any:
+        used = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        return shutil._ntuple_diskusage(capacity, used, capacity - used)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    s3fetch.drop_clients()
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="models")
+        for v in ("1.0", "2.0", "3.0"):
+            _upload(s3, "models", f"tiny/{v}/", versions[v].dir)
+        env = {"WARMSTART_MODEL": "s3://models/tiny/1.0/", "WARMSTART_CACHE_DIR": str(cache)}
+        rt = Runtime.start(Config.from_environ(env), environ=env, emit=None)
+        try:
+            held = []
+            for v in ("2.0", "3.0", "1.0", "2.0"):  # before: the second failed (2.5 versions fit)
+                reply = rt.handle({"warmstart": "reload", "model": f"s3://models/tiny/{v}/"})
+                assert reply["new"] == f"tiny@{v}"
+                served_by(rt, versions[v])
+                held.append(sorted(p.name.split("-")[0] for p in cache.iterdir() if not p.name.startswith(".")))
+            assert held == [["tiny@2.0"], ["tiny@3.0"], ["tiny@1.0"], ["tiny@2.0"]]
+            (report,) = rt.status()["cache"]
+            assert [(m["source"], m["held"]) for m in report["models"]] == [("s3://models/tiny/2.0/", True)]
+            assert report["pruned"] == 4 and report["dir"] == str(cache) and report["partial_mb"] == 0
+        finally:
+            s3fetch.drop_clients()
+
+
 def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
     from handler.pack import pack_onnx
     from handler.registry import ModelBudgetError

@@ -522,3 +522,25 @@ def test_odd_file_names_in_a_remote_manifest_fetch_nothing(s3: Any, tmp_path: Pa
     with pytest.raises(ModelFetchError, match=rf"invalid manifest: files entry {re.escape(repr(name))}"):
         fetch(rec, tmp_path / "cache")
     assert rec.ranged() == [] and published(tmp_path / "cache") == []
+
+
+def test_a_download_that_would_not_fit_prunes_what_nothing_holds_first(
+    tiny: Model, s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    old = build_model(tmp_path / "old", seed=1)
+    upload(s3, old.dir, prefix="models/tiny/0.9/")
+    stale = fetch(s3, cache, "s3://warmstart-models/models/tiny/0.9/")  # a version a reload left behind
+    size = sum(SIZES.values())
+
+    def disk_usage(path: Any) -> Any:
+        used = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        capacity = s3fetch.SPACE_MARGIN + size * 3 // 2  # room for one version and a half
+        return SimpleNamespace(total=capacity, used=used, free=capacity - used)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    with pytest.raises(InsufficientStorageError):
+        fetch(s3, cache)  # without `keep`, nothing is pruned
+    out = fetch(s3, cache, keep=lambda: [])
+    assert not stale.exists() and published(cache) == [out]
+    assert fetch(s3, cache, keep=lambda: [out]) == out  # reused, and what is held stays
