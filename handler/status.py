@@ -4,7 +4,7 @@ Asked by a direct invoke `{"warmstart": "status"}` (everything), or `GET /status
 and health only, unless `WARMSTART_HTTP_STATUS=full`). Tracing is the operator's to start, never an HTTP
 caller's: a direct invoke `{"warmstart": "status", "tracemalloc": true}` (for `"tracemalloc_s"` seconds,
 default 300, at most 3600), or `WARMSTART_TRACEMALLOC_S` from the end of init. It costs (~2x slower
-allocations; ~15% slower inference measured), so it stops by itself when its time is up: checked at each
+allocations; 13-15% slower inference measured), so it stops by itself when its time is up: checked at each
 invocation, so no timer thread is needed and the stop survives a fork snapshot. While it runs, each status
 request with `"tracemalloc": true` reports the top `"top"` (default 10) allocation sites by growth since the
 previous such request: what grows across invocations is what leaks.
