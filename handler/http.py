@@ -116,15 +116,16 @@ def create_app(host: Host | None = None) -> Starlette:
 
     async def status(request: Request) -> Response:
         runtime = host.runtime
-        runtime.count("status")
         if "tracemalloc" in request.query_params:
             # Tracing slows every allocation in the process: the operator starts it, not whoever reaches the port.
+            runtime.count("rejected")
             return _error(
                 AdminNotAllowedError(
                     "tracemalloc is started by the operator: WARMSTART_TRACEMALLOC_S, or a direct invoke "
                     '{"warmstart": "status", "tracemalloc": true}; it stops by itself'
                 )
             )
+        runtime.count("status")
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
         return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
 
