@@ -13,7 +13,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-$(MODEL): $(BIN)/.installed handler/pack.py
+$(MODEL): $(BIN)/.installed $(wildcard infra/pack/*.py)
 	$(BIN)/warmstart pack --default --force
 
 setup: $(MODEL)

@@ -36,10 +36,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.cmd_local import lambda_client  # noqa: E402
-from infra.config import LocalLambdaConfig  # noqa: E402
-from infra.demo import connect, post  # noqa: E402
-from infra.local_lambda import LocalLambda  # noqa: E402
+from infra.cli.demo import connect, post  # noqa: E402
+from infra.cli.local import lambda_client  # noqa: E402
+from infra.local.config import LocalLambdaConfig  # noqa: E402
+from infra.local.server import LocalLambda  # noqa: E402
 
 ECHO = "tests.fixtures.handlers.echo"
 REAL = "handler.app.lambda_handler"

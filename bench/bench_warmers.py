@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.config import LocalLambdaConfig  # noqa: E402
-from infra.local_lambda import LocalLambda  # noqa: E402
+from infra.local.config import LocalLambdaConfig  # noqa: E402
+from infra.local.server import LocalLambda  # noqa: E402
 from warmers.config import Target, WarmerConfig  # noqa: E402
 from warmers.fanout import Warmer  # noqa: E402
 

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from handler.errors import ConfigError
 from handler.types import BACKEND_NAMES, BackendName
@@ -16,6 +17,23 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # Where the embedded default model is looked for, in order: next to the code (image, repo), then a layer.
 HTTP_STATUS_DETAIL = ("basic", "full")
 DEFAULT_MODEL_DIRS = (_PACKAGE_ROOT / "models" / "default", Path("/opt/models/default"))
+
+
+SnapshotMode = Literal["vm", "fork"]
+SNAPSHOT_MODES: tuple[SnapshotMode, ...] = ("vm", "fork")
+SNAP_START = "snap-start"
+
+
+def snapshot_mode(environ: Mapping[str, str] | None = None) -> SnapshotMode | None:
+    """None unless this init will be snapshotted (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`)."""
+    env = os.environ if environ is None else environ
+    if env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != SNAP_START:
+        return None
+    raw = env.get("WARMSTART_SNAPSHOT", "vm") or "vm"
+    for mode in SNAPSHOT_MODES:
+        if raw == mode:
+            return mode
+    raise ConfigError(f"WARMSTART_SNAPSHOT={raw!r}; valid values: {', '.join(SNAPSHOT_MODES)}")
 
 
 def parse_backend(value: str) -> BackendName:

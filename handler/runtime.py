@@ -19,7 +19,7 @@ from typing import Any
 
 from handler import report
 from handler.backends import Backend
-from handler.config import Config
+from handler.config import Config, snapshot_mode
 from handler.errors import RequestError
 from handler.loader import Loaded, load_model, max_concurrency
 from handler.manifest import Manifest
@@ -27,7 +27,6 @@ from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
 from handler.registry import Registry, requested_model, weights_bytes
 from handler.reload import AdminNotAllowedError, Reloader, Sources, Watcher, admin_action, initial_source
-from handler.snapshot import snapshot_mode
 from handler.sources import decode_body, infer_source
 from handler.status import Diagnostics, is_status
 from handler.tasks import Task

@@ -21,33 +21,36 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Protocol
 
 from snapshot_restore_py import register_after_restore, register_before_snapshot
 
 from handler import report
+from handler.config import SnapshotMode, snapshot_mode
 from handler.cpu import cpu_budget
 from handler.device import probe_cuda
-from handler.errors import ConfigError
+from handler.manifest import Manifest
 
-if TYPE_CHECKING:
-    from handler.runtime import Runtime
-
-SnapshotMode = Literal["vm", "fork"]
-SNAPSHOT_MODES: tuple[SnapshotMode, ...] = ("vm", "fork")
-SNAP_START = "snap-start"
+__all__ = ["SnapshotHooks", "Snapshottable", "register", "reseed", "snapshot_mode"]
 
 
-def snapshot_mode(environ: Mapping[str, str] | None = None) -> SnapshotMode | None:
-    """None unless this init will be snapshotted (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`)."""
-    env = os.environ if environ is None else environ
-    if env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != SNAP_START:
-        return None
-    raw = env.get("WARMSTART_SNAPSHOT", "vm") or "vm"
-    for mode in SNAPSHOT_MODES:
-        if raw == mode:
-            return mode
-    raise ConfigError(f"WARMSTART_SNAPSHOT={raw!r}; valid values: {', '.join(SNAPSHOT_MODES)}")
+class Snapshottable(Protocol):
+    """What the hooks need of the runtime (a Protocol, so this module does not import handler.runtime)."""
+
+    config: Any
+    instance_id: str
+
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def threads(self) -> int: ...
+
+    def uses_cuda(self) -> bool: ...
+    def release_for_snapshot(self) -> list[str]: ...
+    def renew_identity(self, instance_id: str) -> None: ...
+    def reopen_after_restore(self) -> list[str]: ...
+    def restored(self, restore: dict[str, Any]) -> None: ...
+    def set_threads(self, n: int) -> int: ...
 
 
 def thread_count() -> int:
@@ -80,7 +83,7 @@ class SnapshotHooks:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Snapshottable,
         mode: SnapshotMode,
         environ: Mapping[str, str] | None = None,
         emit: Callable[[dict[str, Any]], None] | None = report.emit,
@@ -168,7 +171,7 @@ class SnapshotHooks:
         return {"intra_op": self.runtime.set_threads(self.runtime.config.threads or budget.cpus)}
 
 
-def register(runtime: Runtime, environ: Mapping[str, str] | None = None) -> SnapshotHooks | None:
+def register(runtime: Snapshottable, environ: Mapping[str, str] | None = None) -> SnapshotHooks | None:
     """Register the hooks when this init will be snapshotted; a no-op (None) otherwise."""
     mode = snapshot_mode(environ)
     if mode is None:

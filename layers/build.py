@@ -160,7 +160,7 @@ def check_limit(sizes: Sequence[Artifact], limit: int) -> None:
 
 def default_model(work: Path) -> Path:
     """The embedded default model, ONNX only (both backends would not fit beside the dependencies)."""
-    from handler.pack import pack_default  # pack-time deps (onnx, safetensors, the model package)
+    from infra.pack import pack_default  # pack-time deps (onnx, safetensors, the model package)
 
     out = work / "model-onnx"
     if not (out / "manifest.json").is_file():

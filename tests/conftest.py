@@ -18,8 +18,8 @@ import numpy.typing as npt
 import pytest
 
 from handler.config import Config
-from handler.pack import pack_default, pack_onnx
 from handler.runtime import Runtime
+from infra.pack import pack_default, pack_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = Path(__file__).resolve().parent / "events"

@@ -41,7 +41,7 @@ def test_sam_template_shape() -> None:
     assert set(functions) == {"ImageFunction", "ZipFunction", "WarmerFunction"}
     image, zipped, warmer = (functions[k]["Properties"] for k in ("ImageFunction", "ZipFunction", "WarmerFunction"))
     assert image["PackageType"] == "Image" and image["AutoPublishAlias"] == "live"
-    assert functions["ImageFunction"]["Metadata"]["Dockerfile"] == "infra/Dockerfile"
+    assert functions["ImageFunction"]["Metadata"]["Dockerfile"] == "infra/deploy/Dockerfile"
     assert zipped["Runtime"] == "python3.12" and zipped["Handler"] == MODEL_HANDLER
     assert zipped["SnapStart"] == {"ApplyOn": "PublishedVersions"} and zipped["AutoPublishAlias"] == "live"
     assert zipped["Layers"] == [{"Ref": "DependencyLayer"}, {"Ref": "ModelLayer"}]

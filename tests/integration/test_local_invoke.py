@@ -16,7 +16,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # the fixtures live under tests/, which is not an installed package
     sys.path.insert(0, ROOT)
 
-from infra.local_lambda import LocalLambda  # noqa: E402
+from infra.local.server import LocalLambda  # noqa: E402
 from tests.fixtures.local_support import invoke, report, running, wait_until  # noqa: E402
 
 Lambda = tuple[LocalLambda, Any]  # the server and a boto3 client for it

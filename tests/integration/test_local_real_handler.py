@@ -11,7 +11,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # the fixtures live under tests/, which is not an installed package
     sys.path.insert(0, ROOT)
 
-from infra.demo import init_report  # noqa: E402
+from infra.cli.demo import init_report  # noqa: E402
 from tests.fixtures.local_support import invoke, report, running  # noqa: E402
 
 pytestmark = pytest.mark.integration

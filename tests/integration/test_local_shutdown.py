@@ -20,9 +20,9 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # the fixtures live under tests/, which is not an installed package
     sys.path.insert(0, ROOT)
 
-from infra.cmd_local import lambda_client  # noqa: E402
-from infra.config import LocalLambdaConfig  # noqa: E402
-from infra.local_lambda import LocalLambda  # noqa: E402
+from infra.cli.local import lambda_client  # noqa: E402
+from infra.local.config import LocalLambdaConfig  # noqa: E402
+from infra.local.server import LocalLambda  # noqa: E402
 from tests.fixtures.local_support import alive, invoke, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 from handler.backends import create_backend
 from handler.errors import ConfigError
 from handler.manifest import load_manifest
-from handler.pack import pack_onnx
+from infra.pack import pack_onnx
 from tests.conftest import start, write_tiny_onnx
 
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from handler.errors import ModelLoadError
 from handler.manifest import load_manifest, verify_sha256
-from handler.pack import pack_onnx
 from handler.runtime import Runtime
+from infra.pack import pack_onnx
 from tests.conftest import MODEL_KEY, start, write_tiny_onnx
 
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from handler.manifest import load_manifest, sha256_file
-from handler.pack import PAGE, pack_onnx
+from infra.pack import PAGE, pack_onnx
 from tests.conftest import write_tiny_onnx
 
 

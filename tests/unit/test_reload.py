@@ -28,7 +28,7 @@ K = [1, 2]
 
 class Version:
     def __init__(self, root: Path, version: str, seed: int) -> None:
-        from handler.pack import pack_onnx
+        from infra.pack import pack_onnx
 
         root.mkdir(parents=True, exist_ok=True)
         self.w, self.b = write_tiny_onnx(root / f"tiny-{version}.onnx", 512, seed)  # W: 6 KB, external
@@ -397,8 +397,8 @@ def test_s3_reloads_prune_the_cache_to_what_is_served(
 
 
 def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
-    from handler.pack import pack_onnx
     from handler.registry import ModelBudgetError
+    from infra.pack import pack_onnx
 
     dirs = []
     for version, seed in (("1.0", 0), ("2.0", 1)):

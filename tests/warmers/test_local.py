@@ -17,8 +17,8 @@ if str(ROOT) not in sys.path:  # the fixtures live under tests/, which is not an
     sys.path.insert(0, str(ROOT))
 
 from infra.cli import main as cli  # noqa: E402
-from infra.config import LocalLambdaConfig  # noqa: E402
-from infra.local_lambda import LocalLambda  # noqa: E402
+from infra.local.config import LocalLambdaConfig  # noqa: E402
+from infra.local.server import LocalLambda  # noqa: E402
 from warmers import app  # noqa: E402
 from warmers.config import Target, WarmerConfig  # noqa: E402
 from warmers.fanout import Warmer  # noqa: E402

@@ -1,5 +1,5 @@
 """A snapshot template (`warmstart local --snapshot`): one process that ran init and the before-snapshot
-hooks, from which restored instances are forked on demand (see infra.zygote for the process side).
+hooks, from which restored instances are forked on demand (see infra.local.zygote for the process side).
 
 The template is an Instance for its init phase (its own Runtime API listener for /init/error, its log,
 its init timeout) that never takes invocations: at the snapshot point it reports ready on a control
@@ -14,13 +14,13 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from infra import runtime_api
-from infra.instances import BEFORE_SNAPSHOT_ERROR, Instance, exit_message, exit_reason
-from infra.invocation import EXIT_ERROR, Invocation, Outcome
-from infra.zygote import FD_VARIABLE
+from infra.local import runtime_api
+from infra.local.instances import BEFORE_SNAPSHOT_ERROR, Instance, exit_message, exit_reason
+from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
+from infra.local.zygote import FD_VARIABLE
 
 if TYPE_CHECKING:
-    from infra.config import LocalLambdaConfig
+    from infra.local.config import LocalLambdaConfig
 
 # What a copy's environment differs in from the template's (the rest it inherits with the snapshot).
 _PER_COPY = ("AWS_LAMBDA_RUNTIME_API", "AWS_LAMBDA_LOG_STREAM_NAME")
@@ -30,7 +30,7 @@ class Template:
     def __init__(self, config: LocalLambdaConfig, version: str) -> None:
         self.config, self.version = config, version
         self.instance = Instance(config, version, self)
-        self.instance.argv = ["-m", "infra.zygote", config.handler]
+        self.instance.argv = ["-m", "infra.local.zygote", config.handler]
         self.instance.init_timeout_s = config.snapshot_timeout_s
         self._sock, self._child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
@@ -150,7 +150,7 @@ class Template:
         return Outcome.error(EXIT_ERROR, f"Error: snapshot template failed: Runtime exited with error: {reason}")
 
     def failure_log(self) -> bytes:
-        log = bytes(self.instance.init_log)
+        log = bytes(self.instance.logs.init_log)
         if self._exit_code is not None:
             log += f"{exit_message(self._exit_code)}\n".encode()
         return log

@@ -109,3 +109,13 @@ class Invocation:
             if line.startswith("REPORT "):
                 return line
         return ""
+
+
+class FunctionNotFound(Exception):
+    """An Invoke API name or qualifier that this local Lambda does not serve (404 ResourceNotFoundException)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    version: str
+    arn: str  # the invoked ARN, qualifier included when one was given

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Sequence
 
 # module -> it exposes `register(subparsers)`; each registered parser sets `func(args) -> int`.
 # Imported lazily per run so `warmstart pack` never pays for uvicorn and `warmstart local` never for onnx.
 COMMAND_MODULES = (
-    "infra.cmd_pack",
-    "infra.cmd_local",
-    "infra.cmd_warm",
+    "infra.cli.pack",
+    "infra.cli.local",
+    "infra.cli.warm",
+    "infra.cli.demo",
 )
 
 
@@ -28,7 +28,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rc: int = args.func(args)
     return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

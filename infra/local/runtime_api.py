@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from infra.instances import INVALID_REQUEST_ID, INVALID_STATE, TOO_LARGE, Instance
-from infra.invocation import MAX_RESPONSE_PAYLOAD, Invocation
-from infra.runtime_http import Request, Response
+from infra.local.instances import INVALID_REQUEST_ID, INVALID_STATE, TOO_LARGE, Instance
+from infra.local.invocation import MAX_RESPONSE_PAYLOAD, Invocation
+from infra.local.runtime_http import Request, Response
 
 PREFIX = "/2018-06-01/runtime/"
 ERROR_TYPE_HEADER = "lambda-runtime-function-error-type"

@@ -5,15 +5,23 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from typing import Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infra.invocation import MAX_ASYNC_PAYLOAD, MAX_REQUEST_PAYLOAD, UNHANDLED
-from infra.local_lambda import FunctionNotFound, LocalLambda
-from infra.pool import THROTTLE_REASON, Throttled
+from infra.local.invocation import (
+    MAX_ASYNC_PAYLOAD,
+    MAX_REQUEST_PAYLOAD,
+    UNHANDLED,
+    FunctionNotFound,
+    Invocation,
+    Outcome,
+    Target,
+)
+from infra.local.pool import THROTTLE_REASON, Throttled
 
 INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
 
@@ -25,12 +33,21 @@ BAD_CONTENT = "InvalidRequestContentException"
 BAD_PARAMETER = "InvalidParameterValueException"
 
 
+class Functions(Protocol):
+    """What the Invoke API needs of the local Lambda (`infra.local.server.LocalLambda` is one)."""
+
+    def resolve(self, name: str, qualifier: str | None) -> Target: ...
+    def new_invocation(self, target: Target, payload: bytes, *, client_context: str | None = None) -> Invocation: ...
+    def enqueue(self, inv: Invocation) -> None: ...
+    async def invoke(self, inv: Invocation) -> Outcome: ...
+
+
 def _error(status: int, code: str, message: str, **extra: str) -> Response:
     body = json.dumps({"Type": "User", "message": message, **extra})
     return Response(body, status, {"x-amzn-ErrorType": code}, media_type="application/json")
 
 
-def build_app(local: LocalLambda) -> Starlette:
+def build_app(local: Functions) -> Starlette:
     async def invoke(request: Request) -> Response:
         try:
             target = local.resolve(request.path_params["name"], request.query_params.get("Qualifier"))

@@ -15,25 +15,14 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from infra.config import LATEST, LocalLambdaConfig
-from infra.invocation import Invocation, Outcome
-from infra.pool import InstancePool, Throttled
+from infra.local.config import LATEST, LocalLambdaConfig
+from infra.local.invocation import FunctionNotFound, Invocation, Outcome, Target
+from infra.local.pool import InstancePool, Throttled
 
 InvocationType = Literal["RequestResponse", "Event", "DryRun"]
-
-
-class FunctionNotFound(Exception):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    version: str
-    arn: str  # the invoked ARN, qualifier included when one was given
 
 
 class LocalLambda:
@@ -139,7 +128,7 @@ class LocalLambda:
         """Serve until `stop()` (or cancellation), then shut everything down."""
         import uvicorn  # deferred: `warmstart pack` and friends never pay for it
 
-        from infra.invoke_api import build_app
+        from infra.local.invoke_api import build_app  # starlette too
 
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()

@@ -1,4 +1,4 @@
-"""The local Lambda's snapshot template: `python -m infra.zygote <handler>` (SOCK-style zygote).
+"""The local Lambda's snapshot template: `python -m infra.local.zygote <handler>` (SOCK-style zygote).
 
 It runs the real awslambdaric bootstrap with one change: the snapshot point. Where awslambdaric, after
 init and the before-snapshot hooks, asks `GET /restore/next` and Lambda freezes the VM, the template

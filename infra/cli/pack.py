@@ -27,7 +27,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx, safetensors, the model package) load only here, never in the function.
     from handler.manifest import load_manifest
-    from handler.pack import pack_default, pack_onnx
+    from infra.pack import pack_default, pack_onnx
 
     try:
         if args.default:

@@ -1,4 +1,4 @@
-"""`warmstart local` (serve the local Lambda), `warmstart invoke` (one event through boto3), `warmstart demo`."""
+"""`warmstart local` (serve the local Lambda), `warmstart invoke` (one event through boto3)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from infra.config import INIT_TYPES, LocalLambdaConfig
+from infra.local.config import INIT_TYPES, LocalLambdaConfig
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
 
@@ -33,12 +33,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     invoke.add_argument("--invocation-type", choices=("RequestResponse", "Event", "DryRun"), default="RequestResponse")
     invoke.add_argument("--logs", action="store_true", help="print the whole log tail, not just REPORT")
     invoke.set_defaults(func=run_invoke)
-
-    demo = sub.add_parser("demo", help="cold start then warm calls of the default model through the local Lambda")
-    add_function_options(demo)
-    demo.add_argument("--text", action="append", help="input text (repeatable)")
-    demo.add_argument("--warm", type=int, default=20, help="warm invocations after the cold one (default: 20)")
-    demo.set_defaults(func=run_demo)
 
 
 def add_function_options(p: argparse.ArgumentParser) -> None:
@@ -83,7 +77,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
 
 
 def run_local(args: argparse.Namespace) -> int:
-    from infra.local_lambda import LocalLambda
+    from infra.local.server import LocalLambda
 
     config = config_from_args(args, host=args.host, port=args.port, echo_logs=not args.quiet)
     local = LocalLambda(config)
@@ -162,9 +156,3 @@ def run_invoke(args: argparse.Namespace) -> int:
         return 1
     print(status, file=sys.stderr)
     return 0
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    from infra.demo import run
-
-    return run(args)

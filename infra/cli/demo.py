@@ -17,9 +17,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from infra.config import REPO_ROOT
+from infra.cli.local import add_function_options, config_from_args
+from infra.local.config import REPO_ROOT
 
 DEFAULT_TEXTS = ["Cold starts should cost what the model costs, and not a millisecond more."]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="cold start then warm calls of the default model through the local Lambda")
+    add_function_options(demo)
+    demo.add_argument("--text", action="append", help="input text (repeatable)")
+    demo.add_argument("--warm", type=int, default=20, help="warm invocations after the cold one (default: 20)")
+    demo.set_defaults(func=run)
 
 
 class Progress:
@@ -76,8 +85,7 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[floa
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.cmd_local import config_from_args
-    from infra.local_lambda import LocalLambda
+    from infra.local.server import LocalLambda
 
     if args.handler == "handler.app.lambda_handler" and not args.model:
         manifest = Path(os.environ.get("WARMSTART_MODEL") or Path(REPO_ROOT, "models", "default")) / "manifest.json"
@@ -155,7 +163,7 @@ def print_report(
     template: Any = None,
 ) -> None:
     """`template`: with --snapshot the first invocation waited for the template's init, then a restore."""
-    report = init_report(bytes(template.init_log if template is not None else cold.log))
+    report = init_report(bytes(template.logs.init_log if template is not None else cold.log))
     init_ms = (template.init_duration_ms if template else cold.init_duration_ms) or 0.0
     rows: list[tuple[str, float]] = []
     if report is not None:

@@ -7,23 +7,19 @@ or between invocations; it is handed out on that instance's next /next.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import signal
 import subprocess
-import sys
-import termios
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
-from infra.config import LocalLambdaConfig
-from infra.invocation import (
+from infra.local.config import LocalLambdaConfig
+from infra.local.invocation import (
     EXIT_ERROR,
     INVALID_ENTRYPOINT,
     MAX_RESPONSE_PAYLOAD,
@@ -33,10 +29,8 @@ from infra.invocation import (
     Invocation,
     Outcome,
 )
-from infra.runtime_http import Request, Response, RuntimeHTTPServer
-
-if TYPE_CHECKING:
-    from infra.template import Template
+from infra.local.logs import LogCapture
+from infra.local.runtime_http import Request, Response, RuntimeHTTPServer
 
 State = Literal["init", "ready", "busy", "dead"]
 
@@ -59,6 +53,15 @@ class Process(Protocol):
     returncode: int | None
 
     def wait(self) -> int: ...
+
+
+class SnapshotTemplate(Protocol):
+    """What a restored copy needs of its snapshot template (`infra.local.template.Template` is one)."""
+
+    async def wait_ready(self) -> bool: ...
+    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int) -> int: ...
+    def failure_outcome(self) -> Outcome: ...
+    def failure_log(self) -> bytes: ...
 
 
 class ForkedProcess:
@@ -105,21 +108,9 @@ def peak_rss_mb(pid: int) -> int:
     return 0
 
 
-class _LogPipe(asyncio.Protocol):
-    def __init__(self, sink: Callable[[bytes], None], closed: asyncio.Future[None]) -> None:
-        self._sink, self._closed = sink, closed
-
-    def data_received(self, data: bytes) -> None:
-        self._sink(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._closed.done():
-            self._closed.set_result(None)
-
-
 class Instance:
     def __init__(
-        self, config: LocalLambdaConfig, version: str, owner: Owner, *, template: Template | None = None
+        self, config: LocalLambdaConfig, version: str, owner: Owner, *, template: SnapshotTemplate | None = None
     ) -> None:
         self.config, self.version, self.owner = config, version, owner
         self.template = template  # set: this instance is forked from that snapshot template, not spawned
@@ -144,13 +135,8 @@ class Instance:
         self.idle_since = 0.0
         self.invocations = 0
         self.max_memory_mb = 0
-        self.init_log = bytearray()  # everything printed before the first invocation
         self.exited: asyncio.Future[int] | None = None
-        self._log_target: Invocation | None = None
-        self._log_closed: asyncio.Future[None] | None = None
-        self._log_transport: asyncio.BaseTransport | None = None
-        self._log_fd = -1
-        self._partial = b""
+        self.logs = LogCapture(lambda: self.short_id, lambda: self.invocations == 0, echo=config.echo_logs)
         self._timer: asyncio.TimerHandle | None = None
         self._pidfd = -1
         self._tasks: set[asyncio.Task[None]] = set()  # strong refs: the loop keeps only weak ones
@@ -177,7 +163,7 @@ class Instance:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
-        self._log_closed = loop.create_future()
+        self.logs.open()
         if self.dead:  # shut down before it got going
             self.exited.set_result(-1)
             return
@@ -210,8 +196,7 @@ class Instance:
             return
         self.proc = proc
         assert proc.stdout is not None
-        self._log_fd = proc.stdout.fileno()
-        await self._capture(proc.stdout)
+        await self.logs.attach(proc.stdout, proc.stdout.fileno())
         try:
             self._pidfd = os.pidfd_open(proc.pid)
             loop.add_reader(self._pidfd, self._on_exit)
@@ -227,15 +212,13 @@ class Instance:
             self._never_started(failure, log=self.template.failure_log())
             return
         read_fd, write_fd = os.pipe()
-        self._log_fd = read_fd
-        await self._capture(os.fdopen(read_fd, "rb", buffering=0))
+        await self.logs.attach(os.fdopen(read_fd, "rb", buffering=0), read_fd)
         self.spawned_at = time.perf_counter()
         self._arm_timer(self.init_timeout_s, self._init_timed_out)  # Lambda's 10 s covers restore + hooks
         try:
             pid = await self.template.fork(self, env, write_fd)
         except OSError as exc:
-            if self._log_transport is not None:
-                self._log_transport.close()
+            self.logs.close()
             self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot fork the snapshot: {exc}"))
             return
         self.proc = ForkedProcess(pid)
@@ -253,12 +236,6 @@ class Instance:
         if isinstance(self.proc, ForkedProcess) and self.proc.returncode is None:
             self.proc.returncode = returncode
             self._on_exit()
-
-    async def _capture(self, pipe: object) -> None:
-        assert self._log_closed is not None
-        closed = self._log_closed
-        loop = asyncio.get_running_loop()
-        self._log_transport, _ = await loop.connect_read_pipe(lambda: _LogPipe(self._on_output, closed), pipe)
 
     def _never_started(self, outcome: Outcome, log: bytes = b"") -> None:
         assert self.exited is not None
@@ -307,12 +284,8 @@ class Instance:
         self._background(self._after_exit(returncode))
 
     async def _after_exit(self, returncode: int) -> None:
-        if self._log_closed is not None:  # let the last lines land in the right log
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._log_closed), 0.5)
-        if self._log_transport is not None:  # a child that left the group may still hold the pipe open
-            self._log_transport.close()
-        self._flush_partial()
+        await self.logs.wait_closed(0.5)
+        self.logs.flush_partial()
         orphan = None
         message = exit_message(returncode)
         if self.current is not None:
@@ -356,12 +329,12 @@ class Instance:
             if self.proc is not None:  # init's high-water mark, in case the process dies before answering
                 self.max_memory_mb = peak_rss_mb(self.proc.pid)
             self._charge_init(inv)
-            inv.log[:0] = self.init_log
+            inv.log[:0] = self.logs.init_log
         self.invocations += 1
         inv.start(instance_id=self.instance_id, timeout_s=self.config.timeout_s)
         if self.config.echo_logs:
-            self._echo([f"START RequestId: {inv.request_id} Version: {inv.version}"])
-        self._log_target = inv
+            self.logs.echo([f"START RequestId: {inv.request_id} Version: {inv.version}"])
+        self.logs.target = inv
         self._arm_timer(self.config.timeout_s, self._timed_out)
 
     def _charge_init(self, inv: Invocation) -> None:
@@ -374,7 +347,7 @@ class Instance:
         if inv.init_duration_ms is None:  # init never finished: charge what it took until now
             inv.init_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
 
-    # -- Runtime API state transitions (called by infra.runtime_api) ----------------------------------
+    # -- Runtime API state transitions (called by infra.local.runtime_api) ----------------------------------
 
     def next_invocation(self) -> Invocation | asyncio.Future[Invocation] | str:
         if self.state == "dead":
@@ -429,8 +402,8 @@ class Instance:
         if self.queued is not None:
             inv, self.queued = self.queued, None
             self._charge_init(inv)
-            inv.log[:0] = self.init_log
-            self._log_target = inv
+            inv.log[:0] = self.logs.init_log
+            self.logs.target = inv
             self._background(self._finish_after_exit(inv, outcome))
         return None
 
@@ -471,7 +444,7 @@ class Instance:
         if self.proc is not None and self.state != "dead":
             self.max_memory_mb = max(self.max_memory_mb, peak_rss_mb(self.proc.pid))
         inv.max_memory_mb = self.max_memory_mb
-        if _pipe_pending(self._log_fd) == 0:
+        if self.logs.pending() == 0:
             self._finish(inv, outcome, status)
         else:  # output printed before the answer is still in the pipe: read it into this log first
             self._background(self._drain_then_finish(inv, outcome, status))
@@ -479,18 +452,18 @@ class Instance:
     async def _drain_then_finish(self, inv: Invocation, outcome: Outcome, status: str | None) -> None:
         for _ in range(200):
             await asyncio.sleep(0)
-            if _pipe_pending(self._log_fd) == 0:
+            if self.logs.pending() == 0:
                 break
         self._finish(inv, outcome, status)
 
     def _finish(self, inv: Invocation, outcome: Outcome, status: str | None) -> None:
-        if self._log_target is inv:
-            self._flush_partial()
-            self._log_target = None
+        if self.logs.target is inv:
+            self.logs.flush_partial()
+            self.logs.target = None
         before = len(inv.log)
         inv.finish(outcome, memory_mb=self.config.memory_mb, status=status)
         if self.config.echo_logs:
-            self._echo(inv.log[before:].decode().splitlines())
+            self.logs.echo(inv.log[before:].decode().splitlines())
 
     def _background(self, coro: Coroutine[None, None, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -518,9 +491,9 @@ class Instance:
         now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         seconds = f"{self.config.timeout_s:.2f}"
         line = f"{now}Z {inv.request_id} Task timed out after {seconds} seconds"
-        self._emit(f"{line}\n".encode())
+        self.logs.emit(f"{line}\n".encode())
         if self.config.echo_logs:
-            self._echo([line])
+            self.logs.echo([line])
         self.kill()
         message = f"RequestId: {inv.request_id} Error: Task timed out after {seconds} seconds"
         self._finish_soon(inv, Outcome.error(TIMEOUT_ERROR, message), status="timeout")
@@ -533,38 +506,11 @@ class Instance:
         self.kill()
         if inv is not None:
             self._charge_init(inv)
-            inv.log[:0] = self.init_log
-            self._log_target = inv
+            inv.log[:0] = self.logs.init_log
+            self.logs.target = inv
             seconds = f"{self.config.init_timeout_s:.2f}"
             message = f"RequestId: {inv.request_id} Error: Init phase timed out after {seconds} seconds"
             self._finish_soon(inv, Outcome.error(TIMEOUT_ERROR, message), status="timeout")
-
-    # -- logs ------------------------------------------------------------------------------------------
-
-    def _on_output(self, data: bytes) -> None:
-        self._emit(data)
-        if self.config.echo_logs:
-            text = (self._partial + data).decode("utf-8", "replace")
-            *lines, rest = text.split("\n")
-            self._partial = rest.encode()
-            self._echo(lines)
-
-    def _echo(self, lines: list[str]) -> None:
-        # awslambdaric joins a multi-line error with \r so that it stays one log event; show it as lines.
-        out = [f"[{self.short_id}] {part}\n" for line in lines for part in line.split("\r")]
-        sys.stderr.write("".join(out))
-
-    def _emit(self, data: bytes) -> None:
-        target = self._log_target
-        if target is not None:
-            target.log += data
-        elif self.invocations == 0:
-            self.init_log += data
-
-    def _flush_partial(self) -> None:
-        if self.config.echo_logs and self._partial:
-            self._echo([self._partial.decode("utf-8", "replace")])
-            self._partial = b""
 
     def _fail_pending(self, outcome: Outcome) -> None:
         for inv in (self.current, self.queued):
@@ -573,17 +519,10 @@ class Instance:
         self.current = self.queued = None
 
     def init_report(self) -> dict[str, object] | None:
-        """The handler's one-line JSON init report (`{"warmstart": "init", ...}`), if it printed one."""
-        for line in self.init_log.decode("utf-8", "replace").splitlines():
-            if line.startswith("{") and '"warmstart"' in line:
-                with contextlib.suppress(ValueError):
-                    report = json.loads(line)
-                    if isinstance(report, dict) and report.get("warmstart") == "init":
-                        return report
-        return None
+        return self.logs.init_report()
 
 
-def _unbound(request: Request) -> Response:  # until infra.runtime_api.bind() routes the listener
+def _unbound(request: Request) -> Response:  # until infra.local.runtime_api.bind() routes the listener
     return Response(503)
 
 
@@ -602,14 +541,3 @@ def _error_outcome(body: bytes, error_type: str | None) -> Outcome:
         payload = {"errorMessage": message, "errorType": error_type, "stackTrace": parsed.get("stackTrace", [])}
         return Outcome(json.dumps(payload).encode(), error_type)
     return Outcome(body, str(parsed.get("errorType") or error_type or "Unhandled"))
-
-
-def _pipe_pending(fd: int) -> int:
-    if fd < 0:
-        return 0
-    buf = array.array("i", [0])
-    try:
-        fcntl.ioctl(fd, termios.FIONREAD, buf)
-    except OSError:
-        return 0
-    return buf[0]

@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import time
 
-from infra import runtime_api
-from infra.config import LocalLambdaConfig
-from infra.instances import Instance
-from infra.invocation import EXIT_ERROR, Invocation, Outcome
-from infra.template import Template
+from infra.local import runtime_api
+from infra.local.config import LocalLambdaConfig
+from infra.local.instances import Instance
+from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
+from infra.local.template import Template
 
 THROTTLE_REASON = "ReservedFunctionConcurrentInvocationLimitExceeded"
 
