@@ -190,8 +190,8 @@ def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     from handler.config import Config
     from handler.manifest import DTYPES
-    from handler.pack import pack_onnx
     from handler.runtime import Runtime
+    from infra.pack import pack_onnx
 
     tmp = tmp_path_factory.mktemp("dtypes")
     kinds = {d: helper.np_dtype_to_tensor_dtype(np.dtype(d)) for d in DTYPES}
