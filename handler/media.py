@@ -78,16 +78,6 @@ def response_kind(accept: str | None) -> Kind:
     raise NotAcceptableError(f"Accept {accept!r}: answers are {JSON_TYPE}, or {NPY_TYPE} for tensor and embedding")
 
 
-def load_npy(raw: bytes) -> np.ndarray[Any, Any]:
-    try:
-        array: np.ndarray[Any, Any] = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, TypeError, OSError, EOFError) as e:
-        raise UnsupportedMediaTypeError(f"body is not a .npy array ({e})") from None
-    if not isinstance(array, np.ndarray):  # an .npz archive
-        raise UnsupportedMediaTypeError("body is an .npz archive; send one .npy array")
-    return array
-
-
 def dump_npy(array: np.ndarray[Any, Any]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)

@@ -24,7 +24,7 @@ from handler.config import LAMBDA_PAYLOAD_LIMIT, Config, snapshot_mode
 from handler.errors import RequestError, UnsupportedRequestError
 from handler.loader import Loaded, load_model, max_concurrency
 from handler.manifest import Manifest
-from handler.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, load_npy, npy_answer
+from handler.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
 from handler.registry import Registry, requested_model, weights_bytes
@@ -129,6 +129,9 @@ class Runtime:
             config, manifest, loaded.backend, loaded.task, init, loaded.pool, workers, registry, reloader, watcher
         )
         init["instance_id"] = runtime.instance_id
+        if config.tracemalloc_s:  # the operator's leak hunt: from here, so init's own allocations are not in it
+            runtime.diagnostics.start_tracing(config.tracemalloc_s)
+            init["tracemalloc_s"] = config.tracemalloc_s
         if emit:
             emit(init)
         return runtime
@@ -228,10 +231,32 @@ class Runtime:
             "workers": self.workers.stats() if self.workers else None,
             "models": self.registry.describe(),
             "reload": self.reloader.describe(),
+            "cache": self.reloader.sources.describe_cache(),  # None unless a model came from S3
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
         return reply
+
+    def health(self) -> dict[str, Any]:
+        """What `GET /status` shows whoever reaches the HTTP port: counts and health only. No model sources
+        (s3:// URIs, paths), reload errors or pointer; tracing cannot be started from there."""
+        with self._lock:
+            counts = {"total": self.invocations, **self.counts}
+        last = self.reloader.last
+        return {
+            "warmstart": "status",
+            "detail": "basic",
+            "instance_id": self.instance_id,
+            "model": self.manifest.key,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "invocations": counts,
+            "models": self.registry.counts(),
+            "reload": {"running": self.reloader.running, "last_ok": None if last is None else last["ok"]},
+            "workers": self.workers.stats() if self.workers else None,
+            "threads": threading.active_count(),
+            "tracemalloc": self.diagnostics.tracing,
+            **report.memory_mb(),
+        }
 
     def count(self, kind: str) -> None:
         with self._lock:
@@ -259,6 +284,7 @@ class Runtime:
         with self._lock:
             self.invocations += 1
             count = self.invocations
+        self.diagnostics.tick()
         source = infer_source(event)
         try:
             payload = source.payload(event)
@@ -306,6 +332,7 @@ class Runtime:
         request. `content`/`accept`: the negotiated media kinds (`handler.media`); errors are always JSON."""
         with self._lock:
             self.invocations += 1
+        self.diagnostics.tick()
         try:
             payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
             if admin_action(payload):
@@ -331,7 +358,7 @@ class Runtime:
         if len(inputs) != 1:
             raise UnsupportedMediaTypeError(f"this model takes inputs {sorted(inputs)}: send JSON with each named")
         (name,) = inputs
-        return {"inputs": {name: load_npy(raw)}}
+        return {"inputs": {name: raw}}  # parsed by the task, header and size checked before any allocation
 
     def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]:
         """Count and log a failed request; the HTTP status and error body it maps to. (A direct invoke's
@@ -376,6 +403,8 @@ def _models(
         t0 = time.perf_counter()
         init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
         init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    sources.attach(registry.paths)  # what the S3 cache keeps from now on
+    sources.settle()
     reloader = Reloader(registry, config, env, sources, pointer_etag)
     watcher = None
     if Watcher.wanted(config):

@@ -35,6 +35,8 @@ def server(environ: Mapping[str, str] | None = None, sagemaker: bool = False) ->
     host = Host(settings=settings)
     config = uvicorn.Config(
         create_app(host),
+        # All interfaces by default, on purpose: in a container (SageMaker, Cloud Run, Knative) requests arrive
+        # on the container's own interface, never on its loopback. HOST=127.0.0.1 keeps it to this machine.
         host=env.get("HOST", "0.0.0.0"),
         port=settings.port,
         # One process, one event loop: the runtime's worker pool is the concurrency; more processes would

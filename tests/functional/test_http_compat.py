@@ -281,7 +281,8 @@ def test_npy_body_and_answer_for_a_one_input_tensor_model(tmp_path: Path) -> Non
         r = c.post("/invocations", json={"inputs": {"x": x.tolist()}}, headers={"accept": "application/x-npy"})
         assert np.array_equal(np.load(io.BytesIO(r.content)), x * 2)
         r = c.post("/invocations", content=b"garbage", headers=npy)
-        assert r.status_code == 415 and r.headers["content-type"] == "application/json"
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert "not a .npy array" in r.json()["error"]["message"]
         buf3 = io.BytesIO()
         np.save(buf3, np.zeros((2, 4), np.float32))
         r = c.post("/invocations", content=buf3.getvalue(), headers=npy)

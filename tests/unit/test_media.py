@@ -10,7 +10,6 @@ import pytest
 from handler.media import (
     NotAcceptableError,
     UnsupportedMediaTypeError,
-    load_npy,
     npy_answer,
     request_kind,
     response_kind,
@@ -63,13 +62,8 @@ def test_nothing_acceptable_is_406() -> None:
     assert info.value.status == 406
 
 
-def test_npy_round_trip_and_refusals() -> None:
+def test_npy_answers() -> None:
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
-    buf = io.BytesIO()
-    np.save(buf, array)
-    np.testing.assert_array_equal(load_npy(buf.getvalue()), array)
-    with pytest.raises(UnsupportedMediaTypeError):
-        load_npy(b"not an array")
     answer = npy_answer({"embeddings": array.tolist()})
     loaded = np.load(io.BytesIO(answer))
     assert loaded.dtype == np.float32 and np.array_equal(loaded, array)
