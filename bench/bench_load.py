@@ -1,7 +1,7 @@
 """Load under a CPU quota: the HTTP host (`python -m handler`) in a cgroup, driven by locust at rising concurrency.
 
-    sudo .venv/bin/python bench/bench_load.py [--cpus 0.5 1 2] [--memory-mb 1024] [--users 1 2 4 8 16 32 64 128]
-                                              [--step-s 15] [--out bench/results]
+    sudo .venv/bin/python bench/bench_load.py [--cpus 0.5 1 2] [--memory-mb 1024] [--users 1 2 4 8 16 32 64]
+                                              [--step-s 15] [--retry-after honor|ignore] [--out bench/results]
 
 For each CPU quota: a cgroup (v1 `cpu` + `memory`, or v2) with that quota and the memory limit; the server
 started inside it (its worker pool and intra-op threads sized by what it reads from its own cgroup); then
@@ -146,14 +146,15 @@ class RssPeak:
         return self.peak / 2**20
 
 
-def locust_step(port: int, users: int, seconds: int, tmp: Path) -> dict[str, Any]:
+def locust_step(port: int, users: int, seconds: int, tmp: Path, retry_after: str = "honor") -> dict[str, Any]:
     prefix = tmp / f"u{users}"
     cmd = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
         "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--host", f"http://127.0.0.1:{port}",
         "--csv", str(prefix), "--loglevel", "ERROR", "--stop-timeout", "5",
     ]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=seconds + 60, check=False)
+    env = {**os.environ, "BENCH_RETRY_AFTER": retry_after}
+    subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=seconds + 60, check=False)
     with open(f"{prefix}_stats.csv") as f:
         rows = {r["Name"]: r for r in csv.DictReader(f)}
     total = rows["Aggregated"]
@@ -174,7 +175,7 @@ def locust_step(port: int, users: int, seconds: int, tmp: Path) -> dict[str, Any
     }
 
 
-def run_quota(cpus: float, memory_mb: int, users: list[int], step_s: int, tmp: Path) -> list[Step]:
+def run_quota(cpus: float, memory_mb: int, users: list[int], step_s: int, tmp: Path, retry_after: str) -> list[Step]:
     cgroup = Cgroup(f"warmstart-bench-{os.getpid()}-{cpus}", cpus, memory_mb)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_"))}
@@ -188,7 +189,7 @@ def run_quota(cpus: float, memory_mb: int, users: list[int], step_s: int, tmp: P
         locust_step(port, 1, 3, tmp)  # warm: the first requests after init, connection set-up
         for n in users:
             rss = RssPeak(proc.pid)
-            r = locust_step(port, n, step_s, tmp)
+            r = locust_step(port, n, step_s, tmp, retry_after)
             step = Step(
                 cpus, n, r["requests"], r["ok"], r["busy"], r["other"], r["ok"] / r["seconds"],
                 r["p50_ms"], r["p99_ms"], rss.stop(), cgroup.oom_kills(),
@@ -220,14 +221,14 @@ def headline(steps: list[Step]) -> tuple[Step | None, float]:
     return (max(within, key=lambda s: s.rps) if within else None), unloaded
 
 
-def markdown(results: dict[float, list[Step]], memory_mb: int, step_s: int) -> str:
+def markdown(results: dict[float, list[Step]], memory_mb: int, step_s: int, retry_after: str) -> str:
     load = os.getloadavg()
     lines = [
         "# Load under a CPU quota (bench/bench_load.py)",
         "",
         f"Machine: {os.cpu_count()} cores, load average {load[0]:.1f} at the end (shared machine). "
         f"Memory limit {memory_mb} MB. locust headless, closed loop, {step_s} s per step; one short sentence "
-        "per request (`POST /invocations`).",
+        f"per request (`POST /invocations`). Clients {retry_after} Retry-After on 503.",
         "",
     ]
     for cpus, steps in results.items():
@@ -281,21 +282,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpus", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     p.add_argument("--memory-mb", type=int, default=1024)
-    p.add_argument("--users", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--users", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--step-s", type=int, default=15)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--retry-after", choices=["honor", "ignore"], default="honor", help="what clients do on a 503")
+    p.add_argument("--name", default="load", help="output file stem (NAME.md, NAME.png)")
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_load needs root (it creates cgroups)")
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
-        results = {cpus: run_quota(cpus, args.memory_mb, args.users, args.step_s, tmp) for cpus in args.cpus}
+        results = {
+            cpus: run_quota(cpus, args.memory_mb, args.users, args.step_s, tmp, args.retry_after) for cpus in args.cpus
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    (args.out / "load.md").write_text(markdown(results, args.memory_mb, args.step_s))
-    plot(results, args.out / "load.png")
-    print(f"wrote {args.out / 'load.md'} and {args.out / 'load.png'}")
+    (args.out / f"{args.name}.md").write_text(markdown(results, args.memory_mb, args.step_s, args.retry_after))
+    plot(results, args.out / f"{args.name}.png")
+    print(f"wrote {args.out / args.name}.md and .png")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """Locust user for bench/bench_load.py: back-to-back POST /invocations of one short sentence (a query
-embedding, the common serverless request). 503 is counted apart from every other failure."""
+embedding, the common serverless request). 503 is counted apart from every other failure. With
+BENCH_RETRY_AFTER=honor a user that got 503 waits the answer's Retry-After before its next request (what
+a well-behaved client does); with `ignore` it sends the next one at once (the worst case)."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 
-from locust import FastHttpUser, constant, task
+from locust import FastHttpUser, task
 
 SENTENCES = [
     "how do I reset my password",
@@ -17,8 +20,15 @@ SENTENCES = [
 _bodies = itertools.cycle([json.dumps({"inputs": [s]}).encode() for s in SENTENCES])
 
 
+HONOR = os.environ.get("BENCH_RETRY_AFTER", "honor") == "honor"
+
+
 class Embedder(FastHttpUser):  # type: ignore[misc]
-    wait_time = constant(0)
+    pause_s = 0.0
+
+    def wait_time(self) -> float:
+        pause, self.pause_s = self.pause_s, 0.0
+        return pause
 
     @task
     def embed(self) -> None:
@@ -29,5 +39,7 @@ class Embedder(FastHttpUser):  # type: ignore[misc]
                 r.success()
             elif r.status_code == 503:
                 r.failure("busy-503")
+                if HONOR:
+                    self.pause_s = float(r.headers.get("retry-after") or 1)
             else:
                 r.failure(f"other-{r.status_code}")
