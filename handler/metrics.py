@@ -55,6 +55,21 @@ UNITS = {
     "InitDuration": "Milliseconds",
     "RestoreDuration": "Milliseconds",
 }
+# The same measurements on the HTTP host (handler.metrics_prom): Prometheus names for the EMF ones.
+PROMETHEUS = {
+    "Requests": "warmstart_requests_total",
+    "HandlerDuration": "warmstart_handler_duration_milliseconds",
+    "BatchSize": "warmstart_batch_size",
+    "Tokens": "warmstart_tokens_total",
+    "Errors": "warmstart_errors_total",
+    "Faults": "warmstart_faults_total",
+    "Pings": "warmstart_pings_total",
+    "ColdStart": "warmstart_cold_start_total",
+    "RestoreStart": "warmstart_restore_start_total",
+    "InitDuration": "warmstart_init_duration_milliseconds",
+    "InitPhaseDuration": "warmstart_init_phase_duration_milliseconds",  # Init<Phase>Duration, labelled by phase
+    "RestoreDuration": "warmstart_restore_duration_milliseconds",
+}
 _encode: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]  # C: a quoted JSON string
 
 

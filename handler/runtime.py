@@ -287,8 +287,8 @@ class Runtime:
                 inv.error, inv.fault = type(e).__name__, not isinstance(e, RequestError)
             raise
         finally:
-            logs.enter(None)
             self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
+            logs.enter(None)
 
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
@@ -341,8 +341,8 @@ class Runtime:
         except Exception as e:
             status, body = self._failure(e, "http")
         finally:
+            self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
             logs.enter(None)
-        self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
         return status, json.dumps(body, separators=(",", ":")).encode()
 
     def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]:
