@@ -244,6 +244,8 @@ class Runtime:
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
+        if payload and payload.get("golden") is True:  # the PreTraffic hook's question (warmers.pretraffic)
+            reply["golden"] = self.manifest.raw.get("golden")
         return reply
 
     def count(self, kind: str) -> None:
