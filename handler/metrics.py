@@ -70,7 +70,7 @@ PROMETHEUS = {
     "InitPhaseDuration": "warmstart_init_phase_duration_milliseconds",  # Init<Phase>Duration, labelled by phase
     "RestoreDuration": "warmstart_restore_duration_milliseconds",
 }
-_encode: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]  # C: a quoted JSON string
+_encode: Callable[[str], str] = json.encoder.encode_basestring  # the C encoder: a quoted JSON string
 
 
 def _declare(name: str) -> dict[str, str]:

@@ -255,10 +255,7 @@ class Runtime:
     def infer(self, payload: JSON, inv: logs.Invocation | None = None) -> dict[str, Any]:
         """The task, on a worker when several requests may run at once."""
         self.count("inference")
-        if self.workers is not None:
-            reply = self.workers.call(self.serve, payload)
-        else:
-            reply = self.serve(payload)
+        reply = self.workers.call(self.serve, payload) if self.workers is not None else self.serve(payload)
         if inv is not None:
             _usage(inv, payload, reply)
         return reply

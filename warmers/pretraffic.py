@@ -76,9 +76,7 @@ def _invoke(client: Any, target: str, payload: Mapping[str, Any]) -> tuple[Any, 
     return reply, None
 
 
-def verify(
-    target: str, warm: int, lambda_client: Any, *, allow_no_golden: bool = False, hold_ms: int = 250
-) -> Verdict:
+def verify(target: str, warm: int, lambda_client: Any, *, allow_no_golden: bool = False, hold_ms: int = 250) -> Verdict:
     """Warm the version and check its golden answers; never raises (every failure is a failed check)."""
     started = time.perf_counter()
     verdict = Verdict(target)

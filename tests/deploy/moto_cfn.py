@@ -1,6 +1,7 @@
 """CloudFormation support moto 5.2 lacks for the transformed template: Lambda versions (`GetAtt .Version`),
-aliases and function URLs; CloudWatch alarms, the CodeDeploy application and deployment groups (issue 18). Each creates the real object in moto's Lambda backend where moto models it, so
-the test then checks the Lambda API, not these classes.
+aliases and function URLs; CloudWatch alarms, the CodeDeploy application and deployment groups (issue 18). Each
+creates the real object in moto's backend where moto models it, so the test then checks the API, not these
+classes.
 
 moto builds its resource-type map from `CloudFormationModel.__subclasses__()` (cached): defining these and
 clearing the cache registers them, later definitions winning over moto's own `AWS::Lambda::Version`.
@@ -11,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from moto.awslambda.models import lambda_backends
+from moto.cloudformation import parsing
 from moto.cloudwatch.models import Dimension, Metric, MetricDataQuery, MetricStat, cloudwatch_backends
 from moto.codedeploy.models import codedeploy_backends
-from moto.cloudformation import parsing
 from moto.core.common_models import CloudFormationModel
 
 
@@ -131,7 +132,9 @@ class CloudWatchAlarm(CloudFormationModel):
                         q["MetricStat"].get("Unit"),
                     )
                 queries.append(
-                    MetricDataQuery(q["Id"], q.get("Label"), q.get("Period"), q.get("ReturnData"), q.get("Expression"), stat)
+                    MetricDataQuery(
+                        q["Id"], q.get("Label"), q.get("Period"), q.get("ReturnData"), q.get("Expression"), stat
+                    )
                 )
         cloudwatch_backends[account_id][region_name].put_metric_alarm(
             name=name,
@@ -207,7 +210,10 @@ class CodeDeployDeploymentGroup(CloudFormationModel):
                 "alarms": [{"name": a["Name"]} for a in alarms.get("Alarms", [])],
             },
             auto_rollback_configuration={"enabled": rollback.get("Enabled"), "events": rollback.get("Events", [])},
-            deployment_style={"deploymentType": style.get("DeploymentType"), "deploymentOption": style.get("DeploymentOption")},
+            deployment_style={
+                "deploymentType": style.get("DeploymentType"),
+                "deploymentOption": style.get("DeploymentOption"),
+            },
         )
         return cls(resource_name)
 

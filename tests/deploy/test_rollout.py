@@ -135,7 +135,9 @@ def check_rollout_deployed(physical: dict[str, str], outputs: dict[str, str]) ->
     alarm_names = {a["AlarmName"] for a in cw.describe_alarms()["MetricAlarms"]}
     assert len(alarm_names) == 4
     for function in MODELS:
-        group = codedeploy.get_deployment_group(applicationName=app, deploymentGroupName=physical[f"{function}DeploymentGroup"])
+        group = codedeploy.get_deployment_group(
+            applicationName=app, deploymentGroupName=physical[f"{function}DeploymentGroup"]
+        )
         info = group["deploymentGroupInfo"]
         assert info["deploymentConfigName"] == "CodeDeployDefault.LambdaCanary10Percent5Minutes"
         # moto's API leaves alarmConfiguration out of its answer: read what CloudFormation stored.

@@ -15,8 +15,8 @@ from cfnlint.api import lint_file
 from moto import mock_aws
 
 from tests.deploy import moto_cfn
-from tests.deploy.test_rollout import check_rollout_deployed
 from tests.deploy.sam import IMAGE_URI, REGION, TEMPLATE, load_template, package, sam_transform
+from tests.deploy.test_rollout import check_rollout_deployed
 
 BUCKET = "warmstart-deploy-test"
 MODEL_HANDLER = "handler.app.lambda_handler"

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.runtime_stub import RuntimeStub
-from tests.integration.test_awslambdaric import spawn, stop, stub  # noqa: F401  (the stub fixture)
+from tests.integration.test_awslambdaric import spawn, stop
 
 pytestmark = pytest.mark.integration
 LEVELS = {"TRACE": 0, "DEBUG": 1, "INFO": 2, "WARN": 3, "WARNING": 3, "ERROR": 4, "FATAL": 5}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+@pytest.fixture
+def stub() -> Iterator[RuntimeStub]:
+    with RuntimeStub() as s:
+        yield s
 
 
 def kept_by_lambda(line: str, threshold: str) -> bool:

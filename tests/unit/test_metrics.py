@@ -116,7 +116,9 @@ def test_init_and_restore_report_fields() -> None:
 def test_modes() -> None:
     assert metrics.mode_from_environ({}) == "off"  # not on Lambda: no EMF lines on stdout
     assert metrics.mode_from_environ(LAMBDA) == "emf"
-    assert isinstance(metrics.Emf.from_environ({**LAMBDA, "WARMSTART_METRICS": "off"}, MODEL, "onnx"), metrics.NoMetrics)
+    assert isinstance(
+        metrics.Emf.from_environ({**LAMBDA, "WARMSTART_METRICS": "off"}, MODEL, "onnx"), metrics.NoMetrics
+    )
     with pytest.raises(ConfigError, match="emf, init, off"):
         metrics.mode_from_environ({"WARMSTART_METRICS": "yes"})
 

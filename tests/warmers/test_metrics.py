@@ -22,7 +22,13 @@ def test_one_emf_line_per_target() -> None:
     (directive,) = first["_aws"]["CloudWatchMetrics"]
     assert directive["Namespace"] == "Team" and directive["Dimensions"] == [["target"]]
     assert [m["Name"] for m in directive["Metrics"]] == ["Asked", "Distinct", "Cold", "Shortfall"]
-    assert (first["target"], first["Asked"], first["Distinct"], first["Cold"], first["Shortfall"]) == ("fn:live", 3, 1, 1, 2)
+    assert (first["target"], first["Asked"], first["Distinct"], first["Cold"], first["Shortfall"]) == (
+        "fn:live",
+        3,
+        1,
+        1,
+        2,
+    )
     assert (second["target"], second["Shortfall"]) == ("other:live", 1)
     assert first["level"] == "WARN" and first["timestamp"].endswith("Z") and first["message"] == "warm run"
     assert json.loads(metrics.lines(run().to_dict(), {}).splitlines()[0])["level"] == "INFO"

@@ -22,9 +22,7 @@ ENV = {pretraffic.ENV_TARGET: TARGET, pretraffic.ENV_WARM: "2"}
 
 @pytest.fixture
 def codedeploy() -> Iterator[tuple[Any, Stubber]]:
-    client = boto3.client(
-        "codedeploy", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
-    )
+    client = boto3.client("codedeploy", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     with Stubber(client) as stubber:
         yield client, stubber
 
@@ -162,4 +160,3 @@ def test_hook_against_the_local_lambda(
     golden_checks = [c for c in body["checks"] if c["check"].startswith("golden")]
     assert len(golden_checks) == 2
     assert [c["ok"] for c in golden_checks] == ([True, True] if which == "packed" else [False, True])
-
