@@ -13,7 +13,7 @@ from typing import Literal
 InitType = Literal["on-demand", "provisioned-concurrency", "snap-start"]
 INIT_TYPES: tuple[InitType, ...] = ("on-demand", "provisioned-concurrency", "snap-start")
 LATEST = "$LATEST"
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+REPO_ROOT = str(Path(__file__).resolve().parents[2])  # infra/local/config.py -> the repository root
 
 # Variables a Lambda sandbox never inherits from the host: the first switches awslambdaric into forked
 # multi-concurrent workers, the others would point its log sink at descriptors that do not exist here.
