@@ -124,3 +124,26 @@ def test_traceparent_maps_onto_the_xray_root() -> None:
 def test_no_opentelemetry_unless_in_use() -> None:
     assert trace.otel_tracer({"WARMSTART_OTEL": "0"}) is None
     assert isinstance(metrics.Emf.from_environ({}, "m", "onnx"), metrics.NoMetrics)
+
+
+def test_spans_when_opentelemetry_is_in_use(new_runtime: Callable[..., Runtime]) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    rt = new_runtime()
+    trace.init_spans(tracer, rt.init_report["phases_ms"], rt.init_report["total_ms"], {"warmstart.model": "m"})
+    rt.tracer = tracer
+    rt.handle({"inputs": ["hi"]}, Context())
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    init = spans["warmstart.init"]
+    phases = [s for name, s in spans.items() if name.startswith("warmstart.init.")]
+    assert {s.name.rsplit(".", 1)[1] for s in phases} == set(rt.init_report["phases_ms"])
+    assert all(s.parent is not None and s.parent.span_id == init.context.span_id for s in phases)
+    assert all(init.start_time <= s.start_time <= s.end_time <= init.end_time for s in phases)
+    assert spans["warmstart.invoke"].attributes["warmstart.model"] == rt.manifest.key
+    assert trace.otel_tracer({}) is not None  # in use in this process now: spans on without a setting
