@@ -24,9 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from handler import trace
 from handler.config import LAMBDA_PAYLOAD_LIMIT
 from handler.cpu import cpu_budget
 from handler.errors import PayloadTooLargeError, RequestError, ServiceBusyError
+from handler.metrics_prom import CONTENT_TYPE_LATEST, Prometheus
 from handler.reload import AdminNotAllowedError
 from handler.runtime import Runtime
 from handler.sources import MethodNotAllowedError
@@ -49,6 +51,7 @@ class Host:
         self._start = start
         self._runtime: Runtime | None = None
         self._workers = workers
+        self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
 
     @property
     def runtime(self) -> Runtime:
@@ -58,6 +61,9 @@ class Host:
                 cpus = cpu_budget(os.environ).cpus
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
             self._runtime.workers = self._workers
+            self.prometheus = Prometheus(self._runtime.backend.name)
+            self.prometheus.init_report(self._runtime.init_report)
+            self._runtime.metrics = self.prometheus
         return self._runtime
 
     @property
@@ -97,18 +103,22 @@ def create_app(host: Host | None = None) -> Starlette:
         try:
             if request.method != "POST":
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
+            # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
+            trace_id, echo = trace.from_headers(request.headers)
             raw = await _read_body(request)
-            future = host.workers.submit(host.runtime.handle_body, raw)
+            future = host.workers.submit(host.runtime.handle_body, raw, trace_id, request.headers.get("x-request-id"))
         except RequestError as e:
             host.runtime.count("rejected")
             return _error(e)
         status, body = await asyncio.wrap_future(future)
-        return Response(body, status, media_type="application/json")
+        return Response(body, status, headers=echo, media_type="application/json")
 
     async def ping(request: Request) -> Response:
         # SageMaker marks the container healthy on 200; answered here, on the loop, without the model.
         runtime = host.runtime
         runtime.count("ping")
+        if host.prometheus is not None:
+            host.prometheus.ping(runtime.manifest.key)
         return JSONResponse({"status": "ok", "instance_id": runtime.instance_id, "model": runtime.manifest.key})
 
     async def healthz(request: Request) -> Response:
@@ -129,6 +139,11 @@ def create_app(host: Host | None = None) -> Starlette:
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
         return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
 
+    async def metrics(request: Request) -> Response:
+        host.runtime  # noqa: B018  (makes the registry)
+        assert host.prometheus is not None
+        return Response(host.prometheus.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         host.runtime  # noqa: B018  (init now, before the port serves requests)
@@ -140,5 +155,6 @@ def create_app(host: Host | None = None) -> Starlette:
         Route("/ping", ping, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
