@@ -28,12 +28,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from handler import compat
+from handler import compat, trace
 from handler.cpu import cpu_budget
 from handler.drain import Drain
 from handler.errors import PayloadTooLargeError, RequestError, ServiceBusyError, UnsupportedRequestError
 from handler.hosts import HostSettings
 from handler.media import request_kind, response_kind
+from handler.metrics_prom import CONTENT_TYPE_LATEST, Prometheus
 from handler.reload import AdminNotAllowedError
 from handler.runtime import Runtime
 from handler.sources import MethodNotAllowedError
@@ -63,6 +64,7 @@ class Host:
         self._workers = workers
         self.settings = settings or HostSettings()
         self.drain = Drain(self.settings.drain_s)
+        self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
 
     @property
     def runtime(self) -> Runtime:
@@ -72,6 +74,9 @@ class Host:
                 cpus = cpu_budget(os.environ).cpus
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
             self._runtime.workers = self._workers
+            self.prometheus = Prometheus(self._runtime.backend.name)
+            self.prometheus.init_report(self._runtime.init_report)
+            self._runtime.metrics = self.prometheus
         return self._runtime
 
     @property
@@ -122,16 +127,23 @@ def create_app(host: Host | None = None) -> Starlette:
                 drain.check()
                 content = request_kind(request.headers.get("content-type"))
                 accept = response_kind(request.headers.get("accept"))
+                # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
+                trace_id, echo = trace.from_headers(request.headers)
                 raw = await _read_body(request, host.settings.payload_limit)
                 drain.check()  # the body may have taken a while
-                runtime = host.runtime
-                limit = host.settings.payload_limit
-                future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit)
+                runtime, limit, request_id = (
+                    host.runtime,
+                    host.settings.payload_limit,
+                    request.headers.get("x-request-id"),
+                )
+                future = host.workers.submit(
+                    runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id
+                )
                 status, body, media = await drain.track(future)
             except RequestError as e:
                 host.runtime.count("rejected")
                 return _error(e)
-            return Response(body, status, media_type=media)
+            return Response(body, status, headers=echo, media_type=media)
 
         return endpoint
 
@@ -145,6 +157,8 @@ def create_app(host: Host | None = None) -> Starlette:
         # SageMaker marks the container healthy on 200; answered here, on the loop, without the model.
         runtime = host.runtime
         runtime.count("ping")
+        if host.prometheus is not None:
+            host.prometheus.ping(runtime.manifest.key)
         return healthy() or JSONResponse(
             {"status": "ok", "instance_id": runtime.instance_id, "model": runtime.manifest.key}
         )
@@ -187,6 +201,11 @@ def create_app(host: Host | None = None) -> Starlette:
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
         return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
 
+    async def metrics(request: Request) -> Response:
+        host.runtime  # noqa: B018  (makes the registry)
+        assert host.prometheus is not None
+        return Response(host.prometheus.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         host.runtime  # noqa: B018  (init now, before the port serves requests)
@@ -201,6 +220,7 @@ def create_app(host: Host | None = None) -> Starlette:
         Route("/health", healthz, methods=["GET"]),  # text-embeddings-inference's name for it
         Route("/info", info, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     paths = ", ".join(sorted(r.path for r in routes))
 
