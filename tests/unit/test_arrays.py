@@ -205,3 +205,13 @@ def test_any_npy_header_is_read_or_refused_never_allocated(
 def test_any_bytes_are_read_or_refused(raw: bytes, prefix: bool) -> None:
     with contextlib.suppress(InvalidInputError):  # anything else (MemoryError, ValueError) fails the test
         from_npy("x", (NPY_MAGIC + raw) if prefix else raw, np.dtype("float32"), LIMIT)
+
+
+@pytest.mark.parametrize("descr", ["0\x08", ",", "f4,", "(2)q"])
+def test_npy_header_with_a_descr_numpy_cannot_parse_is_refused(descr: str) -> None:
+    """Found by the property test above: such a descr made numpy raise while the refusal's message was built
+    (an internal error where a 400 was due); on the HTTP host this reaches any `application/x-npy` body."""
+    header = repr({"descr": descr, "fortran_order": False, "shape": ()}).encode()
+    raw = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+    with pytest.raises(InvalidInputError, match="dtype"):
+        from_npy("x", raw, np.dtype("float32"), 100)
