@@ -1,12 +1,12 @@
 """`python -m handler`: Lambda's runtime client when AWS_LAMBDA_RUNTIME_API is set, the HTTP host otherwise,
-`serve` (SageMaker) always HTTP; an image's CMD (a handler name) reaches the runtime client."""
+`serve` (SageMaker) always HTTP; an image's CMD (a handler name) reaches the runtime client (in process:
+tests/integration/test_entrypoint_lambda.py runs it for real)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
+import awslambdaric.__main__ as ric
 import pytest
 
 from handler import __main__ as entry
@@ -16,13 +16,13 @@ from handler import serve
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: seen.append(("lambda", argv)))
+    monkeypatch.setattr(ric, "main", lambda argv: seen.append(("lambda", argv)))
     monkeypatch.setattr(serve, "serve_http", lambda sagemaker=False: seen.append(("http", sagemaker)))
     monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API", raising=False)
     return seen
 
 
-RIC = [sys.executable, "-m", "awslambdaric"]
+RIC = ["awslambdaric"]  # the runtime client's argv, as `python -m awslambdaric HANDLER` would give it
 
 
 @pytest.mark.parametrize(
