@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 # Error types the platform (not the function) puts in an invocation's answer.
 EXIT_ERROR = "Runtime.ExitError"
+OUT_OF_MEMORY = "Runtime.OutOfMemory"
 TIMEOUT_ERROR = "Sandbox.Timedout"
 RESPONSE_TOO_LARGE = "Function.ResponseSizeTooLarge"
 INVALID_ENTRYPOINT = "Runtime.InvalidEntrypoint"
