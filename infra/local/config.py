@@ -20,7 +20,7 @@ JITTERS: tuple[Jitter, ...] = ("uniform", "exponential", "normal", "fixed")
 # latencies predict the deployed function's (a unit test keeps the two equal). aws-lambda-rie says 3008.
 DEFAULT_MEMORY_MB = 2048
 LATEST = "$LATEST"
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+REPO_ROOT = str(Path(__file__).resolve().parents[2])  # infra/local/config.py -> the repository root
 
 # Variables a Lambda sandbox never inherits from the host: the first switches awslambdaric into forked
 # multi-concurrent workers, the others would point its log sink at descriptors that do not exist here.

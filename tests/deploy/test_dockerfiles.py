@@ -16,7 +16,7 @@ import pytest
 from infra.cli import build_parser
 from tests.deploy.sam import ROOT, load_template
 
-DOCKERFILES = [ROOT / "infra" / "Dockerfile", ROOT / "infra" / "Dockerfile.gpu"]
+DOCKERFILES = [ROOT / "infra" / "deploy" / "Dockerfile", ROOT / "infra" / "deploy" / "Dockerfile.gpu"]
 MODEL_HANDLER = "handler.app.lambda_handler"
 
 
@@ -138,7 +138,7 @@ def test_gpu_image_cuda_base_and_runtime_client() -> None:
     assert args_of(dockerfile, "FROM")[-1] == "${CUDA_IMAGE}"
     assert json.loads(args_of(dockerfile, "ENTRYPOINT")[0])[1:] == ["-m", "awslambdaric"]
     assert args_of(dockerfile, "WORKDIR")[-1] == "/var/task"
-    gpu_reqs = (ROOT / "infra" / "requirements-gpu.txt").read_text()
+    gpu_reqs = (ROOT / "infra" / "deploy" / "requirements-gpu.txt").read_text()
     assert "onnxruntime-gpu==" in gpu_reqs and "awslambdaric==" in gpu_reqs
     assert "-m handler" in dockerfile.read_text()  # the HTTP host mode is documented where the image is
 
@@ -151,7 +151,7 @@ def pins(path: Path) -> dict[str, str]:
 def test_image_and_layer_pins_match_what_the_tests_ran() -> None:
     """The pinned closure (layer and images) is the one this environment tested; drift fails here."""
     installed = {"onnxruntime": version("onnxruntime-gpu"), "onnxruntime-gpu": version("onnxruntime-gpu")}
-    for path in (ROOT / "layers" / "requirements.txt", ROOT / "infra" / "requirements-gpu.txt"):
+    for path in (ROOT / "layers" / "requirements.txt", ROOT / "infra" / "deploy" / "requirements-gpu.txt"):
         for name, pinned in pins(path).items():
             if name in ("starlette", "uvicorn"):
                 continue  # the HTTP host's, not in every environment
