@@ -338,7 +338,7 @@ class Instance:
         self._release_cgroup()
         for inv in (self.current, self.queued):
             if inv is not None:
-                inv.log[:0] = log
+                inv.prepend_log(log)
         self._fail_pending(outcome)
         if not self.exited.done():
             self.exited.set_result(-1)
@@ -436,7 +436,7 @@ class Instance:
             if self.proc is not None:  # init's high-water mark, in case the process dies before answering
                 self.max_memory_mb = peak_rss_mb(self.proc.pid)
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
         self.invocations += 1
         inv.start(instance_id=self.instance_id, timeout_s=self.config.timeout_s)
         if self.config.echo_logs:
@@ -446,6 +446,7 @@ class Instance:
 
     def _charge_init(self, inv: Invocation) -> None:
         inv.restore_duration_ms = self.restore_duration_ms
+        inv.bill_init = self.config.init_type == "on-demand"
         if self.template is not None:  # a restored copy ran no init of its own
             if inv.restore_duration_ms is None and self.spawned_at:  # restore failed: what it took until now
                 inv.restore_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
@@ -511,7 +512,7 @@ class Instance:
         if self.queued is not None:
             inv, self.queued = self.queued, None
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
             self.logs.target = inv
             self._background(self._finish_after_exit(inv, outcome))
         return None
@@ -522,7 +523,7 @@ class Instance:
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(asyncio.shield(self.exited), 1.0)
                 if self.proc is not None:
-                    inv.log += f"{exit_message(code)}\n".encode()
+                    inv.add_log(f"{exit_message(code)}\n".encode())
         self._finish_soon(inv, outcome, status="error")
 
     def restore_next(self) -> str | None:
@@ -615,7 +616,7 @@ class Instance:
         self.kill()
         if inv is not None:
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
             self.logs.target = inv
             seconds = f"{self.config.init_timeout_s:.2f}"
             message = f"RequestId: {inv.request_id} Error: Init phase timed out after {seconds} seconds"
