@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -86,9 +87,12 @@ class _Connection(asyncio.Protocol):
         guard = self._server.guard
         if self._allowed is not None or guard is None or self._transport is None:
             return
+        started = time.perf_counter()
         verdict = guard(self._sock) if self._sock is not None else False
+        self._server.guard_seconds += time.perf_counter() - started
         if verdict is None:
             return
+        self._server.checked += 1
         self._allowed = verdict
         if not verdict:
             self._server.refused += 1
@@ -216,6 +220,8 @@ class RuntimeHTTPServer:
         self.max_body = max_body
         self.guard = guard
         self.refused = 0  # connections the guard turned away
+        self.checked = 0  # connections the guard decided, and the time it took (bench_local_limits.py)
+        self.guard_seconds = 0.0
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
