@@ -90,7 +90,7 @@ def storm(args: argparse.Namespace) -> None:
             event: dict[str, Any] = {"inputs": ["storm"]} if args.real else {}
             started = time.perf_counter()
             with ThreadPoolExecutor(args.n) as pool:
-                results = list(pool.map(lambda _: invoke(client, event), range(args.n)))
+                results = list(pool.map(invoke, [client] * args.n, [event] * args.n))
             wall = time.perf_counter() - started
             ok = sum("FunctionError" not in r for r, _b, _l in results)
             timeouts = sum("Init phase timed out" in str(b) for _r, b, _l in results)
