@@ -132,10 +132,6 @@ class InstanceCgroup:
         """argv that enters this cgroup, then execs `argv` (same pid, so Popen's pid stays the runtime's)."""
         return ["/bin/sh", "-c", _ENTER, "sh", *self.procs, "--", *argv]
 
-    def enter(self, pid: int) -> None:
-        for procs in self.procs:
-            _write(Path(procs), str(pid))
-
     def oom_killed(self) -> bool:
         """Did the kernel kill a process here for exceeding the memory limit?"""
         name, key = ("memory.events", "oom_kill") if self.mode == "v2" else ("memory.oom_control", "oom_kill")

@@ -205,6 +205,9 @@ class Instance:
             self.exited.set_result(-1)
             return
         env = self.config.instance_environ(version=self.version, runtime_api=address, instance_id=self.instance_id)
+        if self.template is not None:
+            await self._fork(env)
+            return
         if not await self._take_slot():
             self.server.close()
             self.exited.set_result(-1)
@@ -213,9 +216,6 @@ class Instance:
             self._make_cgroup()
         except OSError as exc:
             self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot make the instance's cgroup: {exc}"))
-            return
-        if self.template is not None:
-            await self._fork(env)
             return
         env.update(self.extra_env)
         argv = [self.config.python, *self.argv]
@@ -286,6 +286,17 @@ class Instance:
         if not await self.template.wait_ready() or self.dead:
             failure = self.template.failure_outcome()
             self._never_started(failure, log=self.template.failure_log())
+            return
+        # The slot only after the snapshot exists: a copy holding one while its template waits for one
+        # would deadlock with a single slot.
+        if not await self._take_slot():
+            self.server.close()
+            self.exited.set_result(-1)
+            return
+        try:
+            self._make_cgroup()
+        except OSError as exc:
+            self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot make the instance's cgroup: {exc}"))
             return
         read_fd, write_fd = os.pipe()
         await self.logs.attach(os.fdopen(read_fd, "rb", buffering=0), read_fd)
