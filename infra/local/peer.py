@@ -88,12 +88,36 @@ def owns_inode(pid: int, inode: int) -> bool:
     return False
 
 
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != sid:
+            try:
+                if os.getsid(int(name)) == sid:
+                    members.append(int(name))
+            except OSError:
+                continue
+    return members
+
+
 def connected_from(conn: socket.socket, pid: int) -> bool:
-    """Was `conn` (an accepted connection) opened by process `pid`?"""
+    """Was `conn` (an accepted connection) opened by process `pid`, or by a process of the session it
+    leads? Each instance leads its own session (its sandbox: what the handler starts stays in it, and no
+    other process can join a session it did not start). The instance itself is the fast path; the session
+    scan runs only for its children's connections and for strangers, on their way to a refusal."""
     try:
         peer_addr = conn.getpeername()[:2]
         local_addr = conn.getsockname()[:2]
     except OSError:
         return False
     inode = tcp_inode(peer_addr, local_addr)
-    return inode is not None and owns_inode(pid, inode)
+    if inode is None:
+        return False
+    if owns_inode(pid, inode):
+        return True
+    try:
+        if os.getsid(pid) != pid:  # not a session leader (yet): only the process itself counts
+            return False
+    except OSError:
+        return False
+    return any(owns_inode(member, inode) for member in _session_members(pid))

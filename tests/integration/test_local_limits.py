@@ -127,6 +127,16 @@ def test_a_hostile_local_client_can_neither_take_nor_answer_invocations() -> Non
         assert body["pid"] == inst.proc.pid and inst.server.refused == 2
 
 
+def test_the_instances_own_child_processes_may_use_its_runtime_api() -> None:
+    """The guard's unit is the instance's session (its sandbox), as on Lambda where anything in the sandbox
+    reaches the Runtime API: a child gets the route's own answer (404 here), not the stranger's 403."""
+    with running() as (local, client):
+        result, body, log = invoke(client, {"child_probe": True})
+        assert "FunctionError" not in result, log
+        assert body == {"child_status": 404}
+        assert next(iter(local.pool.instances.values())).server.refused == 0
+
+
 # -- bounds ----------------------------------------------------------------------------------------------
 
 
