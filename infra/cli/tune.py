@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from infra.local.cgroups import LAMBDA_MB_PER_VCPU, vcpus_for
+from handler.cpu import LAMBDA_MB_PER_VCPU
+from infra.local.cgroups import vcpus_for
 from infra.local.config import LocalLambdaConfig
 
 # Lambda prices, us-east-1, first pricing tier, as published on https://aws.amazon.com/lambda/pricing/

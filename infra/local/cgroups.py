@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+# One rule for both sides: the quota given here is what the handler's thread sizing reads back.
+from handler.cpu import LAMBDA_MB_PER_VCPU
+
 Mode = Literal["v2", "v1", "none"]
 Want = Literal["auto", "v2", "v1", "off"]
 WANTS: tuple[Want, ...] = ("auto", "v2", "v1", "off")
 
-LAMBDA_MB_PER_VCPU = 1769  # handler.cpu has the same rule: the handler's threads must agree with the quota
 LAMBDA_MAX_VCPUS = 6
 PERIOD_US = 100_000
 _counter = itertools.count(1)
