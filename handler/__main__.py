@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     # load the model and split the CPUs between sessions.
     uvicorn.run(
         create_app(),
+        # All interfaces by default, on purpose: in a container (SageMaker, Cloud Run, Knative) requests arrive
+        # on the container's own interface, never on its loopback. HOST=127.0.0.1 keeps it to this machine.
         host=os.environ.get("HOST", "0.0.0.0"),
         port=port,
         workers=1,

@@ -6,6 +6,9 @@ per process (at startup, before the port accepts connections), and the same task
 (`{"error": {"type", "message"}}` with 400/405/413; 503 when the queue is full). Inference runs on the
 bounded worker pool; pings, health and status are answered on the event loop, never queued behind it.
 
+Whoever reaches the port may ask `GET /status`: it shows counts and health only (`WARMSTART_HTTP_STATUS=full`
+shows what a direct invoke's status shows), and it never starts tracemalloc (403).
+
 Only this module (and `python -m handler` in HTTP mode) imports starlette: it is not on Lambda's import chain.
 """
 
@@ -15,7 +18,6 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,6 +27,7 @@ from starlette.routing import Route
 from handler.config import LAMBDA_PAYLOAD_LIMIT
 from handler.cpu import cpu_budget
 from handler.errors import PayloadTooLargeError, RequestError, ServiceBusyError
+from handler.reload import AdminNotAllowedError
 from handler.runtime import Runtime
 from handler.sources import MethodNotAllowedError
 from handler.workers import WorkerPool, sizing_from_environ
@@ -112,18 +115,19 @@ def create_app(host: Host | None = None) -> Starlette:
         return JSONResponse({"ok": True})
 
     async def status(request: Request) -> Response:
-        params: dict[str, Any] = {}
-        if request.query_params.get("tracemalloc") in ("1", "true"):
-            params["tracemalloc"] = True
-        top = request.query_params.get("top")
-        if top is not None:
-            params["top"] = int(top) if top.isdigit() else top
         runtime = host.runtime
-        try:
-            runtime.count("status")
-            return JSONResponse(runtime.status(params))
-        except RequestError as e:
-            return _error(e)
+        if "tracemalloc" in request.query_params:
+            # Tracing slows every allocation in the process: the operator starts it, not whoever reaches the port.
+            runtime.count("rejected")
+            return _error(
+                AdminNotAllowedError(
+                    "tracemalloc is started by the operator: WARMSTART_TRACEMALLOC_S, or a direct invoke "
+                    '{"warmstart": "status", "tracemalloc": true}; it stops by itself'
+                )
+            )
+        runtime.count("status")
+        # Model sources, paths, reload errors and the pointer only when the operator allows it.
+        return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

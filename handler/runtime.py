@@ -127,6 +127,9 @@ class Runtime:
             config, manifest, loaded.backend, loaded.task, init, loaded.pool, workers, registry, reloader, watcher
         )
         init["instance_id"] = runtime.instance_id
+        if config.tracemalloc_s:  # the operator's leak hunt: from here, so init's own allocations are not in it
+            runtime.diagnostics.start_tracing(config.tracemalloc_s)
+            init["tracemalloc_s"] = config.tracemalloc_s
         if emit:
             emit(init)
         return runtime
@@ -226,10 +229,32 @@ class Runtime:
             "workers": self.workers.stats() if self.workers else None,
             "models": self.registry.describe(),
             "reload": self.reloader.describe(),
+            "cache": self.reloader.sources.describe_cache(),  # None unless a model came from S3
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
         return reply
+
+    def health(self) -> dict[str, Any]:
+        """What `GET /status` shows whoever reaches the HTTP port: counts and health only. No model sources
+        (s3:// URIs, paths), reload errors or pointer; tracing cannot be started from there."""
+        with self._lock:
+            counts = {"total": self.invocations, **self.counts}
+        last = self.reloader.last
+        return {
+            "warmstart": "status",
+            "detail": "basic",
+            "instance_id": self.instance_id,
+            "model": self.manifest.key,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "invocations": counts,
+            "models": self.registry.counts(),
+            "reload": {"running": self.reloader.running, "last_ok": None if last is None else last["ok"]},
+            "workers": self.workers.stats() if self.workers else None,
+            "threads": threading.active_count(),
+            "tracemalloc": self.diagnostics.tracing,
+            **report.memory_mb(),
+        }
 
     def count(self, kind: str) -> None:
         with self._lock:
@@ -252,6 +277,7 @@ class Runtime:
         with self._lock:
             self.invocations += 1
             count = self.invocations
+        self.diagnostics.tick()
         source = infer_source(event)
         try:
             payload = source.payload(event)
@@ -280,6 +306,7 @@ class Runtime:
         same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary request."""
         with self._lock:
             self.invocations += 1
+        self.diagnostics.tick()
         try:
             payload = decode_body(raw)
             if admin_action(payload):
@@ -334,6 +361,8 @@ def _models(
         t0 = time.perf_counter()
         init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
         init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    sources.attach(registry.paths)  # what the S3 cache keeps from now on
+    sources.settle()
     reloader = Reloader(registry, config, env, sources, pointer_etag)
     watcher = None
     if Watcher.wanted(config):
