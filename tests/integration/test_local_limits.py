@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import socket
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -174,7 +176,11 @@ def raw_post(endpoint: str, head: str, body_parts: list[bytes]) -> tuple[int, by
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused mid-stream: what it answered is still there to read
         data = b""
-        while b"\r\n\r\n" not in data:
+        while True:  # the head, then the body as long as its Content-Length says
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if sep and length and len(body) >= int(length.group(1)):
+                break
             chunk = sock.recv(65536)
             if not chunk:
                 break
@@ -199,18 +205,21 @@ def test_request_bodies_are_refused_on_content_length_and_while_streaming() -> N
 def test_simultaneous_cold_starts_wait_for_an_init_slot_and_all_succeed() -> None:
     env = {"FIXTURE_INIT_CPU_S": "0.3"}
     handler = "tests.fixtures.cpu_init.handler"
-    with running(handler=handler, environment=env, max_concurrency=6, init_slots=2, init_timeout_s=3.0) as (
+    with running(handler=handler, environment=env, max_concurrency=6, init_slots=2, init_timeout_s=10.0) as (
         local,
         client,
     ):
+        started = time.perf_counter()
         with ThreadPoolExecutor(6) as pool:
             results = list(pool.map(lambda _: invoke(client, {}), range(6)))
+        elapsed_ms = (time.perf_counter() - started) * 1000
         for result, _body, log in results:
             assert "FunctionError" not in result, log
         assert len({body["pid"] for _r, body, _l in results}) == 6
         assert local.pool.slots.peak == 2
-        # Each init's clock started when it got its slot: none took the whole queue's time.
-        assert all(float(report(log)["Init Duration"].split()[0]) < 3000 for _r, _b, log in results)
+        # Three waves of two: each init's clock started with its slot, so none counts the waves before it.
+        inits = [float(report(log)["Init Duration"].split()[0]) for _r, _b, log in results]
+        assert max(inits) < 0.75 * elapsed_ms, (inits, elapsed_ms)
 
 
 def test_client_context_is_passed_as_one_json_header_line() -> None:
