@@ -25,12 +25,15 @@ def test_a_small_run_writes_the_table_the_json_and_the_plot(tmp_path: Path, caps
     table = (tmp_path / "tune.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 512 ") or line.startswith("| 1024 ")]
     assert len(rows) == 2 and all(len(row.split("|")) == 10 for row in rows)
-    assert "Recommendation: 512 MB: the cheapest with warm-p99 ≤ 1000 ms." in table
     assert (tmp_path / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "tune.json").read_text())
     assert [s["memory_mb"] for s in data["sizes"]] == [512, 1024]
     assert all(len(s["cold_ms"]) == 1 and len(s["warm_ms"]) == 3 for s in data["sizes"])
-    assert data["recommendation"]["memory_mb"] == 512
+    # Which size is cheaper depends on this host's timing (one slow warm call moves the mean): only that
+    # the recommendation is one of them, said the same way in the table and the JSON.
+    best = data["recommendation"]["memory_mb"]
+    assert best in (512, 1024)
+    assert f"Recommendation: {best} MB: the cheapest with warm-p99 ≤ 1000 ms." in table
     assert "512 MB" in capsys.readouterr().out
 
 
