@@ -160,5 +160,5 @@ def _dtype_name(descr: Any) -> str:
     """`'<f8'` → `float64` for the message; what is no dtype string stays as it was sent."""
     try:
         return str(np.dtype(descr)) if isinstance(descr, str) else repr(descr)
-    except (TypeError, ValueError, SyntaxError):  # numpy parses odd strings ("0\x08", ",") and fails in these
+    except (TypeError, ValueError, SyntaxError):  # numpy parses comma strings with literal_eval: '01' is a SyntaxError
         return repr(descr)

@@ -58,6 +58,14 @@ RUN_BY: dict[str, str] = {
         "tests/warmers/test_local.py::test_cli_json_alias_payload_style_and_a_missing_target"
         " — `warmstart warm ... --endpoint-url` against a local Lambda"
     ),
+    "warmstart local --memory 512 --port 9000": (
+        "tests/integration/test_local_limits.py::test_each_instance_runs_under_its_memory_sizes_quota_and_limit_and"
+        "_the_handler_agrees — a local Lambda with memory 512 in-process (the quota and limit read back)"
+    ),
+    "warmstart tune --sizes 512,1024,1769,3008 --cold 5 --warm 50 --target-ms 50": (
+        "tests/integration/test_tune.py::test_a_small_run_writes_the_table_the_json_and_the_plot"
+        " — `warmstart tune` in-process on the echo fixture: two sizes, 1 cold + 3 warm"
+    ),
     "PORT=8080 python -m handler": (
         "tests/integration/test_http_drain.py::test_sigterm_finishes_in_flight_and_answers_queued_503"
         " — `python -m handler` as a real process with PORT set (tests/fixtures/drain_scenario.py)"

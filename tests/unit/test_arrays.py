@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -188,6 +188,9 @@ HEADER = st.fixed_dictionaries(
     major=st.sampled_from([1, 2, 3]),
     dtype=DTYPE,
 )
+# descr strings numpy's own parser chokes on (ValueError, SyntaxError): found by this test
+@example(header={"descr": "0:", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
+@example(header={"descr": "01", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
 def test_any_npy_header_is_read_or_refused_never_allocated(
     header: dict[str, Any], data: bytes, major: int, dtype: str
 ) -> None:
@@ -205,13 +208,3 @@ def test_any_npy_header_is_read_or_refused_never_allocated(
 def test_any_bytes_are_read_or_refused(raw: bytes, prefix: bool) -> None:
     with contextlib.suppress(InvalidInputError):  # anything else (MemoryError, ValueError) fails the test
         from_npy("x", (NPY_MAGIC + raw) if prefix else raw, np.dtype("float32"), LIMIT)
-
-
-@pytest.mark.parametrize("descr", ["0\x08", ",", "f4,", "(2)q"])
-def test_npy_header_with_a_descr_numpy_cannot_parse_is_refused(descr: str) -> None:
-    """Found by the property test above: such a descr made numpy raise while the refusal's message was built
-    (an internal error where a 400 was due); on the HTTP host this reaches any `application/x-npy` body."""
-    header = repr({"descr": descr, "fortran_order": False, "shape": ()}).encode()
-    raw = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
-    with pytest.raises(InvalidInputError, match="dtype"):
-        from_npy("x", raw, np.dtype("float32"), 100)

@@ -97,30 +97,15 @@ def test_non_numeric_memory_is_ignored(cgroup: Path) -> None:
 
 
 @pytest.mark.usefixtures("affinity")
-def test_v1_quota_of_the_process_own_cgroup_and_its_parents(cgroup: Path, tmp_path: Path) -> None:
-    """A process placed in a child cgroup (a bench's, a systemd slice): its own quota counts, not the root's;
-    and a parent's tighter quota bounds it too."""
+def test_v1_quota_of_the_process_own_cgroup_wins_over_the_root(cgroup: Path, tmp_path: Path) -> None:
+    """The local Lambda puts each instance in its own cgroup, outside any cgroup namespace."""
     v1(cgroup, -1)
-    child = cgroup / "cpu" / "bench" / "run"
-    child.mkdir(parents=True)
-    (child / "cpu.cfs_quota_us").write_text("50000\n")
-    (child / "cpu.cfs_period_us").write_text("100000\n")
+    own = cgroup / "cpu" / "warmstart-1-1" / "abc"
+    own.mkdir(parents=True)
+    (own / "cpu.cfs_quota_us").write_text("28942\n")
+    (own / "cpu.cfs_period_us").write_text("100000\n")
     proc = tmp_path / "proc-cgroup"
-    proc.write_text("4:memory:/x\n1:cpu:/bench/run\n0::/\n")
-    budget = cpu_budget({}, cgroup, proc)
-    assert (budget.cpus, budget.source, budget.detail["cgroup_quota"]) == (1, "cgroup-v1", 0.5)
-    (child / "cpu.cfs_quota_us").write_text("400000\n")
-    (cgroup / "cpu" / "bench" / "cpu.cfs_quota_us").write_text("200000\n")
-    (cgroup / "cpu" / "bench" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cpu_budget({}, cgroup, proc).detail["cgroup_quota"] == 2.0  # the parent's is tighter
-    proc.write_text("1:cpu:/elsewhere\n")  # a path this mount does not show (no cgroup namespace): the root's
-    assert cpu_budget({}, cgroup, proc).source == "affinity"
-
-
-@pytest.mark.usefixtures("affinity")
-def test_v2_quota_of_the_process_own_cgroup(cgroup: Path, tmp_path: Path) -> None:
-    v2(cgroup, "max 100000")
-    v2(cgroup / "svc", "150000 100000")
-    proc = tmp_path / "proc-cgroup"
-    proc.write_text("0::/svc\n")
-    assert cpu_budget({}, cgroup, proc).detail["cgroup_quota"] == 1.5
+    proc.write_text("4:memory:/elsewhere\n1:cpu:/warmstart-1-1/abc\n0::/\n")
+    budget = cpu_budget({"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}, cgroup, proc)
+    assert budget.detail["cgroup_quota"] == pytest.approx(0.28942)
+    assert (budget.cpus, budget.source) == (1, "cgroup-v1")
