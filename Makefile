@@ -13,10 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# Optimized for this machine (prepacked ONNX weights, checked at load against ORT version + CPU features).
 $(MODEL): $(BIN)/.installed $(wildcard infra/pack/*.py)
 	$(BIN)/warmstart pack --default --force
-	$(BIN)/warmstart optimize models/default
 
 setup: $(MODEL)
 
@@ -34,7 +32,8 @@ lint: $(BIN)/.installed
 bench: setup
 	$(BIN)/python bench/bench_coldstart.py
 
-# CPU quotas x warm/cold page cache (root: cgroup v1 cpu controller, posix_fadvise DONTNEED).
+# CPU quotas x warm/cold page cache (root: cgroup v1 cpu controller, posix_fadvise DONTNEED); "ours" runs an
+# optimized copy of the default model (`warmstart optimize`) made under build/bench.
 bench-quota: setup
 	$(BIN)/python bench/bench_coldstart_quota.py
 

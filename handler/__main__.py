@@ -1,5 +1,9 @@
-"""One entrypoint, `python -m handler`: Lambda mode when `AWS_LAMBDA_RUNTIME_API` is set (the process becomes
-`python -m awslambdaric handler.app.lambda_handler`), the HTTP host on `$PORT` (default 8080) otherwise."""
+"""One entrypoint for every host, `python -m handler [serve | MODULE.FUNCTION]`:
+
+- `AWS_LAMBDA_RUNTIME_API` set (Lambda, or its Runtime Interface Emulator): the runtime client runs
+  `MODULE.FUNCTION` (default `handler.app.lambda_handler`; an image's CMD names it), in this process;
+- `serve` (SageMaker starts containers with it), or no runtime API: the HTTP host (`handler.serve`).
+"""
 
 from __future__ import annotations
 
@@ -7,31 +11,27 @@ import os
 import sys
 
 HANDLER = "handler.app.lambda_handler"
+USAGE = "usage: python -m handler [serve | MODULE.FUNCTION]"
 
 
 def main(argv: list[str] | None = None) -> None:
-    if os.environ.get("AWS_LAMBDA_RUNTIME_API"):
-        # exec, not import: the runtime client owns the process exactly as with `python -m awslambdaric`.
-        os.execv(sys.executable, [sys.executable, "-m", "awslambdaric", HANDLER])
-        return  # only reached where execv is stubbed (tests)
-    port = int(os.environ.get("PORT", "8080"))
+    args = sys.argv[1:] if argv is None else argv
+    serve = args[:1] == ["serve"]
+    if len(args) > 1 or (args and not serve and "." not in args[0]):
+        # SageMaker runs `train` for training jobs: an inference image has no answer for that.
+        sys.exit(f"{USAGE}\n  got {' '.join(args)!r}")
+    if os.environ.get("AWS_LAMBDA_RUNTIME_API") and not serve:
+        # In this process, not exec'd: a second interpreter start would add ~30 ms to every cold start of the
+        # image on Lambda. The runtime client then owns the process exactly as `python -m awslambdaric` does.
+        from awslambdaric.__main__ import main as runtime_client
+
+        runtime_client(["awslambdaric", args[0] if args else HANDLER])
+        return
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
-    import uvicorn
+    from handler.serve import serve_http
 
-    from handler.http import create_app
-
-    # One process, one event loop: the runtime's worker pool is the concurrency; more processes would each
-    # load the model and split the CPUs between sessions.
-    uvicorn.run(
-        create_app(),
-        host=os.environ.get("HOST", "0.0.0.0"),
-        port=port,
-        workers=1,
-        access_log=False,
-        log_level=os.environ.get("WARMSTART_LOG_LEVEL", "warning"),
-        timeout_graceful_shutdown=10,
-    )
+    serve_http(sagemaker=serve)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -15,7 +15,11 @@ from handler.types import BACKEND_NAMES, BackendName
 LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # Where the embedded default model is looked for, in order: next to the code (image, repo), then a layer.
+HTTP_STATUS_DETAIL = ("basic", "full")
 DEFAULT_MODEL_DIRS = (_PACKAGE_ROOT / "models" / "default", Path("/opt/models/default"))
+# SageMaker unpacks the endpoint's model artifact here; used (before the embedded default) when it holds a
+# packed model, so one image serves whatever model the endpoint names.
+SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 
 
 SnapshotMode = Literal["vm", "fork"]
@@ -90,6 +94,7 @@ class Config:
     backend: BackendName | None  # None: the manifest's default backend
     max_inputs: int = 256
     max_chars: int = 20_000
+    max_elements: int = 1 << 24  # per tensor-task input; a .npy header is checked against it before allocating
     max_hold_ms: int = 10_000
     verify_sha256: bool = False
     threads: int | None = None  # None: from the CPU quota really available
@@ -102,6 +107,10 @@ class Config:
     model_budget_mb: int = 0  # resident weights of all models together (0: no limit)
     model_pointer: str | None = None  # s3://.../CURRENT naming the default model's source
     pointer_check_s: int = 60  # at most one pointer read per interval
+    # What `GET /status` shows on the HTTP host: "basic" (counts and health) or "full" (sources, paths,
+    # errors, the pointer: what a direct invoke's status shows). Anyone who reaches the port may ask.
+    http_status: str = "basic"
+    tracemalloc_s: int = 0  # trace allocations for this long from the end of init (0: not started)
     tokenizer_shortcut: bool = True  # WordPiece from the vocabulary where the manifest proves it equivalent
 
     @classmethod
@@ -110,6 +119,8 @@ class Config:
         model = env.get("WARMSTART_MODEL", "").strip()
         model_uri = parse_model_source("WARMSTART_MODEL", model) if "://" in model else None
         default_dir = next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+        if (SAGEMAKER_MODEL_DIR / "manifest.json").is_file():
+            default_dir = SAGEMAKER_MODEL_DIR
         model_dir = Path(model) if model and model_uri is None else default_dir
         models = tuple(
             parse_model_source("WARMSTART_MODELS", m) for m in env.get("WARMSTART_MODELS", "").split(",") if m.strip()
@@ -122,11 +133,15 @@ class Config:
         if device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"WARMSTART_DEVICE={device!r}; valid values: auto, cpu, cuda")
         threads = env_int(env, "WARMSTART_THREADS", 0, 0, 1024)
+        http_status = env.get("WARMSTART_HTTP_STATUS", "").strip() or cls.http_status
+        if http_status not in HTTP_STATUS_DETAIL:
+            raise ConfigError(f"WARMSTART_HTTP_STATUS={http_status!r}; valid values: {', '.join(HTTP_STATUS_DETAIL)}")
         return cls(
             model_dir=model_dir,
             backend=parse_backend(backend_raw) if backend_raw else None,
             max_inputs=env_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
             max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
+            max_elements=env_int(env, "WARMSTART_MAX_ELEMENTS", cls.max_elements, 1, 1 << 31),
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
@@ -141,5 +156,7 @@ class Config:
             model_budget_mb=env_int(env, "WARMSTART_MODEL_BUDGET_MB", cls.model_budget_mb, 0, 10_000_000),
             model_pointer=pointer,
             pointer_check_s=env_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
+            http_status=http_status,
+            tracemalloc_s=env_int(env, "WARMSTART_TRACEMALLOC_S", cls.tracemalloc_s, 0, 3600),
             tokenizer_shortcut=_bool(env, "WARMSTART_TOKENIZER_SHORTCUT", cls.tokenizer_shortcut),
         )

@@ -23,26 +23,52 @@ class CpuBudget:
     detail: dict[str, float | int | None]
 
 
-def _cgroup_quota(root: Path) -> tuple[float | None, str]:
-    v2 = root / "cpu.max"
+def _own_cgroup(proc_cgroup: Path | None) -> tuple[str, str]:
+    """(v2 path, v1 cpu path) of this process. Inside a container's cgroup namespace both are "/"; outside
+    one (the local Lambda puts each instance in its own cgroup) the quota is on the process's own cgroup,
+    not on the hierarchy's root."""
+    v2 = v1 = "/"
+    if proc_cgroup is None:
+        return v2, v1
     try:
-        quota, period = v2.read_text().split()[:2]
-        return (None if quota == "max" else int(quota) / int(period)), "cgroup-v2"
+        for line in proc_cgroup.read_text().splitlines():
+            hid, controllers, path = line.split(":", 2)
+            if hid == "0" and not controllers:
+                v2 = path
+            elif "cpu" in controllers.split(","):
+                v1 = path
     except (OSError, ValueError):
         pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return (quota_us / period_us if quota_us > 0 else None), "cgroup-v1"
-    except (OSError, ValueError):
-        return None, "none"
+    return v2, v1
 
 
-def cpu_budget(environ: Mapping[str, str] | None = None, cgroup_root: Path = Path("/sys/fs/cgroup")) -> CpuBudget:
+def _cgroup_quota(root: Path, proc_cgroup: Path | None = None) -> tuple[float | None, str]:
+    own_v2, own_v1 = _own_cgroup(proc_cgroup)
+    for base in dict.fromkeys([root / own_v2.lstrip("/"), root]):  # own cgroup first, then the root
+        try:
+            quota, period = (base / "cpu.max").read_text().split()[:2]
+            return (None if quota == "max" else int(quota) / int(period)), "cgroup-v2"
+        except (OSError, ValueError):
+            pass
+    for base in dict.fromkeys([root / "cpu" / own_v1.lstrip("/"), root / "cpu"]):
+        try:
+            quota_us = int((base / "cpu.cfs_quota_us").read_text())
+            period_us = int((base / "cpu.cfs_period_us").read_text())
+            return (quota_us / period_us if quota_us > 0 else None), "cgroup-v1"
+        except (OSError, ValueError):
+            pass
+    return None, "none"
+
+
+def cpu_budget(
+    environ: Mapping[str, str] | None = None,
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    proc_cgroup: Path | None = Path("/proc/self/cgroup"),
+) -> CpuBudget:
     env = os.environ if environ is None else environ
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     bounds: list[tuple[float, str]] = [(affinity, "affinity")]
-    quota, kind = _cgroup_quota(cgroup_root)
+    quota, kind = _cgroup_quota(cgroup_root, proc_cgroup)
     if quota is not None:
         bounds.append((quota, kind))
     memory_mb = env.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")

@@ -54,6 +54,11 @@ class UnsupportedRequestError(RequestError):
     """A well-formed request this model cannot answer (wrong task, unknown method)."""
 
 
+class UnsupportedEventSourceError(UnsupportedRequestError):
+    """An event from a trigger warmstart does not serve (S3, SQS, SNS, DynamoDB, Kinesis, CloudWatch Logs, VPC
+    Lattice, EventBridge rules other than schedules, ...): named by its shape, with what is served instead."""
+
+
 class ModelLoadError(WarmstartError):
     """The packed model is missing, incomplete or corrupt; raised at init and names the file."""
 

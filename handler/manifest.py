@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from handler.errors import ModelLoadError
@@ -14,6 +16,7 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "warmstart-packed-model"
 FORMAT_VERSION = 1
 TASKS = ("embedding", "tensor")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
 
@@ -87,7 +90,7 @@ def load_manifest(root: Path) -> Manifest:
             f"model directory {root} does not exist (set WARMSTART_MODEL or run `warmstart pack --default`)"
         )
     try:
-        raw = json.loads(path.read_bytes())
+        raw = parse_json(path.read_bytes())
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -99,12 +102,46 @@ def load_manifest(root: Path) -> Manifest:
     for name, entry in manifest.files.items():
         file = root / name
         try:
-            size = file.stat().st_size
+            info = file.stat()
         except FileNotFoundError:
             raise ModelLoadError(f"{file}: listed in the manifest but missing") from None
+        except OSError as e:  # a parent that is a file (NotADirectoryError), no permission, a name too long
+            raise ModelLoadError(f"{file}: listed in the manifest as {name!r} but unreadable: {e.strerror}") from None
+        if not stat.S_ISREG(info.st_mode):  # a directory, or a FIFO that would block the first read forever
+            raise ModelLoadError(f"{file}: listed in the manifest as {name!r} but not a regular file")
+        size = info.st_size
         if size != entry.size:
             raise ModelLoadError(f"{file}: size {size} bytes, manifest says {entry.size} (truncated or replaced)")
     return manifest
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object (JSON would keep only the last)")
+        out[key] = value
+    return out
+
+
+def parse_json(data: bytes | str) -> Any:
+    """A manifest's JSON, with a key given twice refused: `json.loads` would silently keep the last entry,
+    and two `files` entries for one name would check one size and SHA-256 and skip the other."""
+    return json.loads(data, object_pairs_hook=_no_duplicates)
+
+
+def check_file_name(name: str) -> None:
+    """A `files` name must be a canonical relative POSIX path inside the model directory: not empty, no NUL,
+    not absolute, no `..` or `.` parts, no `//` or trailing `/` (so two spellings never name one file)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"files entry {name!r}: an empty file name")
+    if "\0" in name:
+        raise ValueError(f"files entry {name!r}: the name holds a NUL byte")
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts:
+        raise ValueError(f"files entry {name!r}: must be relative and stay inside the model directory")
+    if PurePosixPath(name).as_posix() != name or not parts or "." in name.split("/"):
+        raise ValueError(f"files entry {name!r}: not a canonical relative path (no '.', '//' or trailing '/')")
 
 
 def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
@@ -115,9 +152,13 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
         raise ValueError(f"task {task!r}; valid tasks: {', '.join(TASKS)}")
     files = {}
     for name, entry in raw["files"].items():
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise ValueError(f"file name {name!r} must be relative and stay inside the model directory")
-        files[name] = FileEntry(int(entry["size"]), str(entry["sha256"]))
+        check_file_name(name)
+        size, digest = entry["size"], entry["sha256"]
+        if type(size) is not int or size < 0:
+            raise ValueError(f"files entry {name!r}: size {size!r} is not a non-negative integer")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ValueError(f"files entry {name!r}: sha256 {digest!r} is not 64 lowercase hex digits")
+        files[name] = FileEntry(size, digest)
     backends = {str(k): dict(v) for k, v in raw["backends"].items()}
     if raw["default_backend"] not in backends:
         raise ValueError(f"default_backend {raw['default_backend']!r} is not among backends {sorted(backends)}")

@@ -163,19 +163,25 @@ class Registry:
             self._release(slot)
 
     def _acquire(self, name: str | None) -> Slot:
-        with self._lock:
-            key = self._resolve(name)
-            slot = self._slots.get(key)
+        while True:
+            with self._lock:
+                key = self._resolve(name)
+                slot = self._slots.get(key)
+                if slot is not None:
+                    slot.refs += 1
+                    slot.served += 1
+                    slot.last_used = self._clock()
+                    self.in_flight += 1
+                    return slot
+            slot = self._load_on_demand(key)
             if slot is not None:
-                slot.refs += 1
-                slot.served += 1
-                slot.last_used = self._clock()
-                self.in_flight += 1
+                with self._lock:
+                    self.in_flight += 1
                 return slot
-        slot = self._load_on_demand(key)
-        with self._lock:
-            self.in_flight += 1
-        return slot
+            # A reload replaced `key` while this request waited for it: the request goes to what the
+            # registry serves now, the version that took its place when it named that exact version.
+            if name == key:
+                name = key.split("@", 1)[0]
 
     def _release(self, slot: Slot) -> None:
         with self._lock:
@@ -210,7 +216,8 @@ class Registry:
 
     # -- loading, eviction ---------------------------------------------------------------------------------
 
-    def _load_on_demand(self, key: str) -> Slot:
+    def _load_on_demand(self, key: str) -> Slot | None:
+        """Load `key` and hold a reference to it; None when a reload replaced it meanwhile (nothing published)."""
         if self._load is None:
             raise UnknownModelError(f"model {key!r} is not loaded and this registry cannot load models")
         with self._load_lock:
@@ -223,20 +230,29 @@ class Registry:
                     return slot
                 entry = self._available.get(key)
                 if entry is None:  # retired by a reload meanwhile
-                    raise UnknownModelError(f"model {key!r} was replaced; the default is {self._default}")
+                    return None
                 self._reserve_locked(entry.weights_bytes, key)
             try:
                 loaded = self._load(entry.path)
             finally:
                 with self._lock:
                     self._reserved -= entry.weights_bytes
+            slot = None
             with self._lock:
-                now = self._clock()
-                slot = Slot(loaded, entry.source, entry.path, now, refs=1)
-                self._slots[loaded.key] = slot
-                self.counters.loads += 1
                 evicted, self._evicted = self._evicted, 0
-            if evicted:
+                # The load ran outside the lock, and a reload may have replaced this version meanwhile
+                # (`install` drops its catalog entry). Publishing it then would resurrect the retired version
+                # beside its successor: a load that lost the race is dropped unpublished.
+                lost = self._available.get(key) is not entry
+                if lost:
+                    self._event(f"dropped {key} loaded on demand: a reload replaced it during the load")
+                else:
+                    slot = Slot(loaded, entry.source, entry.path, self._clock(), refs=1)
+                    self._slots[loaded.key] = slot
+                    self.counters.loads += 1
+            if lost:
+                del loaded  # freed on this request's thread, which already paid for the load
+            if evicted or lost:
                 release_memory()
             return slot
 
@@ -408,6 +424,23 @@ class Registry:
         self.counters.events = [*self.counters.events[-19:], text]  # the last 20, for `models` and status
 
     # -- what status shows ---------------------------------------------------------------------------------
+
+    def paths(self) -> set[Path]:
+        """Every model directory in use or that may be loaded on demand, replaced versions not yet freed
+        included: what the S3 cache must keep."""
+        with self._lock:
+            slots = [*self._slots.values(), *self._retiring, *self._graveyard]
+            return {s.path for s in slots} | {a.path for a in self._available.values()}
+
+    def counts(self) -> dict[str, int]:
+        """How many models are where: what an unauthenticated status may show (no keys, sources or paths)."""
+        with self._lock:
+            return {
+                "loaded": len(self._slots),
+                "available": sum(1 for k in self._available if k not in self._slots),
+                "retiring": len(self._retiring),
+                "in_flight": self.in_flight,
+            }
 
     def describe(self) -> dict[str, Any]:
         with self._lock:

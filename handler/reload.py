@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +85,72 @@ class Sources:
         self._read_pointer = read_pointer
         self._env = environ
         self._backend = backend
+        # The S3 cache (handler.s3cache): what the registry serves (`attach`), what was fetched and not yet
+        # handed to it (a reload between its fetch and its swap), the cache directories used, what was pruned.
+        self._held: Callable[[], Iterable[Path]] = tuple
+        self._pending: set[Path] = set()
+        self._cache_dirs: set[Path] = set()
+        self._lock = threading.Lock()
+        self.pruned: list[str] = []  # the last 20 directories removed
+        self.pruned_count = 0
 
     def resolve(self, source: str) -> Path:
         if not is_s3(source):
             return Path(source)
-        fetch: Fetch = self._fetch or _s3fetch().fetch_model
+        if self._fetch is not None:
+            return self._fetch(source, environ=self._env, backend=self._backend or "default")
         # Only the files the chosen backend maps ("default": the manifest's): half the download and /tmp
         # for a model packed for both onnx and torch.
-        return fetch(source, environ=self._env, backend=self._backend or "default")
+        path: Path = _s3fetch().fetch_model(
+            source, environ=self._env, backend=self._backend or "default", keep=self.keep
+        )
+        with self._lock:
+            self._pending.add(path)
+            self._cache_dirs.add(path.parent)
+        return path
+
+    # -- the S3 cache --------------------------------------------------------------------------------------
+
+    def attach(self, held: Callable[[], Iterable[Path]]) -> None:
+        """What the registry serves or may load (`Registry.paths`): never pruned."""
+        self._held = held
+
+    def keep(self) -> set[Path]:
+        with self._lock:
+            pending = set(self._pending)
+        return {*self._held(), *pending}
+
+    def settle(self) -> None:
+        """The registry now knows every fetched directory it uses (after init, after a reload's swap or
+        failure): fetched-but-unused ones become prunable."""
+        with self._lock:
+            self._pending.clear()
+
+    def prune(self) -> list[str]:
+        """Remove from the cache what no process of the instance serves or is about to (no-op without S3)."""
+        if not self._cache_dirs:
+            return []
+        from handler import s3cache  # deferred: only instances that fetched from S3 come here
+
+        removed = [name for root in sorted(self._cache_dirs) for name in s3cache.prune(root, self.keep())]
+        if removed:
+            with self._lock:
+                self.pruned = [*self.pruned, *removed][-20:]
+                self.pruned_count += len(removed)
+            log.warning("model cache: removed %s (nothing serves them)", ", ".join(removed))
+        return removed
+
+    def describe_cache(self) -> list[dict[str, Any]] | None:
+        """What each cache directory holds, for status; None when no model came from S3."""
+        if not self._cache_dirs:
+            return None
+        from handler import s3cache
+
+        keep = self.keep()
+        return [
+            {**s3cache.describe(root, keep), "pruned": self.pruned_count, "last_pruned": list(self.pruned)}
+            for root in sorted(self._cache_dirs)
+        ]
 
     def read_pointer(self, uri: str) -> tuple[str, str]:
         if self._read_pointer is not None:
@@ -180,6 +238,12 @@ class Reloader:
     # -- the reload itself ---------------------------------------------------------------------------------
 
     def _reload(self, source: str) -> dict[str, Any]:
+        try:
+            return self._reload_once(source)
+        finally:
+            self.sources.settle()  # the registry now holds what it uses: a fetched directory it does not is prunable
+
+    def _reload_once(self, source: str) -> dict[str, Any]:
         timer = PhaseTimer()
         serving = self.registry.default_key
         try:
@@ -234,6 +298,7 @@ class Reloader:
         if not registry.retiring() and registry.in_flight == 0:
             registry.reap()
             release_memory()
+            self._prune()  # the old version's files go once it is freed, not before
             self.releases += 1
             return
 
@@ -243,9 +308,16 @@ class Reloader:
                 time.sleep(0.05)
             registry.reap(idle_within_s=IDLE_WAIT_S)
             release_memory()  # ctypes lets go of the GIL: requests run meanwhile
+            self._prune()
             self.releases += 1
 
         threading.Thread(target=wait_then_release, name="warmstart-release", daemon=True).start()
+
+    def _prune(self) -> None:
+        try:
+            self.sources.prune()
+        except OSError as e:  # the swap succeeded; a cache that cannot be cleaned is logged, not raised
+            log.warning("model cache prune failed: %s", e)
 
     def _load(self, path: Path, timer: PhaseTimer) -> Loaded:
         # Every file hashed and the model warmed, whatever the init-phase settings say; one buffer pool.
@@ -314,6 +386,10 @@ class Reloader:
         finally:
             self._running = None
             self._busy.release()
+
+    @property
+    def running(self) -> bool:
+        return self._running is not None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,9 @@
-"""Init-phase timing and the one structured JSON init report line."""
+"""Init-phase timing and the one structured JSON init report line.
+
+Report lines (init, snapshot, restore) carry `level`, `timestamp` and `message` like every other line, at a
+level Lambda's log-level filtering never drops (`logs.keep_level`), and the metrics of the record (EMF
+members, `handler.metrics`) when metrics are on: one line each, no second record.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,17 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
+
+from handler import logs
+
+
+class _Fields(Protocol):
+    def report_fields(self, record: dict[str, Any]) -> dict[str, Any]: ...
+
+
+# The instance's metrics recorder (set by Runtime.start): its EMF members are merged into each report line.
+metrics: _Fields | None = None
 
 
 class PhaseTimer:
@@ -57,8 +72,15 @@ def process_age_ms() -> float | None:
     return round((uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")) * 1000, 1)
 
 
+MESSAGES = {"init": "init report", "snapshot": "before snapshot", "restore": "after restore"}
+
+
 def emit(record: dict[str, Any], stream: TextIO | None = None) -> None:
     """One JSON line: CloudWatch (and our local Lambda) keep it as a single searchable event."""
     out = stream or sys.stdout
-    out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+    kind = str(record.get("warmstart", ""))
+    line = logs.stamp(record, MESSAGES.get(kind, kind or "report"))
+    if metrics is not None:
+        line.update(metrics.report_fields(record))
+    out.write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
     out.flush()

@@ -17,12 +17,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from handler import report
+from handler import logs, metrics, report, trace
 from handler.backends import Backend
-from handler.config import Config, snapshot_mode
-from handler.errors import RequestError
+from handler.compat import LAMBDA_PATHS, NATIVE, ROUTES, Route
+from handler.config import LAMBDA_PAYLOAD_LIMIT, Config, snapshot_mode
+from handler.errors import RequestError, UnsupportedRequestError
 from handler.loader import Loaded, load_model, max_concurrency
 from handler.manifest import Manifest
+from handler.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
 from handler.ping import hold_ms, is_ping
 from handler.pool import BufferPool
 from handler.registry import Registry, requested_model, weights_bytes
@@ -81,6 +83,10 @@ class Runtime:
         self.invocations = 0
         self.counts = {"inference": 0, "ping": 0, "status": 0, "rejected": 0, "failed": 0}
         self._lock = threading.Lock()
+        # Observability (handler.metrics, handler.logs, handler.trace): off unless `start` or the HTTP host
+        # sets them; an OpenTelemetry tracer only where OpenTelemetry is already in use.
+        self.metrics: metrics.Recorder = metrics.NoMetrics()
+        self.tracer: Any = None
 
     @classmethod
     def start(
@@ -138,7 +144,6 @@ class Runtime:
             init["warmup_error"] = loaded.warmup_error
         # A fork template must hold no thread pool: extra models then load on first use, after restore.
         eager = snapshot != "fork"
-
         reloader = watcher = None
         if config.models or source != str(config.model_dir) or _watched(config):
             registry, reloader, watcher = _models(loaded, source, pointer_etag, config, env, sources, init, eager)
@@ -158,6 +163,10 @@ class Runtime:
             make_reloader=lambda registry: _reloader(registry, pointer_etag, config, env, sources),
         )
         init["instance_id"] = runtime.instance_id
+        if config.tracemalloc_s:  # the operator's leak hunt: from here, so init's own allocations are not in it
+            runtime.diagnostics.start_tracing(config.tracemalloc_s)
+            init["tracemalloc_s"] = config.tracemalloc_s
+        runtime.observe(env, init)
         if emit:
             emit(init)
         return runtime
@@ -182,6 +191,22 @@ class Runtime:
 
             self._diagnostics = Diagnostics()
         return self._diagnostics
+
+    def _tick(self) -> None:
+        # Tracing only runs once diagnostics exist (a status request, WARMSTART_TRACEMALLOC_S): before that there
+        # is nothing to stop, and the status module stays unimported.
+        if self._diagnostics is not None:
+            self._diagnostics.tick()
+
+    def observe(self, env: Mapping[str, str], init: dict[str, Any]) -> None:
+        """JSON logs at the function's level, the metrics recorder (EMF on Lambda), OpenTelemetry spans for
+        init when OpenTelemetry is in use."""
+        logs.configure(env)
+        self.metrics = report.metrics = metrics.Emf.from_environ(env, self.manifest.key, self.backend.name)
+        self.tracer = trace.otel_tracer(env)
+        if self.tracer is not None:
+            attributes = {"warmstart.model": self.manifest.key, "warmstart.init_type": str(init.get("init_type"))}
+            trace.init_spans(self.tracer, init.get("phases_ms", {}), init.get("total_ms", 0.0), attributes)
 
     @property
     def manifest(self) -> Manifest:
@@ -280,32 +305,85 @@ class Runtime:
             "workers": self.workers.stats() if self.workers else None,
             "models": self.registry.describe(),
             "reload": self.reloader.describe(),
+            "cache": self.reloader.sources.describe_cache(),  # None unless a model came from S3
         }
         if leaks is not None:
             reply["tracemalloc"] = leaks
+        if payload and payload.get("golden") is True:  # the PreTraffic hook's question (warmers.pretraffic)
+            reply["golden"] = self.manifest.raw.get("golden")
         return reply
+
+    def health(self) -> dict[str, Any]:
+        """What `GET /status` shows whoever reaches the HTTP port: counts and health only. No model sources
+        (s3:// URIs, paths), reload errors or pointer; tracing cannot be started from there."""
+        with self._lock:
+            counts = {"total": self.invocations, **self.counts}
+        last = self.reloader.last
+        return {
+            "warmstart": "status",
+            "detail": "basic",
+            "instance_id": self.instance_id,
+            "model": self.manifest.key,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "invocations": counts,
+            "models": self.registry.counts(),
+            "reload": {"running": self.reloader.running, "last_ok": None if last is None else last["ok"]},
+            "workers": self.workers.stats() if self.workers else None,
+            "threads": threading.active_count(),
+            "tracemalloc": self.diagnostics.tracing,
+            **report.memory_mb(),
+        }
 
     def count(self, kind: str) -> None:
         with self._lock:
             self.counts[kind] += 1
 
-    def infer(self, payload: JSON) -> dict[str, Any]:
-        """The task, on a worker when several requests may run at once."""
+    def infer(self, payload: JSON, inv: logs.Invocation | None = None, task: str | None = None) -> dict[str, Any]:
+        """The task, on a worker when several requests may run at once. `task`: what a compatible route needs."""
         self.count("inference")
-        if self.workers is not None:
-            return self.workers.call(self.serve, payload)
-        return self.serve(payload)
+        args = (payload,) if task is None else (payload, task)  # the native path calls serve as it always has
+        workers = self.workers
+        reply = workers.call(self.serve, *args) if workers is not None else self.serve(*args)
+        if inv is not None:
+            _usage(inv, payload, reply)
+        return reply
 
-    def serve(self, payload: JSON) -> dict[str, Any]:
+    def serve(self, payload: JSON, task: str | None = None) -> dict[str, Any]:
         """The named (or default) model's task, under a lease: a reload or eviction never pulls the model
-        out from under a running request."""
+        out from under a running request. `task`: the one a compatible route needs the model to have."""
         with self.registry.lease(requested_model(payload)) as model:
+            if task is not None and model.task.name != task:
+                raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
             return model.task(payload)
 
+    def find(self, model_id: str) -> str | None:
+        return self.registry.find(model_id)
+
     def handle(self, event: Event, context: Any = None) -> JSON:
+        """One invocation: served by `_handle`, measured, logged in its context, and recorded as metrics."""
+        started = time.perf_counter()
         with self._lock:
             self.invocations += 1
             count = self.invocations
+        self._tick()
+        inv = logs.Invocation(
+            getattr(context, "aws_request_id", None), trace.lambda_trace_id(), count == 1, self.manifest.key
+        )
+        logs.enter(inv)
+        try:
+            if self.tracer is None:
+                return self._handle(event, context, count, inv)
+            with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
+                return self._handle(event, context, count, inv)
+        except Exception as e:
+            if inv.error is None:
+                inv.error, inv.fault = type(e).__name__, not isinstance(e, RequestError)
+            raise
+        finally:
+            self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
+            logs.enter(None)
+
+    def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
         try:
             payload = source.payload(event)
@@ -313,43 +391,99 @@ class Runtime:
             control = isinstance(payload, dict) and "warmstart" in payload
             if not source.http:
                 if is_ping(payload):
+                    inv.kind = "ping"
                     self.count("ping")
                     return self.ping(payload, context, count == 1, count)
                 if control and _status().is_status(payload):
+                    inv.kind = "status"
                     self.count("status")
                     return self.status(payload)
                 if control and _reload().admin_action(payload):
+                    inv.kind = "status"
                     self.count("status")  # an admin event is a status-like request: no model run
                     remaining = context.get_remaining_time_in_millis() if context is not None else None
                     return self.reloader.admin(payload, remaining)
             elif control and _reload().admin_action(payload):
                 raise _reload().AdminNotAllowedError("model admin events are accepted from direct invokes only")
-            return source.respond(event, self.infer(payload))
+            else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
+                path = source.path(event)  # type: ignore[attr-defined]
+                if path in LAMBDA_PATHS:
+                    route = ROUTES[path]
+                    answer = self.infer(route.request(payload, self.find), inv, route.task)
+                    return source.respond(event, route.response(answer, payload))
+            return source.respond(event, self.infer(payload, inv))
         except Exception as e:
             status, body = self._failure(e, source.name, log_internal=source.http)
             if not source.http:
-                raise  # a direct invoke reports the error's class name as errorType
+                # A direct invoke reports the error's class name as errorType (awslambdaric logs it with its
+                # stack trace): a request error is raised from here, without our frames behind it.
+                if isinstance(e, RequestError):
+                    raise e.with_traceback(None) from None
+                raise
             return source.respond(event, body, status)
 
-    def handle_body(self, raw: bytes) -> tuple[int, bytes]:
-        """A POSTed body → (status, JSON bytes): the HTTP host's path, run on a worker. The same task and the
-        same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary request."""
+    def handle_body(self, raw: bytes, trace_id: str | None = None, request_id: str | None = None) -> tuple[int, bytes]:
+        """A POSTed JSON body → (status, JSON bytes): `handle_http` on the native route."""
+        status, body, _ = self.handle_http(raw, trace_id=trace_id, request_id=request_id)
+        return status, body
+
+    def handle_http(
+        self,
+        raw: bytes,
+        route: Route = NATIVE,
+        content: Kind = "json",
+        accept: Kind = "json",
+        limit: int = LAMBDA_PAYLOAD_LIMIT,
+        trace_id: str | None = None,
+        request_id: str | None = None,
+    ) -> tuple[int, bytes, str]:
+        """A POSTed body → (status, body bytes, media type): the HTTP host's path, run on a worker. The same
+        task and the same error contract as an HTTP event through `handle`; a ping-shaped body is an ordinary
+        request. `content`/`accept`: the negotiated media kinds (`handler.media`); errors are always JSON."""
+        started = time.perf_counter()
         with self._lock:
             self.invocations += 1
+            count = self.invocations
+        inv = logs.Invocation(request_id, trace_id, count == 1, self.manifest.key)
+        logs.enter(inv)
+        self._tick()
         try:
-            payload = decode_body(raw)
+            payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
             if isinstance(payload, dict) and "warmstart" in payload and _reload().admin_action(payload):
                 raise _reload().AdminNotAllowedError("model admin events are accepted from direct invokes only")
+            native = route.request(payload, self.find)
+            if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
+                native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
             self.count("inference")
-            body: JSON = self.serve(payload)
+            answer = self.serve(native, route.task)
+            _usage(inv, native, answer)
+            if accept == "npy":
+                return 200, npy_answer(answer), MEDIA_TYPES["npy"]
+            body: JSON = route.response(answer, payload)
             status = 200
         except Exception as e:
             status, body = self._failure(e, "http")
-        return status, json.dumps(body, separators=(",", ":")).encode()
+        finally:
+            self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
+            logs.enter(None)
+        return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+
+    def _npy_request(self, raw: bytes) -> JSON:
+        """An `application/x-npy` body as the default tensor model's one input."""
+        inputs = getattr(self.task, "inputs", None)
+        if self.task.name != "tensor" or not isinstance(inputs, dict):
+            raise UnsupportedMediaTypeError(f"a {self.task.name} model reads JSON only; .npy is for tensor models")
+        if len(inputs) != 1:
+            raise UnsupportedMediaTypeError(f"this model takes inputs {sorted(inputs)}: send JSON with each named")
+        (name,) = inputs
+        return {"inputs": {name: raw}}  # parsed by the task, header and size checked before any allocation
 
     def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]:
         """Count and log a failed request; the HTTP status and error body it maps to. (A direct invoke's
         internal error is logged by the runtime client when it re-raises: `log_internal=False`.)"""
+        inv = logs.current()
+        if inv is not None:
+            inv.error, inv.fault = type(error).__name__, not isinstance(error, RequestError)
         if isinstance(error, RequestError):
             self.count("rejected")
             log.warning("rejected request from %s: %s: %s", source, type(error).__name__, error)
@@ -358,6 +492,18 @@ class Runtime:
         if log_internal:
             log.error("internal error", exc_info=error)
         return 500, {"error": {"type": "InternalError", "message": f"{type(error).__name__}: {error}"}}
+
+
+def _usage(inv: logs.Invocation, payload: JSON, reply: JSON) -> None:
+    """Batch size and tokens of a served request, for its metrics (read from what is already there)."""
+    inputs = payload.get("inputs") if isinstance(payload, dict) else None
+    inv.batch = len(inputs) if isinstance(inputs, list) else 1
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    tokens = usage.get("tokens") if isinstance(usage, dict) else None
+    inv.tokens = tokens if isinstance(tokens, int) else 0
+    model = reply.get("model") if isinstance(reply, dict) else None
+    if isinstance(model, str):
+        inv.model = model
 
 
 def coldstart_report(facts: Mapping[str, Any]) -> dict[str, Any]:
@@ -414,7 +560,9 @@ def _reloader(
 ) -> Reloader:
     from handler.reload import Reloader, Sources
 
-    return Reloader(registry, config, env, sources or Sources(environ=env, backend=config.backend), etag)
+    sources = sources or Sources(environ=env, backend=config.backend)
+    sources.attach(registry.paths)  # what the S3 cache keeps from now on
+    return Reloader(registry, config, env, sources, etag)
 
 
 def _models(
@@ -437,6 +585,8 @@ def _models(
         t0 = time.perf_counter()
         init["models"] = [registry.add(extra, sources.resolve(extra), load_now=eager) for extra in config.models]
         init["models_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    sources.attach(registry.paths)  # what the S3 cache keeps from now on
+    sources.settle()
     reloader = Reloader(registry, config, env, sources, pointer_etag)
     watcher = None
     if Watcher.wanted(config):

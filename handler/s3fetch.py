@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +34,14 @@ from typing import Any
 
 from handler.config import env_int
 from handler.errors import ConfigError, InsufficientStorageError, ModelFetchError, WarmstartError
-from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, replace_dir, sha256_file
+from handler.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, parse_json, replace_dir, sha256_file
+from handler.s3cache import MARKER, STAGING, flock, hold, prune, read_json, write_json
 
 DEFAULT_CACHE_DIR = Path("/tmp/warmstart/models")
 DEFAULT_PART_MB = 8
 DEFAULT_WORKERS = 8
 # Headroom over the bytes still to download: the manifest, sidecars, the filesystem's own blocks.
 SPACE_MARGIN = 16 * 2**20
-MARKER = ".warmstart-s3.json"  # inside a published directory: where it came from, the manifest's ETag
 # How a published directory is checked before reuse:
 #   etag    one HEAD of manifest.json (no GET): reuse while its ETag is the one fetched, and every file has
 #           its size. The manifest holds every file's SHA-256, so an unchanged manifest means unchanged
@@ -178,12 +177,15 @@ def fetch_model(
     part_size: int | None = None,
     workers: int | None = None,
     reuse_check: str | None = None,
+    keep: Callable[[], Iterable[Path]] | None = None,
 ) -> Path:
     """Fetch the packed model under `uri` and return its local directory: every file, or only what
     `backend` needs (`"default"`: the manifest's default backend), its local manifest then listing just those.
 
     Settings not passed come from `WARMSTART_CACHE_DIR` (`/tmp/warmstart/models`), `WARMSTART_S3_PART_MB` (8),
-    `WARMSTART_S3_WORKERS` (8) and `WARMSTART_S3_REUSE_CHECK` (etag). Raises `ModelFetchError` (a
+    `WARMSTART_S3_WORKERS` (8) and `WARMSTART_S3_REUSE_CHECK` (etag). `keep`: the model directories the
+    caller serves or is about to; when given and the download would not fit, what the cache holds beyond
+    them (and beyond what other processes hold) is pruned first (`handler.s3cache`). Raises `ModelFetchError` (a
     `ModelLoadError`), `InsufficientStorageError` or `ConfigError`.
     """
     env = os.environ if environ is None else environ
@@ -193,12 +195,14 @@ def fetch_model(
     s3 = client if client is not None else _client(env, settings.workers)
     source = f"s3://{bucket}/{prefix}"
     ident = hashlib.sha256(f"{source}\0{backend or ''}".encode()).hexdigest()[:16]
-    fetch = _Fetch(s3, bucket, prefix, source, backend, settings, ident)
+    fetch = _Fetch(s3, bucket, prefix, source, backend, settings, ident, keep)
     try:
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         # One fetch of a URI at a time per instance: Managed Instances run a process per concurrency slot.
-        with _flock(settings.cache_dir / f".{ident}.lock"):
-            return fetch.reuse() or fetch.download()
+        with flock(settings.cache_dir / f".{ident}.lock"):
+            out = fetch.reuse() or fetch.download()
+            hold(settings.cache_dir, [out], add=True)  # before the lock goes: no other process's prune takes it
+            return out
     except WarmstartError:
         raise
     except OSError as e:
@@ -236,29 +240,6 @@ def read_pointer(uri: str, *, client: Any = None, environ: Mapping[str, str] | N
 
 
 # --- one fetch -------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass
@@ -304,7 +285,7 @@ class _File:
 
     def resume(self) -> bool:
         """Pick up what an earlier attempt left: True when the file is already complete and verified."""
-        saved = _read_json(self.sidecar)
+        saved = read_json(self.sidecar)
         same = isinstance(saved, dict) and all(
             saved.get(k) == v for k, v in self.state().items() if k not in ("done", "complete")
         )
@@ -330,7 +311,7 @@ class _File:
         file is hashed in full before use, so a part lost with the OS only costs a discarded download."""
         with self.lock:
             self.done.add(index)
-            _write_json(self.sidecar, self.state())
+            write_json(self.sidecar, self.state())
             return len(self.done) == self.nparts
 
 
@@ -343,10 +324,18 @@ def _size(path: Path) -> int:
 
 class _Fetch:
     def __init__(
-        self, s3: Any, bucket: str, prefix: str, source: str, backend: str | None, settings: _Settings, ident: str
+        self,
+        s3: Any,
+        bucket: str,
+        prefix: str,
+        source: str,
+        backend: str | None,
+        settings: _Settings,
+        ident: str,
+        keep: Callable[[], Iterable[Path]] | None = None,
     ) -> None:
         self.s3, self.bucket, self.prefix, self.source = s3, bucket, prefix, source
-        self.backend, self.settings, self.ident = backend, settings, ident
+        self.backend, self.settings, self.ident, self.keep = backend, settings, ident, keep
         self.manifest_key = prefix + MANIFEST_NAME
 
     def _head(self, key: str) -> dict[str, Any]:
@@ -360,7 +349,7 @@ class _Fetch:
     def reuse(self) -> Path | None:
         found = []
         for path in self.settings.cache_dir.glob(f"*-{self.ident}"):
-            marker = _read_json(path / MARKER)
+            marker = read_json(path / MARKER)
             if path.is_dir() and isinstance(marker, dict) and marker.get("source") == self.source:
                 found.append((float(marker.get("fetched_at", 0)), path, marker))
         if not found:
@@ -387,7 +376,7 @@ class _Fetch:
         if self.backend == "default":
             self.backend = manifest.default_backend
         names = list(manifest.files) if self.backend is None else manifest.files_for(self.backend)
-        staging = self.settings.cache_dir / f".staging-{self.ident}"
+        staging = self.settings.cache_dir / f"{STAGING}{self.ident}"
         staging.mkdir(mode=0o755, exist_ok=True)
         heads = self._pool_map(lambda n: self._head(self.prefix + n), names)
         files = []
@@ -433,7 +422,7 @@ class _Fetch:
                 raise ModelFetchError(f"{url}: missing; {self.source} is not a packed model") from e
             raise _fetch_error(url, e) from e
         try:
-            raw = json.loads(body)
+            raw = parse_json(body)
             manifest = _parse(self.settings.cache_dir, raw)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ModelFetchError(f"{url}: invalid manifest: {e}") from None
@@ -445,6 +434,10 @@ class _Fetch:
 
     def _check_space(self, needed: int, manifest: Manifest) -> None:
         free = shutil.disk_usage(self.settings.cache_dir).free
+        if needed and needed + SPACE_MARGIN > free and self.keep is not None:
+            # Versions a reload left behind (normally pruned once the swap freed them): make room first.
+            prune(self.settings.cache_dir, self.keep())
+            free = shutil.disk_usage(self.settings.cache_dir).free
         if needed and needed + SPACE_MARGIN > free:
             mb = 2**20
             need_mb = -(-(needed + SPACE_MARGIN) // mb)
@@ -467,7 +460,7 @@ class _Fetch:
             for f in files:
                 f.fd = os.open(f.part, os.O_RDWR | os.O_CREAT, 0o644)
                 os.ftruncate(f.fd, f.size)  # sparse: space is taken as parts land
-                _write_json(f.sidecar, f.state())
+                write_json(f.sidecar, f.state())
                 if len(f.done) == f.nparts:
                     pending.add(pool.submit(self._finish, f))
                 pending |= {pool.submit(self._part, f, i) for i in range(f.nparts) if i not in f.done}
@@ -532,7 +525,7 @@ class _Fetch:
         os.fsync(f.fd)
         os.rename(f.part, f.path)
         with f.lock:
-            _write_json(f.sidecar, f.state(complete=True))
+            write_json(f.sidecar, f.state(complete=True))
 
     def _publish(self, staging: Path, manifest: Manifest, body: bytes, etag: str, files: list[_File]) -> Path:
         if self.backend is not None:
@@ -555,7 +548,7 @@ class _Fetch:
             "files": {f.name: f.size for f in files},
             "fetched_at": time.time(),
         }
-        _write_json(staging / MARKER, marker)
+        write_json(staging / MARKER, marker)
         load_manifest(staging)  # what we publish must read back
         name = re.sub(r"[^A-Za-z0-9._@-]", "_", manifest.key)
         out = self.settings.cache_dir / f"{name}-{self.ident}"

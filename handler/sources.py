@@ -18,6 +18,7 @@ from handler.errors import (
     InvalidEncodingError,
     InvalidJSONError,
     PayloadTooLargeError,
+    UnsupportedEventSourceError,
     UnsupportedRequestError,
 )
 from handler.types import JSON, Event
@@ -31,10 +32,10 @@ class MethodNotAllowedError(UnsupportedRequestError):
     status = 405
 
 
-def decode_body(raw: bytes) -> JSON:
-    """Bytes → JSON value with the size, encoding and syntax errors told apart."""
-    if len(raw) > LAMBDA_PAYLOAD_LIMIT:
-        raise PayloadTooLargeError(f"body is {len(raw)} bytes; the limit is {LAMBDA_PAYLOAD_LIMIT} (Lambda's 6 MB)")
+def decode_body(raw: bytes, limit: int = LAMBDA_PAYLOAD_LIMIT) -> JSON:
+    """Bytes → JSON value with the size, encoding and syntax errors told apart (`limit`: the host's)."""
+    if len(raw) > limit:
+        raise PayloadTooLargeError(f"body is {len(raw)} bytes; the limit is {limit} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -75,6 +76,10 @@ class _Http:
 
     def method(self, event: dict[str, Any]) -> str:
         return str(event.get("httpMethod", "POST")).upper()
+
+    def path(self, event: dict[str, Any]) -> str:
+        """The request path (a compatible API's route when it names one)."""
+        return str(event.get("path") or "/")
 
     def payload(self, event: dict[str, Any]) -> JSON:
         method = self.method(event)
@@ -117,6 +122,9 @@ class HttpApiV2(_Http):
 
     def method(self, event: dict[str, Any]) -> str:
         return str(event["requestContext"]["http"].get("method", "POST")).upper()
+
+    def path(self, event: dict[str, Any]) -> str:
+        return str(event.get("rawPath") or event["requestContext"]["http"].get("path") or "/")
 
 
 class Alb(_Http):
@@ -168,7 +176,67 @@ class Direct:
         return body
 
 
-SOURCES: tuple[EventSource, ...] = (HttpApiV2(), Alb(), ApiGatewayV1(), Direct())
+# `eventSource` of a trigger's records → how the refusal names it (others: "an <eventSource> event").
+_RECORD_SOURCES = {
+    "aws:s3": "an S3 event",
+    "aws:sqs": "an SQS event",
+    "aws:sns": "an SNS event",
+    "aws:dynamodb": "a DynamoDB stream event",
+    "aws:kinesis": "a Kinesis event",
+    "aws:kafka": "an MSK (Kafka) event",
+    "SelfManagedKafka": "a Kafka event",
+    "aws:mq": "an Amazon MQ event",
+    "aws:rmq": "an Amazon MQ (RabbitMQ) event",
+    "aws:ses": "an SES event",
+}
+
+
+def unsupported_source(event: Event) -> str | None:
+    """What kind of trigger sent an event we do not serve, told by its shape; None for anything else. An
+    event with an "inputs" field is always a request (a direct invoke may carry any other keys too)."""
+    if not isinstance(event, dict) or "inputs" in event:
+        return None
+    records = event.get("Records")
+    first = records[0] if isinstance(records, list) and records else None
+    if isinstance(first, dict):
+        origin = first.get("eventSource") or first.get("EventSource")
+        if isinstance(origin, str) and origin:
+            return _RECORD_SOURCES.get(origin, f"an {origin} event")
+    origin = event.get("eventSource")  # Kafka and MQ batches: no Records list
+    if isinstance(origin, str) and origin in _RECORD_SOURCES:
+        return _RECORD_SOURCES[origin]
+    if isinstance(event.get("awslogs"), dict):
+        return "a CloudWatch Logs event"
+    context = _request_context(event)
+    if "method" in event and ("raw_path" in event or "serviceNetworkArn" in context or "targetGroupArn" in context):
+        return "a VPC Lattice event"
+    kind = event.get("detail-type")
+    if isinstance(kind, str) and "source" in event and "detail" in event and kind != "Scheduled Event":
+        return f"an EventBridge event ({kind!r} from {event['source']!r})"  # schedules are warm pings
+    return None
+
+
+class Unsupported:
+    """Events from triggers we do not serve: refused with a message naming the trigger (the error is raised,
+    as for any direct invoke, so the trigger's own retry and failure handling see it)."""
+
+    name = "unsupported"
+    http = False
+
+    def infer(self, event: Event) -> bool:
+        return unsupported_source(event) is not None
+
+    def payload(self, event: Event) -> JSON:
+        raise UnsupportedEventSourceError(
+            f"{unsupported_source(event)}: warmstart serves direct invokes, API Gateway, Function URLs and ALB; "
+            'send {"inputs": [...]}'
+        )
+
+    def respond(self, event: Event, body: JSON, status: int = 200) -> JSON:
+        return body
+
+
+SOURCES: tuple[EventSource, ...] = (HttpApiV2(), Alb(), ApiGatewayV1(), Unsupported(), Direct())
 
 
 def infer_source(event: Event, sources: tuple[EventSource, ...] = SOURCES) -> EventSource:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from handler.arrays import from_list, from_npy
 from handler.backends import Backend
 from handler.config import Config
 from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
@@ -131,14 +132,6 @@ class EmbeddingTask:
         self.embed(["warm-up query", "a slightly longer warm-up passage, so the batch needs padding"])
 
 
-_KIND_OK = {
-    "f": ("f", "i", "u", "b"),
-    "i": ("i", "u", "b"),
-    "u": ("u", "b"),
-    "b": ("b",),
-}
-
-
 class TensorTask:
     name = "tensor"
 
@@ -147,29 +140,21 @@ class TensorTask:
         self.outputs = [s.name for s in manifest.outputs]
         self.backend = backend
         self.model = manifest.key
+        self.max_elements = config.max_elements
         self.pool = pool or BufferPool()
 
     def _array(self, name: str, value: JSON, spec: TensorSpec) -> npt.NDArray[Any]:
         dtype = np.dtype(spec.dtype)
-        if isinstance(value, dict) and set(value) == {"npy"}:
+        if isinstance(value, bytes):  # an `application/x-npy` body on the HTTP host (handler.media)
+            array = from_npy(name, value, dtype, self.max_elements)
+        elif isinstance(value, dict) and set(value) == {"npy"}:
             try:
                 raw = base64.b64decode(value["npy"], validate=True)
-                array = np.load(io.BytesIO(raw), allow_pickle=False)
-            except (binascii.Error, ValueError, TypeError, OSError, EOFError) as e:
+            except (binascii.Error, ValueError, TypeError) as e:
                 raise InvalidInputError(f"inputs.{name}: not a base64-encoded .npy array ({e})") from None
-            if array.dtype != dtype:
-                raise InvalidInputError(f"inputs.{name}: dtype {array.dtype}, the model takes {dtype}")
+            array = from_npy(name, raw, dtype, self.max_elements)
         else:
-            try:
-                array = np.asarray(value)
-            except ValueError as e:  # ragged nesting
-                raise InvalidInputError(f"inputs.{name}: not a rectangular nested list ({e})") from None
-            if array.dtype.kind not in _KIND_OK.get(dtype.kind, ()) or (array.size == 0 and array.ndim == 0):
-                raise InvalidInputError(
-                    f"inputs.{name}: values of kind {array.dtype.name}, the model takes {dtype} "
-                    '(nested lists of numbers, or {"npy": base64})'
-                )
-            array = array.astype(dtype)
+            array = from_list(name, value, dtype, self.max_elements)
         if array.ndim != len(spec.shape) or any(
             isinstance(want, int) and want != got for want, got in zip(spec.shape, array.shape, strict=True)
         ):

@@ -119,6 +119,8 @@ def shared_encoder(
     `sha256=None` (a file the manifest does not list): never shared."""
     if not sha256:
         return TextEncoder(path, max_length, pad_id, shortcut)
+    # Not keyed by the shortcut: built from vocab.txt or parsed from the JSON, the ids are the same (the
+    # pack-time proof), so either is shared; the encoder's own `coldstart` says which one it is.
     key = (sha256, max_length, pad_id)
     with _shared_lock:
         encoder = _shared.get(key)

@@ -57,6 +57,7 @@ class WorkerPool:
         self._serial = 0
         self._streak = 0
         self._closed = False
+        self._draining: str | None = None  # why new requests are refused (graceful shutdown)
         self._last_check = time.monotonic()
         self._last_cpu = time.process_time()
         self.cpu = 0.0
@@ -71,6 +72,10 @@ class WorkerPool:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         future: Future[T] = Future()
+        if self._draining is not None:
+            with self._lock:
+                self.rejected += 1
+            raise ServiceBusyError(self._draining)
         try:
             self._queue.put_nowait((future, lambda: fn(*args)))
         except queue.Full:
@@ -144,6 +149,30 @@ class WorkerPool:
             del future, job, item  # drop the request's objects now, not when the next one arrives
             self._maybe_resize()
 
+    def drain(self, reason: str) -> int:
+        """Graceful shutdown, first step: refuse new requests and fail every queued-but-unstarted one at once
+        with `ServiceBusyError(reason)`; requests already running go on. Returns how many were failed."""
+        with self._lock:
+            self._draining = reason
+        failed, sentinels = 0, 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                sentinels += 1
+                continue
+            future, _ = item
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ServiceBusyError(reason))
+                failed += 1
+        for _ in range(sentinels):  # a shutdown already under way keeps its stop signals
+            self._queue.put_nowait(None)
+        with self._lock:
+            self.rejected += failed
+        return failed
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
@@ -159,6 +188,7 @@ class WorkerPool:
             return {
                 "workers": self._workers,
                 "busy": self._busy,
+                "draining": self._draining is not None,
                 "queued": self._queue.qsize(),
                 "queue_high_water": self.high_water,
                 "min_workers": self.sizing.min_workers,
@@ -173,12 +203,18 @@ class WorkerPool:
             }
 
 
+# Requests waiting per worker before 503: enough to keep every worker busy through a burst, few enough that
+# a request is never queued for more than a few service times (bench/bench_load.py measures the trade).
+QUEUE_PER_WORKER = 8
+
+
 def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
     """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and
-    WARMSTART_QUEUE_MAX (default 64)."""
+    WARMSTART_QUEUE_MAX (default: 8 per worker). `cpus` is the quota's (`handler.cpu`), never the host's
+    core count, so both follow the CPU the instance really has."""
     max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
     return Sizing(
         min_workers=env_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
         max_workers=max_workers,
-        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", 64, 1, 100_000),
+        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", QUEUE_PER_WORKER * max_workers, 1, 100_000),
     )

@@ -158,9 +158,15 @@ def check_limit(sizes: Sequence[Artifact], limit: int) -> None:
         )
 
 
-def default_model(work: Path, optimize: bool = True, requirements: Path = ROOT / "layers" / "requirements.txt") -> Path:
+def default_model(
+    work: Path, optimize: bool = False, requirements: Path = ROOT / "layers" / "requirements.txt"
+) -> Path:
     """The embedded default model, ONNX only (both backends would not fit beside the dependencies); with
-    `optimize`, pre-optimized for this machine when its onnxruntime is the layer's pinned one."""
+    `optimize`, pre-optimized for this machine when its onnxruntime is the layer's pinned one.
+
+    Not by default: the optimized data (127 MB for all-MiniLM) beside the portable model (88 MB) and the
+    dependencies passes the 250 MB limit, and a SnapStart restore does not create the session anyway (the
+    snapshot holds it). It pays for a small model on on-demand zip functions built on the target CPU."""
     from infra.pack import pack_default  # pack-time deps (onnx, safetensors, the model package)
 
     out = work / "model-onnx"
@@ -245,12 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--wheels", type=Path, help="install from this wheel directory only (offline)")
     p.add_argument("--limit-mb", type=float, default=LAMBDA_UNZIPPED_LIMIT / MB, help="unzipped limit (MB)")
     p.add_argument(
-        "--no-optimize", action="store_true", help="default model: no pre-optimized ONNX model (prepacked weights)"
+        "--optimize", action="store_true", help="default model: add the pre-optimized ONNX model (prepacked weights)"
     )
     args = p.parse_args(argv)
     from handler.errors import ModelLoadError
 
-    model = args.model or default_model(ROOT / "build", optimize=not args.no_optimize, requirements=args.requirements)
+    model = args.model or default_model(ROOT / "build", optimize=args.optimize, requirements=args.requirements)
     try:
         artifacts = build(args.out, model, args.requirements, args.wheels, int(args.limit_mb * MB))
     except (LayerBuildError, ModelLoadError) as e:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from warmers import metrics
 from warmers.adaptive import History, Policy, chooser, history_from
 from warmers.config import (
     ENV_CONCURRENCY,
@@ -72,5 +73,5 @@ def lambda_handler(event: Any, context: Any = None) -> dict[str, Any]:
     correlation_id = getattr(context, "aws_request_id", None)
     report = warmer.run(chooser=pick, prewarm=prewarm, correlation_id=correlation_id)
     body = report.to_dict()
-    print(json.dumps({"warmstart_warm": body}, separators=(",", ":")), flush=True)
+    print(metrics.lines(body) + json.dumps({"warmstart_warm": body}, separators=(",", ":")), flush=True)
     return body

@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "infra.cli.local",
     "infra.cli.warm",
     "infra.cli.demo",
+    "infra.cli.tune",
 )
 
 

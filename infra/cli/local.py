@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from infra.local.config import INIT_TYPES, LocalLambdaConfig
+from infra.local.config import CGROUP_WANTS, DEFAULT_MEMORY_MB, INIT_TYPES, JITTERS, LocalLambdaConfig
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
 
@@ -42,7 +42,23 @@ def add_function_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-alive", type=float, default=300.0, help="idle seconds before reaping (default: 300)")
     p.add_argument("--timeout", type=float, default=30.0, help="function timeout, seconds (default: 30)")
     p.add_argument("--init-timeout", type=float, default=10.0, help="init phase limit, seconds (default: 10)")
-    p.add_argument("--memory", type=int, default=3008, help="memory size reported, MB (default: %(default)s)")
+    p.add_argument(
+        "--memory",
+        type=int,
+        default=DEFAULT_MEMORY_MB,
+        help="memory size, MB: each instance gets memory/1769 vCPU and this memory limit through cgroups"
+        " (default: %(default)s, template.yaml's MemorySize)",
+    )
+    p.add_argument("--cgroups", choices=CGROUP_WANTS, default="auto", help="v2 where delegated, else v1 (default)")
+    p.add_argument("--init-slots", type=int, default=0, help="inits at once; 0 = what the host's cores fit")
+    p.add_argument("--no-runtime-api-guard", action="store_true", help="let any local process use a Runtime API")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="routing delay before each invoke (default: 0)")
+    p.add_argument("--jitter", choices=JITTERS, default="uniform", help="its distribution (default: uniform)")
+    p.add_argument("--max-retry-attempts", type=int, default=2, help="Event invoke retries, 0-2 (default: 2)")
+    p.add_argument("--async-retry-scale", type=float, default=1.0, help="x Lambda's 60 s / 120 s retry delays")
+    p.add_argument("--max-event-age", type=float, default=21600.0, help="seconds an event may wait (default: 6 h)")
+    p.add_argument("--on-failure", help="file: one JSON destination record a line per dropped Event invoke")
+    p.add_argument("--max-queued-events", type=int, default=10_000, help="Event queue bound (default: 10000)")
     p.add_argument("--init-type", choices=INIT_TYPES, default="on-demand")
     p.add_argument(
         "--snapshot",
@@ -68,6 +84,16 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
         timeout_s=args.timeout,
         init_timeout_s=args.init_timeout,
         memory_mb=args.memory,
+        cgroups=args.cgroups,
+        init_slots=args.init_slots,
+        runtime_api_guard=not args.no_runtime_api_guard,
+        jitter_ms=args.jitter_ms,
+        jitter=args.jitter,
+        max_retry_attempts=args.max_retry_attempts,
+        async_retry_scale=args.async_retry_scale,
+        max_event_age_s=args.max_event_age,
+        on_failure=args.on_failure,
+        max_queued_events=args.max_queued_events,
         init_type="snap-start" if args.snapshot else args.init_type,
         snapshot=args.snapshot,
         environment=environment,
@@ -90,6 +116,8 @@ def run_local(args: argparse.Namespace) -> int:
     print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
     print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
+    print(f"  {local.pool.cgroups.describe(config.memory_mb)}", flush=True)
+    print(f"  init slots {local.pool.slots.slots} (inits wait for one before their clock starts)", flush=True)
     if config.snapshot:
         print("  snapshot: instances are forked from a template made on the first invoke of each version", flush=True)
     stop.wait()

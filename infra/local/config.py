@@ -12,8 +12,15 @@ from typing import Literal
 
 InitType = Literal["on-demand", "provisioned-concurrency", "snap-start"]
 INIT_TYPES: tuple[InitType, ...] = ("on-demand", "provisioned-concurrency", "snap-start")
+CgroupWant = Literal["auto", "v2", "v1", "off"]
+CGROUP_WANTS: tuple[CgroupWant, ...] = ("auto", "v2", "v1", "off")
+Jitter = Literal["uniform", "exponential", "normal", "fixed"]
+JITTERS: tuple[Jitter, ...] = ("uniform", "exponential", "normal", "fixed")
+# The local default memory size is template.yaml's MemorySize default, so that local cold starts and
+# latencies predict the deployed function's (a unit test keeps the two equal). aws-lambda-rie says 3008.
+DEFAULT_MEMORY_MB = 2048
 LATEST = "$LATEST"
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+REPO_ROOT = str(Path(__file__).resolve().parents[2])  # infra/local/config.py -> the repository root
 
 # Variables a Lambda sandbox never inherits from the host: the first switches awslambdaric into forked
 # multi-concurrent workers, the others would point its log sink at descriptors that do not exist here.
@@ -27,7 +34,8 @@ class LocalLambdaConfig:
     task_root: str = REPO_ROOT
     host: str = "127.0.0.1"
     port: int = 9000  # 0 picks a free port
-    memory_mb: int = 3008  # what aws-lambda-rie reports; Lambda's own default is 128
+    memory_mb: int = DEFAULT_MEMORY_MB  # sets each instance's CPU quota and memory limit (infra.local.cgroups)
+    cgroups: CgroupWant = "auto"  # v2 where delegated, else v1; "off": memory size only shows in REPORT
     timeout_s: float = 30.0
     init_timeout_s: float = 10.0  # Lambda's on-demand init limit
     max_concurrency: int = 10
@@ -44,6 +52,24 @@ class LocalLambdaConfig:
     environment: Mapping[str, str] = field(default_factory=dict)  # extra variables, e.g. WARMSTART_MODEL
     python: str = sys.executable
     echo_logs: bool = False  # copy instance output to our stderr, prefixed with the instance id
+    # Refuse Runtime API connections that do not come from the instance's own process (infra.local.peer).
+    runtime_api_guard: bool = True
+    # Inits (and restores) allowed to run at once; the others wait for a slot before their init clock
+    # starts. 0 = as many as the host's cores can give each its full quota (at least 1).
+    init_slots: int = 0
+    # Event invokes accepted but not yet delivered: past either bound the Invoke API answers 429.
+    max_queued_events: int = 10_000
+    max_queued_event_bytes: int = 256 * 1024 * 1024
+    history_bytes: int = 16 * 1024 * 1024  # LocalLambda.history keeps at most this much (payloads truncated)
+    # Event invokes that fail are retried max_retry_attempts times, after 60 s then 120 s times
+    # async_retry_scale (tests shrink it), and dropped once older than max_event_age_s.
+    max_retry_attempts: int = 2
+    async_retry_scale: float = 1.0
+    max_event_age_s: float = 21_600.0
+    on_failure: str | None = None  # a file: one JSON destination record a line for each dropped event
+    # Routing jitter: each invoke waits a random delay first (mean jitter_ms), as Lambda's front end adds.
+    jitter_ms: float = 0.0
+    jitter: Jitter = "uniform"
 
     def __post_init__(self) -> None:
         if self.init_type not in INIT_TYPES:
@@ -52,6 +78,17 @@ class LocalLambdaConfig:
             raise ValueError(f"snapshot needs init_type 'snap-start'; got {self.init_type!r}")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
+        if not 128 <= self.memory_mb <= 10_240:
+            raise ValueError(f"memory_mb must be in [128, 10240] as on Lambda; got {self.memory_mb}")
+        if self.cgroups not in CGROUP_WANTS:
+            raise ValueError(f"cgroups must be one of {', '.join(CGROUP_WANTS)}; got {self.cgroups!r}")
+        if self.jitter not in JITTERS:
+            raise ValueError(f"jitter must be one of {', '.join(JITTERS)}; got {self.jitter!r}")
+        if not 0 <= self.max_retry_attempts <= 2:
+            raise ValueError("max_retry_attempts must be 0, 1 or 2 as on Lambda")
+        # Lambda's range; a scaled-down retry clock (tests, benches) may scale the age down with it.
+        if not 60 * min(1.0, self.async_retry_scale) <= self.max_event_age_s <= 21_600:
+            raise ValueError("max_event_age_s must be in [60, 21600] as on Lambda (times async_retry_scale below 1)")
         for alias, version in self.aliases.items():
             if version != LATEST and version not in self.versions:
                 raise ValueError(f"alias {alias!r} points at unknown version {version!r}")

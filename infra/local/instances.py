@@ -12,17 +12,21 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Literal, Protocol
 
+from infra.local import peer
+from infra.local.cgroups import Cgroups, InstanceCgroup
 from infra.local.config import LocalLambdaConfig
 from infra.local.invocation import (
     EXIT_ERROR,
     INVALID_ENTRYPOINT,
     MAX_RESPONSE_PAYLOAD,
+    OUT_OF_MEMORY,
     RESPONSE_TOO_LARGE,
     SERVICE_SHUTDOWN,
     TIMEOUT_ERROR,
@@ -59,13 +63,14 @@ class SnapshotTemplate(Protocol):
     """What a restored copy needs of its snapshot template (`infra.local.template.Template` is one)."""
 
     async def wait_ready(self) -> bool: ...
-    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int) -> int: ...
+    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int, cgroup: list[str]) -> int: ...
     def failure_outcome(self) -> Outcome: ...
     def failure_log(self) -> bytes: ...
 
 
 class ForkedProcess:
-    """A process forked by a template (not our child): its exit status comes from the template."""
+    """A process forked by a template (not our child): its exit status comes from the template, or, once
+    the template is gone, is unknown (reported as -9 when we killed it, else 1)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -79,6 +84,27 @@ class ForkedProcess:
 class Owner(Protocol):
     def instance_ready(self, instance: Instance) -> None: ...
     def instance_gone(self, instance: Instance, orphan: Invocation | None) -> None: ...
+
+
+class InitSlots:
+    """Inits that may run at once. An instance waits here before its init clock starts: N cold starts on a
+    small host then each run under their quota (as on Lambda, where every sandbox has its CPU) instead of
+    all sharing the host's cores and timing out together."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._sem = asyncio.Semaphore(slots)
+        self.running = 0
+        self.peak = 0  # the most inits seen running at once (tests and benches read it)
+
+    async def acquire(self) -> None:
+        await self._sem.acquire()
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+
+    def release(self) -> None:
+        self.running -= 1
+        self._sem.release()
 
 
 def exit_reason(returncode: int) -> str:
@@ -123,7 +149,13 @@ class Instance:
         self.pass_fds: tuple[int, ...] = ()
         self.init_timeout_s = config.init_timeout_s
         self.init_outcome: Outcome | None = None  # what its /init/error or /restore/error said
-        self.server = RuntimeHTTPServer(_unbound, host="127.0.0.1", max_body=MAX_RESPONSE_PAYLOAD)
+        self.cgroups: Cgroups | None = None  # set by the pool: where this instance's cgroup is made
+        self.cgroup: InstanceCgroup | None = None
+        self.slots: InitSlots | None = None  # set by the pool: init pacing
+        self._has_slot = False
+        self._killed = False
+        guard = self._peer_allowed if config.runtime_api_guard else None
+        self.server = RuntimeHTTPServer(_unbound, host="127.0.0.1", max_body=MAX_RESPONSE_PAYLOAD, guard=guard)
         self.current: Invocation | None = None  # handed out, not yet answered
         self.queued: Invocation | None = None  # assigned, waiting for this instance's next /next
         self.waiter: asyncio.Future[Invocation] | None = None  # a parked /next
@@ -176,13 +208,25 @@ class Instance:
         if self.template is not None:
             await self._fork(env)
             return
+        if not await self._take_slot():
+            self.server.close()
+            self.exited.set_result(-1)
+            return
+        try:
+            self._make_cgroup()
+        except OSError as exc:
+            self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot make the instance's cgroup: {exc}"))
+            return
         env.update(self.extra_env)
+        argv = [self.config.python, *self.argv]
+        if self.cgroup is not None:
+            argv = self.cgroup.wrap(argv)
         self.spawned_at = time.perf_counter()
         self._arm_timer(self.init_timeout_s, self._init_timed_out)
         try:
             # Own session = own process group, so a kill takes the handler's children with it.
             proc = subprocess.Popen(
-                [self.config.python, *self.argv],
+                argv,
                 cwd=self.config.task_root,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -195,6 +239,7 @@ class Instance:
             self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot start the runtime: {exc}"))
             return
         self.proc = proc
+        self.server.peer_known()
         assert proc.stdout is not None
         await self.logs.attach(proc.stdout, proc.stdout.fileno())
         try:
@@ -204,6 +249,37 @@ class Instance:
             fut = loop.run_in_executor(None, proc.wait)
             fut.add_done_callback(lambda _f: self._on_exit())
 
+    def _make_cgroup(self) -> None:
+        if self.cgroups is not None:
+            self.cgroup = self.cgroups.create(self.instance_id, self.config.memory_mb)
+
+    def _release_cgroup(self) -> None:
+        if self.cgroup is not None and self.cgroups is not None:
+            self.cgroups.release(self.cgroup)
+            self.cgroup = None
+
+    async def _take_slot(self) -> bool:
+        """Wait for an init slot (False: shut down meanwhile)."""
+        if self.slots is not None:
+            await self.slots.acquire()
+            self._has_slot = True
+        if self.dead:
+            self._free_slot()
+            return False
+        return True
+
+    def _free_slot(self) -> None:
+        """Init (or restore) is over, however it ended: the next waiting one may start."""
+        if self._has_slot and self.slots is not None:
+            self._has_slot = False
+            self.slots.release()
+
+    def _peer_allowed(self, sock: socket.socket) -> bool | None:
+        """Does this connection come from this instance's own process? None: its pid is not known yet."""
+        if self.proc is None:
+            return None
+        return peer.connected_from(sock, self.proc.pid)
+
     async def _fork(self, env: dict[str, str]) -> None:
         """A restored copy of the template's snapshot: waits for the snapshot, then one fork()."""
         assert self.template is not None and self.exited is not None
@@ -211,24 +287,54 @@ class Instance:
             failure = self.template.failure_outcome()
             self._never_started(failure, log=self.template.failure_log())
             return
+        # The slot only after the snapshot exists: a copy holding one while its template waits for one
+        # would deadlock with a single slot.
+        if not await self._take_slot():
+            self.server.close()
+            self.exited.set_result(-1)
+            return
+        try:
+            self._make_cgroup()
+        except OSError as exc:
+            self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot make the instance's cgroup: {exc}"))
+            return
         read_fd, write_fd = os.pipe()
         await self.logs.attach(os.fdopen(read_fd, "rb", buffering=0), read_fd)
         self.spawned_at = time.perf_counter()
         self._arm_timer(self.init_timeout_s, self._init_timed_out)  # Lambda's 10 s covers restore + hooks
         try:
-            pid = await self.template.fork(self, env, write_fd)
+            pid = await self.template.fork(self, env, write_fd, self.cgroup.procs if self.cgroup else [])
         except OSError as exc:
             self.logs.close()
             self._never_started(Outcome.error(INVALID_ENTRYPOINT, f"cannot fork the snapshot: {exc}"))
             return
         self.proc = ForkedProcess(pid)
+        self.server.peer_known()
         if self.dead:  # shut down while the fork was under way
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
+    def orphaned(self) -> None:
+        """Its template is gone: a restored copy lives on (as on Lambda); watch its exit ourselves."""
+        if not isinstance(self.proc, ForkedProcess) or self.proc.returncode is not None:
+            return
+        try:
+            self._pidfd = os.pidfd_open(self.proc.pid)
+        except OSError:  # already gone
+            self.forked_exit(-9 if self._killed else 1)
+            return
+        asyncio.get_running_loop().add_reader(self._pidfd, self._orphan_exited)
+
+    def _orphan_exited(self) -> None:
+        # Not our child: its status went to whoever reaped it. Ours to say: killed by us, or exited.
+        assert isinstance(self.proc, ForkedProcess)
+        self.proc.returncode = -9 if self._killed else 1
+        self._on_exit()
+
     def snapshot_taken(self) -> None:
         """A template reached its snapshot point: init is over (it stays out of service, never polls /next)."""
         self._cancel_timer()
+        self._free_slot()
         self.init_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
 
     def forked_exit(self, returncode: int) -> None:
@@ -240,9 +346,10 @@ class Instance:
     def _never_started(self, outcome: Outcome, log: bytes = b"") -> None:
         assert self.exited is not None
         self._mark_dead()
+        self._release_cgroup()
         for inv in (self.current, self.queued):
             if inv is not None:
-                inv.log[:0] = log
+                inv.prepend_log(log)
         self._fail_pending(outcome)
         if not self.exited.done():
             self.exited.set_result(-1)
@@ -251,6 +358,7 @@ class Instance:
     def kill(self) -> None:
         """SIGKILL the whole process group; the exit watcher does the rest."""
         if self.proc is not None and self.proc.returncode is None:
+            self._killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self._mark_dead()
@@ -266,6 +374,7 @@ class Instance:
             return
         self.state = "dead"
         self._cancel_timer()
+        self._free_slot()
         self.server.close()
         if self.waiter is not None and not self.waiter.done():
             self.waiter.cancel()
@@ -288,10 +397,18 @@ class Instance:
         self.logs.flush_partial()
         orphan = None
         message = exit_message(returncode)
+        # Killed by the kernel for exceeding the memory size: Lambda says Runtime.OutOfMemory and reports
+        # the whole memory size as used.
+        error_type = EXIT_ERROR
+        if self.cgroup is not None and self.cgroup.oom_killed():
+            error_type = OUT_OF_MEMORY
+            self.max_memory_mb = self.config.memory_mb
+        self._release_cgroup()
         if self.current is not None:
             inv, self.current = self.current, None
+            inv.max_memory_mb = max(inv.max_memory_mb, self.max_memory_mb)
             inv.finish(
-                Outcome.error(EXIT_ERROR, f"RequestId: {inv.request_id} {message}"),
+                Outcome.error(error_type, f"RequestId: {inv.request_id} {message}"),
                 memory_mb=self.config.memory_mb,
                 status="error",
             )
@@ -299,8 +416,9 @@ class Instance:
             inv, self.queued = self.queued, None
             if self.init_duration_ms is None and not self.init_failed:  # died during init: that is its answer
                 self._charge_init(inv)
+                inv.max_memory_mb = max(inv.max_memory_mb, self.max_memory_mb)
                 inv.finish(
-                    Outcome.error(EXIT_ERROR, f"RequestId: {inv.request_id} {message}"),
+                    Outcome.error(error_type, f"RequestId: {inv.request_id} {message}"),
                     memory_mb=self.config.memory_mb,
                     status="error",
                 )
@@ -329,7 +447,7 @@ class Instance:
             if self.proc is not None:  # init's high-water mark, in case the process dies before answering
                 self.max_memory_mb = peak_rss_mb(self.proc.pid)
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
         self.invocations += 1
         inv.start(instance_id=self.instance_id, timeout_s=self.config.timeout_s)
         if self.config.echo_logs:
@@ -339,6 +457,7 @@ class Instance:
 
     def _charge_init(self, inv: Invocation) -> None:
         inv.restore_duration_ms = self.restore_duration_ms
+        inv.bill_init = self.config.init_type == "on-demand"
         if self.template is not None:  # a restored copy ran no init of its own
             if inv.restore_duration_ms is None and self.spawned_at:  # restore failed: what it took until now
                 inv.restore_duration_ms = (time.perf_counter() - self.spawned_at) * 1000.0
@@ -357,6 +476,7 @@ class Instance:
         if self.state == "init":
             now = time.perf_counter()
             self._cancel_timer()
+            self._free_slot()
             if self.template is not None:  # restored, not initialized: Lambda reports only the restore
                 self.restore_duration_ms = (now - self.spawned_at) * 1000.0
             elif self.restore_at is not None:
@@ -397,12 +517,13 @@ class Instance:
             return INVALID_STATE
         self.init_failed = True
         self._cancel_timer()
+        self._free_slot()
         outcome = _error_outcome(body, error_type)
         self.init_outcome = outcome
         if self.queued is not None:
             inv, self.queued = self.queued, None
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
             self.logs.target = inv
             self._background(self._finish_after_exit(inv, outcome))
         return None
@@ -413,7 +534,7 @@ class Instance:
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(asyncio.shield(self.exited), 1.0)
                 if self.proc is not None:
-                    inv.log += f"{exit_message(code)}\n".encode()
+                    inv.add_log(f"{exit_message(code)}\n".encode())
         self._finish_soon(inv, outcome, status="error")
 
     def restore_next(self) -> str | None:
@@ -506,7 +627,7 @@ class Instance:
         self.kill()
         if inv is not None:
             self._charge_init(inv)
-            inv.log[:0] = self.logs.init_log
+            inv.prepend_log(self.logs.init_log)
             self.logs.target = inv
             seconds = f"{self.config.init_timeout_s:.2f}"
             message = f"RequestId: {inv.request_id} Error: Init phase timed out after {seconds} seconds"

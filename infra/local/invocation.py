@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 # Error types the platform (not the function) puts in an invocation's answer.
 EXIT_ERROR = "Runtime.ExitError"
+OUT_OF_MEMORY = "Runtime.OutOfMemory"
 TIMEOUT_ERROR = "Sandbox.Timedout"
 RESPONSE_TOO_LARGE = "Function.ResponseSizeTooLarge"
 INVALID_ENTRYPOINT = "Runtime.InvalidEntrypoint"
@@ -19,8 +20,35 @@ UNHANDLED = "Unhandled"  # X-Amz-Function-Error value
 
 MAX_REQUEST_PAYLOAD = 6_291_456  # sync invoke request body
 MAX_RESPONSE_PAYLOAD = 6_291_556  # what the Runtime API accepts on /response (Lambda's own figure)
-MAX_ASYNC_PAYLOAD = 262_144
+MAX_ASYNC_PAYLOAD = 1_048_576  # Event invoke request body (Lambda raised it from 256 KB in 2025)
 LOG_TAIL_BYTES = 4096
+# What an invocation's log keeps, however much the function prints: its head (START, init output) and its
+# tail (the 4 KB Tail answer, END/REPORT), with a marker where the middle was dropped. CloudWatch would
+# have it all; the local Lambda echoes it all to stderr when asked, and keeps only this much in memory.
+LOG_KEEP_BYTES = 32 * 1024
+LOG_HEAD_BYTES = 8 * 1024
+LOG_MARKER = b"\n[... the local Lambda dropped log output here ...]\n"
+HISTORY_PAYLOAD_BYTES = 4096  # what LocalLambda.history keeps of each event and answer
+
+
+def bounded_append(buf: bytearray, data: bytes, *, keep: int = LOG_KEEP_BYTES, head: int = LOG_HEAD_BYTES) -> None:
+    """buf += data, then drop from the middle (after `head` bytes and a marker) so that buf stays under
+    `keep` (amortized: it shrinks to 3/4 of `keep` when it grows past it)."""
+    buf += data
+    if len(buf) <= keep:
+        return
+    start = head
+    if buf[head : head + len(LOG_MARKER)] != LOG_MARKER:
+        buf[head:head] = LOG_MARKER
+    start = head + len(LOG_MARKER)
+    excess = len(buf) - keep * 3 // 4
+    del buf[start : start + excess]
+
+
+def bounded_prepend(buf: bytearray, data: bytes | bytearray) -> None:
+    joined = bytearray(data)
+    bounded_append(joined, bytes(buf))
+    buf[:] = joined
 
 
 @dataclass(slots=True)
@@ -53,8 +81,12 @@ class Invocation:
     init_duration_ms: float | None = None
     restore_duration_ms: float | None = None
     max_memory_mb: int = 0
+    bill_init: bool = False  # on-demand: Lambda bills the INIT phase (since August 2025) in Billed Duration
     log: bytearray = field(default_factory=bytearray)
     outcome: Outcome | None = None
+    # Event invokes: which attempt this is (1 + retries) and when the event was first accepted (epoch s).
+    attempt: int = 1
+    first_received: float = field(default_factory=time.time)
 
     @property
     def duration_ms(self) -> float:
@@ -66,7 +98,7 @@ class Invocation:
         self.instance_id = instance_id
         self.started_at = time.perf_counter()
         self.deadline_ms = int((time.time() + timeout_s) * 1000)
-        self.log += f"START RequestId: {self.request_id} Version: {self.version}\n".encode()
+        bounded_append(self.log, f"START RequestId: {self.request_id} Version: {self.version}\n".encode())
 
     def finish(self, outcome: Outcome, *, memory_mb: int, status: str | None = None) -> None:
         """Close the log with END/REPORT and hand the answer to whoever waits. Idempotent."""
@@ -80,12 +112,19 @@ class Invocation:
         if not self.done.done():
             self.done.set_result(outcome)
 
+    @property
+    def billed_ms(self) -> int:
+        billed = self.duration_ms
+        if self.bill_init and self.init_duration_ms is not None:
+            billed += self.init_duration_ms
+        return max(1, math.ceil(billed))
+
     def report_lines(self, *, memory_mb: int, status: str | None, error_type: str | None) -> str:
         duration = self.duration_ms
         parts = [
             f"REPORT RequestId: {self.request_id}",
             f"Duration: {duration:.2f} ms",
-            f"Billed Duration: {max(1, math.ceil(duration))} ms",
+            f"Billed Duration: {self.billed_ms} ms",
             f"Memory Size: {memory_mb} MB",
             f"Max Memory Used: {self.max_memory_mb} MB",
         ]
@@ -110,9 +149,33 @@ class Invocation:
                 return line
         return ""
 
+    def add_log(self, data: bytes) -> None:
+        bounded_append(self.log, data)
+
+    def prepend_log(self, data: bytes | bytearray) -> None:
+        bounded_prepend(self.log, data)
+
+    def history_size(self) -> int:
+        size = len(self.payload) + len(self.log)
+        return size + (len(self.outcome.payload) if self.outcome is not None else 0)
+
+    def trim_for_history(self) -> None:
+        """What LocalLambda.history keeps: the first 4 KB of the event and of the answer, the bounded log."""
+        self.payload = self.payload[:HISTORY_PAYLOAD_BYTES]
+        if self.outcome is not None and len(self.outcome.payload) > HISTORY_PAYLOAD_BYTES:
+            self.outcome = Outcome(self.outcome.payload[:HISTORY_PAYLOAD_BYTES], self.outcome.error_type)
+
 
 class FunctionNotFound(Exception):
     """An Invoke API name or qualifier that this local Lambda does not serve (404 ResourceNotFoundException)."""
+
+
+class QualifierConflict(Exception):
+    """A qualified name whose qualifier differs from the Qualifier parameter (400 InvalidParameterValueException)."""
+
+
+class QueueFull(Exception):
+    """The Event queue is at its bound (429 TooManyRequestsException)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from infra.local.invocation import (
     FunctionNotFound,
     Invocation,
     Outcome,
+    QualifierConflict,
+    QueueFull,
     Target,
 )
 from infra.local.pool import THROTTLE_REASON, Throttled
@@ -31,6 +33,9 @@ TOO_MANY_REQUESTS = "TooManyRequestsException"
 TOO_LARGE = "RequestTooLargeException"
 BAD_CONTENT = "InvalidRequestContentException"
 BAD_PARAMETER = "InvalidParameterValueException"
+# The Event queue is full (a local bound: Lambda's own queue is not documented as bounded); boto3 retries
+# a 429 TooManyRequestsException by itself, as a caller throttled by Lambda would be.
+QUEUE_FULL_REASON = "EventQueueFull"
 
 
 class Functions(Protocol):
@@ -47,18 +52,48 @@ def _error(status: int, code: str, message: str, **extra: str) -> Response:
     return Response(body, status, {"x-amzn-ErrorType": code}, media_type="application/json")
 
 
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (_TooLarge) on its Content-Length or as soon as the stream passes `limit`:
+    never more than `limit` bytes are held, whatever the client sends."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _TooLarge
+    return bytes(body)
+
+
+def client_context(raw: str) -> str:
+    """X-Amz-Client-Context: base64 of a JSON object, passed on re-serialized. Re-serializing is what keeps
+    it one header line on /next: JSON escapes every control character, CR and LF included."""
+    decoded = json.loads(base64.b64decode(raw, validate=True).decode())
+    if not isinstance(decoded, dict):
+        raise ValueError("not a JSON object")
+    return json.dumps(decoded, separators=(",", ":"))
+
+
 def build_app(local: Functions) -> Starlette:
     async def invoke(request: Request) -> Response:
         try:
             target = local.resolve(request.path_params["name"], request.query_params.get("Qualifier"))
         except FunctionNotFound as exc:
             return _error(404, NOT_FOUND, f"Function not found: {exc}")
+        except QualifierConflict as exc:
+            return _error(400, BAD_PARAMETER, str(exc))
         kind = request.headers.get("x-amz-invocation-type", "RequestResponse")
         if kind not in INVOCATION_TYPES:
             return _error(400, BAD_PARAMETER, f"InvocationType must be one of {', '.join(INVOCATION_TYPES)}")
-        payload = await request.body()
         limit = MAX_ASYNC_PAYLOAD if kind == "Event" else MAX_REQUEST_PAYLOAD
-        if len(payload) > limit:
+        try:
+            payload = await _read_body(request, limit)
+        except _TooLarge:
             message = f"Request must be smaller than {limit} bytes for the InvokeFunction operation"
             return _error(413, TOO_LARGE, message)
         if not payload.strip():
@@ -67,20 +102,23 @@ def build_app(local: Functions) -> Starlette:
             json.loads(payload)
         except ValueError as exc:
             return _error(400, BAD_CONTENT, f"Could not parse request body into json: {exc}")
-        client_context = None
+        context = None
         if raw_context := request.headers.get("x-amz-client-context"):
             try:
-                client_context = base64.b64decode(raw_context, validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
+                context = client_context(raw_context)
+            except (binascii.Error, UnicodeDecodeError, ValueError):
                 return _error(400, BAD_PARAMETER, "Client context must be a valid Base64-encoded JSON object.")
         headers = {"X-Amz-Executed-Version": target.version}
         if kind == "DryRun":
             return Response(status_code=204, headers=headers)
-        inv = local.new_invocation(target, payload, client_context=client_context)
+        inv = local.new_invocation(target, payload, client_context=context)
+        if kind == "Event":  # Lambda's answer: 202, an empty body, the request id, no executed version
+            try:
+                local.enqueue(inv)
+            except QueueFull:
+                return _error(429, TOO_MANY_REQUESTS, "Rate Exceeded.", Reason=QUEUE_FULL_REASON)
+            return Response(status_code=202, headers={"x-amzn-RequestId": inv.request_id})
         headers["x-amzn-RequestId"] = inv.request_id
-        if kind == "Event":
-            local.enqueue(inv)
-            return Response(status_code=202, headers=headers)
         try:
             outcome = await local.invoke(inv)
         except Throttled:

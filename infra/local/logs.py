@@ -16,7 +16,9 @@ import sys
 import termios
 from collections.abc import Callable
 
-from infra.local.invocation import Invocation
+from infra.local.invocation import Invocation, bounded_append
+
+INIT_LOG_KEEP = 64 * 1024  # what is kept of init output (its head and tail): the init report is in it
 
 
 class _Pipe(asyncio.Protocol):
@@ -89,9 +91,9 @@ class LogCapture:
     def emit(self, data: bytes) -> None:
         target = self.target
         if target is not None:
-            target.log += data
+            target.add_log(data)
         elif self.in_init():
-            self.init_log += data
+            bounded_append(self.init_log, data, keep=INIT_LOG_KEEP)
 
     def flush_partial(self) -> None:
         if self.echo_enabled and self._partial:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import time
 
 from infra.local import runtime_api
+from infra.local.cgroups import Cgroups, vcpus_for
 from infra.local.config import LocalLambdaConfig
-from infra.local.instances import Instance
+from infra.local.instances import InitSlots, Instance
 from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
 from infra.local.template import Template
 
@@ -31,10 +34,14 @@ class InstancePool:
         self._capacity: asyncio.Event | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._starting: set[asyncio.Task[None]] = set()  # strong refs: the loop keeps only weak ones
+        self.cgroups = Cgroups("none", "not started", [])
+        self.slots = InitSlots(1)
 
     def start(self) -> None:
         self._capacity = asyncio.Event()
         self._reaper = asyncio.ensure_future(self._reap_forever())
+        self.cgroups = Cgroups.detect(self.config.cgroups)
+        self.slots = InitSlots(self.config.init_slots or init_slots(self.config.memory_mb, self.cgroups.mode))
 
     # -- placement -------------------------------------------------------------------------------------
 
@@ -55,6 +62,7 @@ class InstancePool:
         if len(self.instances) >= self.config.max_concurrency and not self._evict_idle():
             return False
         instance = Instance(self.config, inv.version, self, template=self.template(inv.version))
+        instance.cgroups, instance.slots = self.cgroups, self.slots
         runtime_api.bind(instance)
         instance.assign(inv)
         self.instances[instance.instance_id] = instance
@@ -70,7 +78,7 @@ class InstancePool:
             return None
         current = self.templates.get(version)
         if current is None or current.dead:
-            current = self.templates[version] = Template(self.config, version)
+            current = self.templates[version] = Template(self.config, version, self.cgroups, self.slots)
             current.start()
         return current
 
@@ -154,3 +162,13 @@ class InstancePool:
         self.instances.clear()
         self.retired.clear()
         self.templates.clear()
+        self.cgroups.close()
+
+
+def init_slots(memory_mb: int, mode: str) -> int:
+    """Inits that fit at once: each gets its full quota of the host's cores (unconfined: a core each,
+    which a single-threaded Python init uses at most)."""
+    cores = len(os.sched_getaffinity(0))
+    if mode == "none":
+        return cores
+    return max(1, math.floor(cores / vcpus_for(memory_mb, cores) + 1e-9))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -35,12 +36,24 @@ class Response:
 
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]
+# Is this accepted connection the instance's own? True / False, or None while that cannot be told yet
+# (a restored copy connects before its pid reaches us): its requests wait until peer_known().
+Guard = Callable[[socket.socket], "bool | None"]
+_REFUSED = Response(
+    403,
+    b'{"errorMessage":"This Runtime API serves only its own instance","errorType":"AccessDeniedException"}',
+    [("Content-Type", "application/json")],
+    close=True,
+)
 
 
 def encode(response: Response) -> bytes:
     reason = HTTPStatus(response.status).phrase
     lines = [f"HTTP/1.1 {response.status} {reason}", f"Content-Length: {len(response.body)}"]
-    lines.extend(f"{k}: {v}" for k, v in response.headers)
+    for k, v in response.headers:
+        if "\r" in v or "\n" in v or "\r" in k or "\n" in k:  # a header must never start another one
+            raise ValueError(f"CR/LF in response header {k!r}")
+        lines.append(f"{k}: {v}")
     if response.close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
@@ -56,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self._discard = False
         self._pending: asyncio.Future[Response] | None = None
         self._close_after = False  # a refused 100-continue body: the stream is no longer in sync
+        self._allowed: bool | None = True if server.guard is None else None  # None: not decided yet
+        self._sock: socket.socket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -64,6 +79,28 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server.connections.add(self)
+        self._sock = sock
+        self.check_peer()
+
+    def check_peer(self) -> None:
+        """Run the server's guard: refuse a stranger at once, let a waiting instance's requests through."""
+        guard = self._server.guard
+        if self._allowed is not None or guard is None or self._transport is None:
+            return
+        started = time.perf_counter()
+        verdict = guard(self._sock) if self._sock is not None else False
+        self._server.guard_seconds += time.perf_counter() - started
+        if verdict is None:
+            return
+        self._server.checked += 1
+        self._allowed = verdict
+        if not verdict:
+            self._server.refused += 1
+            self._buf.clear()
+            self._write(_REFUSED)
+            return
+        if self._buf and self._pending is None:
+            self._process()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -76,8 +113,13 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._allowed is False:
+            return
         self._buf += data
-        if self._pending is None:
+        if self._allowed is None and len(self._buf) > MAX_HEAD:  # undecided peers get no big buffer
+            self._write(Response(431, close=True))
+            return
+        if self._pending is None and self._allowed:
             self._process()
 
     def _process(self) -> None:
@@ -158,7 +200,11 @@ class _Connection(asyncio.Protocol):
     def _write(self, response: Response) -> None:
         if self._transport is None:
             return
-        self._transport.write(encode(response))
+        try:
+            data = encode(response)
+        except ValueError:
+            data, response = encode(Response(500, close=True)), Response(500, close=True)
+        self._transport.write(data)
         if response.close or self._close_after:
             self._transport.close()
 
@@ -166,10 +212,16 @@ class _Connection(asyncio.Protocol):
 class RuntimeHTTPServer:
     """Listens on a fresh 127.0.0.1 port; `address` is what goes into AWS_LAMBDA_RUNTIME_API."""
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", max_body: int = 6 * 1024 * 1024) -> None:
+    def __init__(
+        self, handler: Handler, *, host: str = "127.0.0.1", max_body: int = 6 * 1024 * 1024, guard: Guard | None = None
+    ) -> None:
         self.handler = handler
         self.host = host
         self.max_body = max_body
+        self.guard = guard
+        self.refused = 0  # connections the guard turned away
+        self.checked = 0  # connections the guard decided, and the time it took (bench_local_limits.py)
+        self.guard_seconds = 0.0
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -182,6 +234,11 @@ class RuntimeHTTPServer:
         self._server = await loop.create_server(lambda: _Connection(self), sock=sock, backlog=16)
         self.port = sock.getsockname()[1]
         return f"{self.host}:{self.port}"
+
+    def peer_known(self) -> None:
+        """The instance's pid is known now: decide the connections that waited for it."""
+        for conn in list(self.connections):
+            conn.check_peer()
 
     def close(self) -> None:
         """Stop listening and drop every connection, parked long-polls included."""

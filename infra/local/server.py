@@ -10,6 +10,8 @@ import asyncio
 import collections
 import contextlib
 import functools
+import json
+import random
 import secrets
 import socket
 import threading
@@ -18,19 +20,50 @@ import uuid
 from types import TracebackType
 from typing import Literal
 
-from infra.local.config import LATEST, LocalLambdaConfig
-from infra.local.invocation import FunctionNotFound, Invocation, Outcome, Target
+from infra.local.config import LATEST, Jitter, LocalLambdaConfig
+from infra.local.invocation import FunctionNotFound, Invocation, Outcome, QualifierConflict, QueueFull, Target
 from infra.local.pool import InstancePool, Throttled
+
+# Lambda retries a failed Event invoke twice: about one minute after the first attempt, two after the second.
+RETRY_DELAYS_S = (60.0, 120.0)
+QUALIFIER_CONFLICT = "The derived qualifier from the function name does not match the specified qualifier."
+
+
+def jitter_delay(kind: Jitter, scale_ms: float, rng: random.Random) -> float:
+    """A routing delay in seconds: uniform on [0, scale], exponential with mean scale, half-normal with
+    sigma scale, or exactly scale."""
+    if scale_ms <= 0:
+        return 0.0
+    if kind == "uniform":
+        ms = rng.uniform(0.0, scale_ms)
+    elif kind == "exponential":
+        ms = rng.expovariate(1.0 / scale_ms)
+    elif kind == "normal":
+        ms = abs(rng.gauss(0.0, scale_ms))
+    else:
+        ms = scale_ms
+    return ms / 1000.0
+
 
 InvocationType = Literal["RequestResponse", "Event", "DryRun"]
 
 
 class LocalLambda:
-    def __init__(self, config: LocalLambdaConfig | None = None, *, history: int = 1000) -> None:
+    def __init__(
+        self, config: LocalLambdaConfig | None = None, *, history: int = 1000, seed: int | None = None
+    ) -> None:
         self.config = config or LocalLambdaConfig()
         self.pool = InstancePool(self.config)
-        self.history: collections.deque[Invocation] = collections.deque(maxlen=history)
+        # Recent invocations, bounded in count and in bytes (each trimmed: see Invocation.trim_for_history).
+        self.history: collections.deque[Invocation] = collections.deque()
+        self.history_max = history
+        self._history_bytes = 0
+        self.rng = random.Random(seed)  # routing jitter
         self.endpoint = ""
+        self.queued_events = 0  # Event invokes accepted and not finished (retries pending included)
+        self.queued_event_bytes = 0
+        self.dropped_events: list[dict[str, object]] = []  # on-failure records (also written to on_failure)
+        self._retries: set[asyncio.TimerHandle] = set()
         self._events: asyncio.Queue[Invocation] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -53,7 +86,7 @@ class LocalLambda:
         else:
             embedded = None
         if embedded and qualifier and embedded != qualifier:
-            raise FunctionNotFound(f"{name}:{qualifier}")
+            raise QualifierConflict(QUALIFIER_CONFLICT)
         qualifier = qualifier or embedded
         if name not in (cfg.function_name, "function"):
             raise FunctionNotFound(f"{cfg.function_arn[: -len(cfg.function_name)]}{name}")
@@ -70,11 +103,13 @@ class LocalLambda:
 
     # -- invoking ----------------------------------------------------------------------------------------
 
-    def new_invocation(self, target: Target, payload: bytes, *, client_context: str | None = None) -> Invocation:
+    def new_invocation(
+        self, target: Target, payload: bytes, *, client_context: str | None = None, request_id: str | None = None
+    ) -> Invocation:
         assert self._loop is not None
         now = int(time.time())
         return Invocation(
-            request_id=str(uuid.uuid4()),
+            request_id=request_id or str(uuid.uuid4()),
             payload=payload,
             version=target.version,
             function_arn=target.arn,
@@ -85,14 +120,26 @@ class LocalLambda:
 
     async def invoke(self, inv: Invocation) -> Outcome:
         """RequestResponse: place it (or raise Throttled) and wait for the answer."""
+        await self._jitter()
         self.pool.dispatch(inv)
         outcome = await inv.done
-        self.history.append(inv)
+        self._record(inv)
         return outcome
 
+    async def _jitter(self) -> None:
+        delay = jitter_delay(self.config.jitter, self.config.jitter_ms, self.rng)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     def enqueue(self, inv: Invocation) -> None:
-        """Event: accepted now, delivered by the dispatcher as capacity allows."""
+        """Event: accepted now (or QueueFull past the queue's bounds), delivered as capacity allows."""
         assert self._events is not None
+        cfg = self.config
+        size = len(inv.payload)
+        if self.queued_events >= cfg.max_queued_events or self.queued_event_bytes + size > cfg.max_queued_event_bytes:
+            raise QueueFull
+        self.queued_events += 1
+        self.queued_event_bytes += size
         inv.is_async = True
         self._events.put_nowait(inv)
 
@@ -100,17 +147,88 @@ class LocalLambda:
         assert self._events is not None
         while True:
             inv = await self._events.get()
+            await self._jitter()
             while not self.pool.closed:
+                if self._too_old(inv):
+                    self._drop(inv, "EventAgeExceeded", None)
+                    break
                 try:
                     self.pool.dispatch(inv)
                 except Throttled:  # Lambda keeps async events queued through throttles
                     await self.pool.wait_capacity(0.25)
                     continue
-                inv.done.add_done_callback(functools.partial(self._record, inv))
+                inv.done.add_done_callback(functools.partial(self._attempt_done, inv))
                 break
 
-    def _record(self, inv: Invocation, _done: object) -> None:
+    def _too_old(self, inv: Invocation, after_s: float = 0.0) -> bool:
+        return time.time() + after_s - inv.first_received > self.config.max_event_age_s
+
+    def _attempt_done(self, inv: Invocation, _done: object = None) -> None:
+        """An Event attempt ended: done, retried after Lambda's delay, or dropped to the on-failure file."""
+        outcome = inv.outcome
+        payload = inv.payload  # before history trims it
+        self._record(inv)
+        if outcome is None or outcome.error_type is None:
+            self._event_finished(inv, len(payload))
+            return
+        if inv.attempt > self.config.max_retry_attempts:
+            self._drop(inv, "RetriesExhausted", outcome, payload)
+            return
+        delay = RETRY_DELAYS_S[inv.attempt - 1] * self.config.async_retry_scale
+        if self._too_old(inv, delay):
+            self._drop(inv, "EventAgeExceeded", outcome, payload)
+            return
+        assert self._loop is not None and self._events is not None
+        retry = self.new_invocation(
+            Target(inv.version, inv.function_arn), payload, client_context=inv.client_context, request_id=inv.request_id
+        )
+        retry.is_async, retry.attempt, retry.first_received = True, inv.attempt + 1, inv.first_received
+        events = self._events
+
+        def resend() -> None:
+            self._retries.discard(handle)
+            events.put_nowait(retry)
+
+        handle = self._loop.call_later(delay, resend)
+        self._retries.add(handle)
+
+    def _event_finished(self, inv: Invocation, size: int) -> None:
+        self.queued_events -= 1
+        self.queued_event_bytes -= size
+
+    def _drop(self, inv: Invocation, condition: str, outcome: Outcome | None, payload: bytes | None = None) -> None:
+        """Lambda's on-failure destination record for an event it gives up on."""
+        payload = inv.payload if payload is None else payload
+        self._event_finished(inv, len(payload))
+        record: dict[str, object] = {
+            "version": "1.0",
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+            "requestContext": {
+                "requestId": inv.request_id,
+                "functionArn": f"{self.config.function_arn}:{inv.version}",
+                "condition": condition,
+                "approximateInvokeCount": inv.attempt if outcome is not None else inv.attempt - 1,
+            },
+            "requestPayload": _json_or_text(payload),
+        }
+        if outcome is not None:
+            context = {"statusCode": 200, "executedVersion": inv.version, "functionError": "Unhandled"}
+            record["responseContext"] = context
+            record["responsePayload"] = _json_or_text(outcome.payload)
+        self.dropped_events.append(record)
+        del self.dropped_events[:-100]
+        if self.config.on_failure:
+            with open(self.config.on_failure, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _record(self, inv: Invocation) -> None:
+        inv.trim_for_history()
         self.history.append(inv)
+        self._history_bytes += inv.history_size()
+        while self.history and (
+            len(self.history) > self.history_max or self._history_bytes > self.config.history_bytes
+        ):
+            self._history_bytes -= self.history.popleft().history_size()
 
     # -- serving -----------------------------------------------------------------------------------------
 
@@ -152,6 +270,8 @@ class LocalLambda:
             await self._stopping.wait()
         finally:
             delivering.cancel()
+            for handle in self._retries:
+                handle.cancel()
             await self.pool.close()  # answers pending invokes, kills process groups, waits for exits
             server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,3 +334,10 @@ class LocalLambda:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _json_or_text(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")

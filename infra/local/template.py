@@ -15,11 +15,12 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from infra.local import runtime_api
-from infra.local.instances import BEFORE_SNAPSHOT_ERROR, Instance, exit_message, exit_reason
+from infra.local.instances import BEFORE_SNAPSHOT_ERROR, InitSlots, Instance, exit_message, exit_reason
 from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
 from infra.local.zygote import FD_VARIABLE
 
 if TYPE_CHECKING:
+    from infra.local.cgroups import Cgroups
     from infra.local.config import LocalLambdaConfig
 
 # What a copy's environment differs in from the template's (the rest it inherits with the snapshot).
@@ -27,9 +28,12 @@ _PER_COPY = ("AWS_LAMBDA_RUNTIME_API", "AWS_LAMBDA_LOG_STREAM_NAME")
 
 
 class Template:
-    def __init__(self, config: LocalLambdaConfig, version: str) -> None:
+    def __init__(
+        self, config: LocalLambdaConfig, version: str, cgroups: Cgroups | None = None, slots: InitSlots | None = None
+    ) -> None:
         self.config, self.version = config, version
         self.instance = Instance(config, version, self)
+        self.instance.cgroups, self.instance.slots = cgroups, slots  # snapshot init runs under the quota too
         self.instance.argv = ["-m", "infra.local.zygote", config.handler]
         self.instance.init_timeout_s = config.snapshot_timeout_s
         self._sock, self._child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -72,12 +76,14 @@ class Template:
         assert self._ready is not None
         return await asyncio.shield(self._ready)
 
-    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int) -> int:
-        """Ask the template for a copy whose stdout/stderr is `out_fd`; its pid once forked."""
+    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int, cgroup: list[str]) -> int:
+        """Ask the template for a copy whose stdout/stderr is `out_fd`, in the cgroup whose cgroup.procs
+        files are `cgroup`; its pid once forked."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[instance.instance_id] = fut
         self.forks[instance.instance_id] = instance
-        message = json.dumps({"fork": instance.instance_id, "env": {k: env[k] for k in _PER_COPY}}).encode()
+        request = {"fork": instance.instance_id, "env": {k: env[k] for k in _PER_COPY}, "cgroup": cgroup}
+        message = json.dumps(request).encode()
         try:
             socket.send_fds(self._sock, [message], [out_fd])
         except OSError:
@@ -126,7 +132,8 @@ class Template:
             self._sock.close()
 
     def _lost(self) -> None:
-        """The template is gone: copies it can no longer reap are killed, waiting ones fail."""
+        """The template is gone: waiting forks fail; copies already restored live on (on Lambda a restored
+        instance does not depend on the snapshot) and their exits are watched without the template."""
         self._gone = True
         self._close_control()
         for fut in self._pending.values():
@@ -134,8 +141,7 @@ class Template:
                 fut.set_exception(OSError("the snapshot template exited"))
         self._pending.clear()
         for inst in list(self.forks.values()):
-            inst.kill()
-            inst.forked_exit(-9)
+            inst.orphaned()
         self.forks.clear()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(False)

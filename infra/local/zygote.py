@@ -95,6 +95,10 @@ class ForkServer:
         _send(self.sock, {"event": "exit", "id": fork_id, "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def _become_instance(self, request: dict[str, Any], out: int) -> None:
+        # Into this copy's own cgroup first, so its restore runs and is charged under its own quota.
+        for procs in request.get("cgroup", ()):
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
         os.setsid()  # its own process group: the host kills it (and its children) on its own
         for pidfd in self.children:
             os.close(pidfd)

@@ -10,6 +10,7 @@ from typing import Any
 
 from handler.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.bert_graph import build_bert_graph
+from infra.pack.golden import with_golden
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, onnx_dtype_name, save_onnx
 from infra.pack.publish import publish
 
@@ -96,7 +97,7 @@ def pack_default(out: Path, backends: Iterable[str] = ("onnx", "torch"), force: 
             "dimension": hidden,
         }
 
-    return publish(build, out, force)
+    return publish(with_golden(build), out, force)  # golden answers recorded into the manifest (issue 18)
 
 
 def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: bool = False) -> Path:

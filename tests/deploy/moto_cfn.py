@@ -1,6 +1,7 @@
 """CloudFormation support moto 5.2 lacks for the transformed template: Lambda versions (`GetAtt .Version`),
-aliases and function URLs. Each creates the real object in moto's Lambda backend where moto models it, so
-the test then checks the Lambda API, not these classes.
+aliases and function URLs; CloudWatch alarms, the CodeDeploy application and deployment groups (issue 18). Each
+creates the real object in moto's backend where moto models it, so the test then checks the API, not these
+classes.
 
 moto builds its resource-type map from `CloudFormationModel.__subclasses__()` (cached): defining these and
 clearing the cache registers them, later definitions winning over moto's own `AWS::Lambda::Version`.
@@ -12,6 +13,8 @@ from typing import Any
 
 from moto.awslambda.models import lambda_backends
 from moto.cloudformation import parsing
+from moto.cloudwatch.models import Dimension, Metric, MetricDataQuery, MetricStat, cloudwatch_backends
+from moto.codedeploy.models import codedeploy_backends
 from moto.core.common_models import CloudFormationModel
 
 
@@ -94,6 +97,125 @@ class Url(CloudFormationModel):
     ) -> Url:
         props = cloudformation_json["Properties"]
         return cls(props["TargetFunctionArn"], props["AuthType"])
+
+
+class CloudWatchAlarm(CloudFormationModel):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "AWS::CloudWatch::Alarm"
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.name
+
+    @classmethod
+    def create_from_cloudformation_json(  # type: ignore[override]
+        cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kw: Any
+    ) -> CloudWatchAlarm:
+        p = cloudformation_json["Properties"]
+        name = p.get("AlarmName") or resource_name
+        queries = None
+        if p.get("Metrics"):
+            queries = []
+            for q in p["Metrics"]:
+                stat = None
+                if "MetricStat" in q:
+                    m = q["MetricStat"]["Metric"]
+                    dims = [Dimension(d["Name"], d["Value"]) for d in m.get("Dimensions", [])]
+                    stat = MetricStat(
+                        Metric(m["MetricName"], m["Namespace"], dims),
+                        q["MetricStat"]["Period"],
+                        q["MetricStat"]["Stat"],
+                        q["MetricStat"].get("Unit"),
+                    )
+                queries.append(
+                    MetricDataQuery(
+                        q["Id"], q.get("Label"), q.get("Period"), q.get("ReturnData"), q.get("Expression"), stat
+                    )
+                )
+        cloudwatch_backends[account_id][region_name].put_metric_alarm(
+            name=name,
+            namespace=p.get("Namespace"),
+            metric_name=p.get("MetricName"),
+            metric_data_queries=queries,
+            comparison_operator=p["ComparisonOperator"],
+            evaluation_periods=int(p["EvaluationPeriods"]),
+            period=p.get("Period"),
+            threshold=float(p["Threshold"]),
+            statistic=p.get("Statistic"),
+            extended_statistic=p.get("ExtendedStatistic"),
+            description=p.get("AlarmDescription", ""),
+            dimensions=list(p.get("Dimensions", [])),
+            alarm_actions=[],
+            treat_missing_data=p.get("TreatMissingData"),
+        )
+        return cls(name)
+
+
+class CodeDeployApplication(CloudFormationModel):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "AWS::CodeDeploy::Application"
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.name
+
+    @classmethod
+    def create_from_cloudformation_json(  # type: ignore[override]
+        cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kw: Any
+    ) -> CodeDeployApplication:
+        p = cloudformation_json["Properties"]
+        name = p.get("ApplicationName") or f"{resource_name}-app"
+        codedeploy_backends[account_id][region_name].create_application(name, p["ComputePlatform"], [])
+        return cls(name)
+
+
+class CodeDeployDeploymentGroup(CloudFormationModel):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "AWS::CodeDeploy::DeploymentGroup"
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.name
+
+    @classmethod
+    def create_from_cloudformation_json(  # type: ignore[override]
+        cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kw: Any
+    ) -> CodeDeployDeploymentGroup:
+        p = cloudformation_json["Properties"]
+        alarms = p.get("AlarmConfiguration", {})
+        rollback = p.get("AutoRollbackConfiguration", {})
+        style = p.get("DeploymentStyle", {})
+        codedeploy_backends[account_id][region_name].create_deployment_group(
+            application_name=p["ApplicationName"],
+            deployment_group_name=resource_name,
+            deployment_config_name=p.get("DeploymentConfigName"),
+            ec2_tag_filters=None,
+            on_premises_instance_tag_filters=None,
+            auto_scaling_groups=None,
+            service_role_arn=p["ServiceRoleArn"],
+            alarm_configuration={  # type: ignore[arg-type]  # the API's shape, as moto's own responses pass it
+                "enabled": alarms.get("Enabled", False),
+                "alarms": [{"name": a["Name"]} for a in alarms.get("Alarms", [])],
+            },
+            auto_rollback_configuration={"enabled": rollback.get("Enabled"), "events": rollback.get("Events", [])},
+            deployment_style={
+                "deploymentType": style.get("DeploymentType"),
+                "deploymentOption": style.get("DeploymentOption"),
+            },
+        )
+        return cls(resource_name)
 
 
 def register() -> None:

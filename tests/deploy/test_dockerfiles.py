@@ -16,7 +16,8 @@ import pytest
 from infra.cli import build_parser
 from tests.deploy.sam import ROOT, load_template
 
-DOCKERFILES = [ROOT / "infra" / "Dockerfile", ROOT / "infra" / "Dockerfile.gpu"]
+DEPLOY = ROOT / "infra" / "deploy"
+DOCKERFILES = [DEPLOY / "Dockerfile", DEPLOY / "Dockerfile.gpu"]
 MODEL_HANDLER = "handler.app.lambda_handler"
 
 
@@ -122,11 +123,34 @@ def test_model_packed_at_build_time_and_bytecode_precompiled(dockerfile: Path) -
     assert any(r.split()[-1].endswith("models/default") for r in copies_from)
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_one_entrypoint_for_every_host(dockerfile: Path) -> None:
+    """`python -m handler`: Lambda mode with AWS_LAMBDA_RUNTIME_API, the HTTP host otherwise and with
+    SageMaker's `serve`; the image's CMD is the handler Lambda mode runs."""
+    (entrypoint,) = args_of(dockerfile, "ENTRYPOINT")
+    assert json.loads(entrypoint)[1:] == ["-m", "handler"]
+    assert "8080" in args_of(dockerfile, "EXPOSE")
+
+
+def http_closure(dockerfile: Path) -> set[str]:
+    """The packages the image's pip installs name (from the requirements files it copies)."""
+    names: set[str] = set()
+    for source in copy_sources(dockerfile):
+        if source.endswith(".txt") and "pack" not in source:
+            names |= set(pins(ROOT / source))
+    return names
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_carry_the_http_host_and_the_runtime_client(dockerfile: Path) -> None:
+    assert {"starlette", "uvicorn", "awslambdaric"} <= http_closure(dockerfile)
+
+
 def test_cpu_image_base_and_task_root() -> None:
     dockerfile = DOCKERFILES[0]
     bases = args_of(dockerfile, "FROM")
     assert bases[-1] == "public.ecr.aws/lambda/python:3.12"
-    assert not args_of(dockerfile, "ENTRYPOINT")  # the base image's entrypoint runs its runtime client
+    assert args_of(dockerfile, "WORKDIR")[-1] == "${LAMBDA_TASK_ROOT}"  # `python -m handler` imports from there
     assert any("${LAMBDA_TASK_ROOT}/handler/" in r for r in args_of(dockerfile, "COPY"))
 
 
@@ -136,11 +160,9 @@ def test_gpu_image_cuda_base_and_runtime_client() -> None:
     image = cuda_arg.split("=", 1)[1]
     assert image.startswith("nvidia/cuda:") and "cudnn-runtime" in image
     assert args_of(dockerfile, "FROM")[-1] == "${CUDA_IMAGE}"
-    assert json.loads(args_of(dockerfile, "ENTRYPOINT")[0])[1:] == ["-m", "awslambdaric"]
     assert args_of(dockerfile, "WORKDIR")[-1] == "/var/task"
-    gpu_reqs = (ROOT / "infra" / "requirements-gpu.txt").read_text()
+    gpu_reqs = (DEPLOY / "requirements-gpu.txt").read_text()
     assert "onnxruntime-gpu==" in gpu_reqs and "awslambdaric==" in gpu_reqs
-    assert "-m handler" in dockerfile.read_text()  # the HTTP host mode is documented where the image is
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -151,9 +173,11 @@ def pins(path: Path) -> dict[str, str]:
 def test_image_and_layer_pins_match_what_the_tests_ran() -> None:
     """The pinned closure (layer and images) is the one this environment tested; drift fails here."""
     installed = {"onnxruntime": version("onnxruntime-gpu"), "onnxruntime-gpu": version("onnxruntime-gpu")}
-    for path in (ROOT / "layers" / "requirements.txt", ROOT / "infra" / "requirements-gpu.txt"):
+    for path in (
+        ROOT / "layers" / "requirements.txt",
+        DEPLOY / "requirements-gpu.txt",
+        DEPLOY / "requirements-http.txt",
+    ):
         for name, pinned in pins(path).items():
-            if name in ("starlette", "uvicorn"):
-                continue  # the HTTP host's, not in every environment
             tested = installed[name] if name in installed else version(name)
             assert pinned == tested, f"{path.name}: {name}=={pinned}, tested with {tested}"

@@ -16,10 +16,12 @@ from moto import mock_aws
 
 from tests.deploy import moto_cfn
 from tests.deploy.sam import IMAGE_URI, REGION, TEMPLATE, load_template, package, sam_transform
+from tests.deploy.test_rollout import check_rollout_deployed
 
 BUCKET = "warmstart-deploy-test"
 MODEL_HANDLER = "handler.app.lambda_handler"
 WARMER_HANDLER = "warmers.app.lambda_handler"
+HOOKS = ("ImagePreTrafficHook", "ZipPreTrafficHook")  # issue 18: tests/deploy/test_rollout.py
 
 
 def resources_of(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
@@ -38,7 +40,7 @@ def test_cfn_lint_clean() -> None:
 
 def test_sam_template_shape() -> None:
     functions = resources_of(load_template(), "AWS::Serverless::Function")
-    assert set(functions) == {"ImageFunction", "ZipFunction", "WarmerFunction"}
+    assert set(functions) == {"ImageFunction", "ZipFunction", "WarmerFunction", *HOOKS}
     image, zipped, warmer = (functions[k]["Properties"] for k in ("ImageFunction", "ZipFunction", "WarmerFunction"))
     assert image["PackageType"] == "Image" and image["AutoPublishAlias"] == "live"
     assert functions["ImageFunction"]["Metadata"]["Dockerfile"] == "infra/deploy/Dockerfile"
@@ -56,7 +58,7 @@ def test_sam_template_shape() -> None:
 
 def test_sam_transform(transformed: dict[str, Any]) -> None:
     kinds = [r["Type"] for r in transformed["Resources"].values()]
-    assert kinds.count("AWS::Lambda::Function") == 3
+    assert kinds.count("AWS::Lambda::Function") == 3 + len(HOOKS)
     assert kinds.count("AWS::Lambda::Alias") == 3
     assert kinds.count("AWS::Lambda::Url") == 2
     assert kinds.count("AWS::Lambda::LayerVersion") == 2
@@ -126,7 +128,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_deploys_into_moto(transformed: dict[str, Any]) -> None:
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket=BUCKET)
-    for logical_id in ("ZipFunction", "WarmerFunction", "DependencyLayer", "ModelLayer"):
+    for logical_id in ("ZipFunction", "WarmerFunction", "DependencyLayer", "ModelLayer", *HOOKS):
         s3.put_object(Bucket=BUCKET, Key=f"{logical_id}.zip", Body=dummy_zip())
     cfn = boto3.client("cloudformation", region_name=REGION)
     cfn.create_stack(
@@ -164,6 +166,7 @@ def test_deploys_into_moto(transformed: dict[str, Any]) -> None:
     assert outputs["ImageFunctionAliasArn"] == aliases["ImageFunction"]
     assert outputs["ZipFunctionAliasArn"] == aliases["ZipFunction"]
     assert outputs["ImageFunctionUrl"].startswith("https://") and outputs["ZipFunctionUrl"].startswith("https://")
+    check_rollout_deployed(physical, outputs)
 
     events = boto3.client("events", region_name=REGION)
     (rule,) = events.list_rules()["Rules"]

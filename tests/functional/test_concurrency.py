@@ -106,6 +106,7 @@ def test_status_reports_counts_pool_threads_and_tracemalloc(new_runtime: Callabl
     assert len(leaks["top"]) <= 3 and "growth_kb" in leaks
     plain = rt.handle({"warmstart": "status"}, None)
     assert "tracemalloc" not in plain
+    rt.diagnostics.stop_tracing()  # process-wide: leave no tracing to the tests after this one
 
 
 def test_status_rejects_a_bad_top(onnx_runtime: Runtime) -> None:

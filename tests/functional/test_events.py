@@ -36,11 +36,22 @@ DIRECT_BAD = {
     "missing_inputs.json": "InvalidInputError",
 }
 PINGS = ["warmer.json", "serverless_plugin_warmup.json", "eventbridge_scheduled.json"]
+UNSUPPORTED = {
+    "s3_put.json": "an S3 event",
+    "sqs.json": "an SQS event",
+    "sns.json": "an SNS event",
+    "dynamodb_stream.json": "a DynamoDB stream event",
+    "kinesis.json": "a Kinesis event",
+    "cloudwatch_logs.json": "a CloudWatch Logs event",
+    "vpc_lattice_v1.json": "a VPC Lattice event",
+    "vpc_lattice_v2.json": "a VPC Lattice event",
+    "eventbridge_custom.json": "an EventBridge event",
+}
 V2 = {"version": "2.0", "requestContext": {"http": {"method": "POST"}}}
 
 
 def test_every_event_file_is_exercised() -> None:
-    covered = {"direct.json", *HTTP_OK, *HTTP_BAD, *DIRECT_BAD, *PINGS}
+    covered = {"direct.json", *HTTP_OK, *HTTP_BAD, *DIRECT_BAD, *PINGS, *UNSUPPORTED}
     assert set(event_names()) == covered
 
 
@@ -299,3 +310,17 @@ def test_raw_bytes_over_6mb(onnx_runtime: Runtime) -> None:
     with pytest.raises(RequestError) as info:
         onnx_runtime.handle(b" " * (LAMBDA_PAYLOAD_LIMIT + 1), None)
     assert type(info.value).__name__ == "PayloadTooLargeError"
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_events_from_triggers_we_do_not_serve_say_so(
+    name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]
+) -> None:
+    """They used to get `InvalidInputError: request has no "inputs" field`; still raised (a trigger's retries
+    and dead-letter queue see a failure), now typed and naming the trigger."""
+    with pytest.raises(RequestError) as info:
+        onnx_runtime.handle(load_event(name), None)
+    assert type(info.value).__name__ == "UnsupportedEventSourceError"
+    assert str(info.value).startswith(f"{UNSUPPORTED[name]}")
+    assert "warmstart serves direct invokes, API Gateway, Function URLs and ALB" in str(info.value)
+    assert_still_serves(onnx_runtime)

@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -65,10 +65,39 @@ def test_ping_healthz_status(client: TestClient, http_runtime: Runtime) -> None:
     ping = client.get("/ping").json()
     assert ping["status"] == "ok" and ping["instance_id"] == http_runtime.instance_id
     assert client.get("/healthz").json() == {"ok": True}
-    status = client.get("/status?tracemalloc=1&top=2").json()
+    status = client.get("/status").json()
     assert status["warmstart"] == "status" and status["workers"]["max_workers"] == 2
-    assert status["tracemalloc"]["started"] is True or len(status["tracemalloc"]["top"]) <= 2
-    assert client.get("/status?tracemalloc=1&top=nope").status_code == 400
+
+
+SECRETS = ("s3://", "/", "reload failed", "pointer")
+
+
+def test_status_over_http_shows_counts_and_health_only(
+    client: TestClient, http_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the admin 403 hides, GET /status used to show anyone: model sources (s3:// URIs, paths), reload
+    errors, the pointer. Now counts and health only."""
+    monkeypatch.setattr(http_runtime.reloader, "last", {"ok": False, "source": "s3://secret-bucket/m/2/"})
+    status = client.get("/status").json()
+    assert status["detail"] == "basic" and status["reload"] == {"running": False, "last_ok": False}
+    assert status["models"] == {"loaded": 1, "available": 0, "retiring": 0, "in_flight": 0}
+    assert {"invocations", "uptime_s", "rss_mb", "threads", "workers"} <= set(status)
+    assert "secret-bucket" not in json.dumps(status) and str(http_runtime.manifest.root) not in json.dumps(status)
+
+
+def test_full_status_over_http_is_the_operators_choice(new_runtime: Callable[..., Runtime]) -> None:
+    runtime = new_runtime(http_status="full")
+    with TestClient(create_app(Host(lambda: runtime))) as c:
+        status = c.get("/status").json()
+    assert status["models"]["loaded"][0]["source"] == str(runtime.manifest.root) and "reload" in status
+
+
+def test_tracemalloc_cannot_be_started_over_http(client: TestClient) -> None:
+    assert not tracemalloc.is_tracing()
+    r = client.get("/status?tracemalloc=1&top=2")
+    assert r.status_code == 403 and r.json()["error"]["type"] == "AdminNotAllowedError"
+    assert "WARMSTART_TRACEMALLOC_S" in r.json()["error"]["message"]
+    assert not tracemalloc.is_tracing()
 
 
 @pytest.mark.parametrize(
@@ -129,21 +158,3 @@ def test_lambda_import_chain_has_no_http_stack() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
-
-
-def test_entrypoint_picks_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
-
-    from handler import __main__ as entry
-
-    calls: list[Any] = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
-    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
-    entry.main([])
-    assert calls == [[sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"]]
-
-    monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API")
-    monkeypatch.setenv("PORT", "9123")
-    entry.main([])
-    assert calls[-1]["port"] == 9123 and calls[-1]["workers"] == 1

@@ -138,3 +138,87 @@ def test_bad_request_shapes(payload: dict[str, Any], fragment: str, tiny: TinyMo
 def test_embedding_requests_are_refused_by_a_tensor_model(tiny: TinyModel) -> None:
     with pytest.raises(RequestError, match="named tensors"):
         tiny.runtime.handle({"inputs": ["some text"]}, None)
+
+
+# -- values that must convert exactly or be refused (issue 15) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("inputs", "fragments"),
+    [
+        ({"x": X, "k": [2**63, 1]}, ["inputs.k", "[1, 9223372036854775808]", "int64"]),
+        ({"x": X, "k": [-(2**63) - 1, 1]}, ["inputs.k", "int64"]),
+        ({"x": [[1e300, 0.0, 0.0], [1.0, 2.0, 3.0]], "k": K}, ["inputs.x", "1e+300", "overflow float32"]),
+        ({"x": [[2**24 + 1, 0, 0], [1, 2, 3]], "k": K}, ["inputs.x", "16777217", "float32 exactly"]),
+    ],
+)
+def test_values_that_would_wrap_or_overflow_are_refused(
+    inputs: dict[str, Any], fragments: list[str], tiny: TinyModel
+) -> None:
+    with pytest.raises(RequestError) as info:
+        tiny.runtime.handle({"inputs": inputs}, None)
+    assert type(info.value).__name__ == "InvalidInputError"
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_a_giant_declared_npy_shape_is_a_400(tiny: TinyModel, load_event: Callable[[str], Any]) -> None:
+    """A 442-byte .npy declaring (2**40, 3): refused from its header, never allocated (it was MemoryError)."""
+    event = load_event("tensor/npy_giant_shape_v2.json")
+    response = tiny.runtime.handle(event, None)
+    assert response["statusCode"] == 400
+    error = json.loads(response["body"])["error"]
+    assert error["type"] == "InvalidInputError" and "1099511627776" in error["message"]
+    with pytest.raises(RequestError, match=r"inputs\.x: shape \[1099511627776, 3\]") as info:
+        tiny.runtime.handle(json.loads(event["body"]), None)  # the same body as a direct invoke
+    assert type(info.value).__name__ == "InvalidInputError"
+    assert tiny.runtime.handle({"inputs": {"x": X, "k": K}}, None)["outputs"]["z"] == [6, -14]
+
+
+def test_the_element_limit_is_a_setting(tiny_tensor_model: Callable[..., TinyModel]) -> None:
+    small = tiny_tensor_model(max_elements=4)
+    with pytest.raises(RequestError, match=r"inputs\.x: 6 elements; at most 4 \(WARMSTART_MAX_ELEMENTS\)"):
+        small.runtime.handle({"inputs": {"x": X, "k": K}}, None)
+    with pytest.raises(RequestError, match=r"inputs\.x: shape \[2, 3\] is 6 elements; at most 4"):
+        small.runtime.handle({"inputs": {"x": npy(np.array(X, np.float32)), "k": K}}, None)
+
+
+@pytest.fixture(scope="module")
+def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A model with one input per dtype a manifest allows, each passed through by Identity."""
+    from onnx import helper, save_model
+
+    from handler.config import Config
+    from handler.manifest import DTYPES
+    from handler.runtime import Runtime
+    from infra.pack import pack_onnx
+
+    tmp = tmp_path_factory.mktemp("dtypes")
+    kinds = {d: helper.np_dtype_to_tensor_dtype(np.dtype(d)) for d in DTYPES}
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [f"in_{d}"], [f"out_{d}"]) for d in DTYPES],
+        "dtypes",
+        [helper.make_tensor_value_info(f"in_{d}", t, ["n"]) for d, t in kinds.items()],
+        [helper.make_tensor_value_info(f"out_{d}", t, ["n"]) for d, t in kinds.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    save_model(model, str(tmp / "dtypes.onnx"))
+    packed = pack_onnx(tmp / "dtypes.onnx", tmp / "packed", "dtypes", "1.0")
+    return Runtime.start(Config(model_dir=packed, backend=None, warmup=False), environ={}, emit=None)
+
+
+def test_in_range_lists_convert_to_every_dtype(every_dtype: Any) -> None:
+    from handler.arrays import int_range
+    from handler.manifest import DTYPES
+
+    inputs: dict[str, Any] = {}
+    for d in DTYPES:
+        lo, hi = int_range(np.dtype(d)) if d != "bool" else (0, 1)
+        inputs[f"in_{d}"] = [True, False, True] if d == "bool" else [lo, 0, hi]
+    outputs = every_dtype.handle({"inputs": inputs}, None)["outputs"]
+    for d in DTYPES:
+        assert outputs[f"out_{d}"] == inputs[f"in_{d}"], d  # uint8 included (it was refused as int64)
+    inputs["in_uint8"] = [0, 1, 256]
+    with pytest.raises(RequestError, match=r"inputs\.in_uint8: values in \[0, 256\] do not fit uint8"):
+        every_dtype.handle({"inputs": inputs}, None)

@@ -78,6 +78,11 @@ def test_snap_start_runs_the_hooks_around_restore(stub: RuntimeStub, model_dir: 
     body = draws.json()
     assert body["instance_id"] == restore["instance_id"] != init["instance_id"]
     assert ping.json()["instance_id"] == restore["instance_id"]
+    # Metrics (issue 18): init once at snapshot time, the restore in its own line, and the first invocation
+    # of the restored instance counted as a restore, not a cold start.
+    assert init["InitDuration"] == init["total_ms"] and restore["RestoreDuration"] == restore["total_ms"]
+    first = next(json.loads(line) for line in output.splitlines() if '"message":"invocation"' in line)
+    assert first["RestoreStart"] == 1 and "ColdStart" not in first and first["cold_start"] is True
     assert set(restore["reseeded"]) >= {"random", "numpy"}
     assert body["restore"]["phases_ms"].keys() >= {"reseed", "identity", "device", "threads", "clients"}
     # Same answers as an instance that never went through a snapshot.

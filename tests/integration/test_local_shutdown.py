@@ -87,6 +87,10 @@ def test_cli_local_and_invoke_then_sigint() -> None:
             assert "Init Duration" in invoked.stderr
             server.send_signal(signal.SIGINT)
             assert server.wait(30) == 0
+            banner = server.stdout.read()
+            # One line says what memory size means here: a cgroup mode with the quota, or why none.
+            assert re.search(r"^  cgroups: (v1|v2); each instance gets 1\.16 vCPU|^  cgroups: none \(", banner, re.M)
+            assert "init slots" in banner
         finally:
             if server.poll() is None:
                 server.kill()

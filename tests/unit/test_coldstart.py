@@ -3,6 +3,7 @@ changes an answer. Timings live in bench/bench_coldstart_quota.py, not here."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -259,6 +260,7 @@ def proved_dir(optimized_dir: Path) -> Path:
 
 
 def encode_with(model: Path, texts: list[str], **env: str) -> tuple[list[list[int]], dict[str, Any]]:
+    gc.collect()  # an earlier runtime's encoder would be shared (same tokenizer.json): this start builds its own
     runtime = Runtime.start(Config.from_environ({"WARMSTART_MODEL": str(model), **env}), environ=env, emit=None)
     ids, _ = runtime.task.encoder.encode(texts)  # type: ignore[attr-defined]
     return ids.tolist(), runtime.init_report["coldstart"]["tokenizer"]

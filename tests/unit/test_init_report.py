@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,4 +77,8 @@ def test_emit_writes_one_json_line() -> None:
     report.emit({"warmstart": "init", "path": Path("/x"), "phases_ms": {"a": 1.5}}, stream)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
-    assert json.loads(lines[0]) == {"warmstart": "init", "path": "/x", "phases_ms": {"a": 1.5}}
+    record = json.loads(lines[0])
+    assert lines[0].startswith('{"warmstart":"init",')  # log tools key on the first member
+    assert {k: record.pop(k) for k in ("level", "message")} == {"level": "INFO", "message": "init report"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record.pop("timestamp"))
+    assert record == {"warmstart": "init", "path": "/x", "phases_ms": {"a": 1.5}}

@@ -142,3 +142,11 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
     for other in PACKAGES[1:]:
         (tmp_path / other).mkdir()
     assert cycles(module_graph(tmp_path)) == [["handler.a", "handler.b"]]
+
+
+def test_local_lambda_task_root_is_the_repository() -> None:
+    # Moving the local Lambda one folder down once pointed its task root (and the demo's model) at infra/.
+    from infra.local.config import REPO_ROOT, LocalLambdaConfig
+
+    assert Path(REPO_ROOT) == ROOT.resolve()
+    assert (Path(LocalLambdaConfig().task_root) / "handler" / "app.py").is_file()

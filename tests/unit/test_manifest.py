@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from handler.errors import ModelLoadError
 from handler.manifest import load_manifest, verify_sha256
@@ -150,3 +154,99 @@ def test_path_of_an_unlisted_file(packed: Path) -> None:
 def test_copy_of_a_packed_model_still_loads(packed: Path, tmp_path: Path) -> None:
     copy = shutil.copytree(packed, tmp_path / "copy")
     assert load_manifest(copy).root == copy
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("", "an empty file name"),
+        ("model\x00.onnx", "the name holds a NUL byte"),
+        (".", "not a canonical relative path"),
+        ("./model.onnx", "not a canonical relative path"),
+        ("sub//model.onnx", "not a canonical relative path"),
+        ("sub/", "not a canonical relative path"),
+        ("sub/./model.onnx", "not a canonical relative path"),
+    ],
+)
+def test_odd_file_names_are_refused_naming_the_entry(packed: Path, name: str, fragment: str) -> None:
+    edit_manifest(packed, lambda m: m["files"].update({name: {"size": 0, "sha256": "0" * 64}}))
+    with pytest.raises(ModelLoadError, match="invalid manifest") as info:
+        load_manifest(packed)
+    assert f"files entry {name!r}: {fragment}" in str(info.value)
+
+
+def test_a_name_listed_twice_is_refused(packed: Path) -> None:
+    path = packed / "manifest.json"
+    text = path.read_text()
+    entry = json.dumps({"size": 1, "sha256": "0" * 64})
+    path.write_text(text.replace('"files": {', f'"files": {{"model.onnx": {entry}, ', 1))
+    with pytest.raises(ModelLoadError, match=r"key 'model\.onnx' appears twice in one object"):
+        load_manifest(packed)
+
+
+def test_a_listed_directory_is_not_a_file(packed: Path) -> None:
+    (packed / "sub").mkdir()
+    size = (packed / "sub").stat().st_size  # listed with its own size, so only the file type can catch it
+    edit_manifest(packed, lambda m: m["files"].update({"sub": {"size": size, "sha256": "0" * 64}}))
+    with pytest.raises(ModelLoadError, match=r"listed in the manifest as 'sub' but not a regular file"):
+        load_manifest(packed)
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ({"size": -1, "sha256": "0" * 64}, "size -1 is not a non-negative integer"),
+        ({"size": "12", "sha256": "0" * 64}, "size '12' is not"),
+        ({"size": True, "sha256": "0" * 64}, "size True is not"),
+        ({"size": 1, "sha256": "xyz"}, "sha256 'xyz' is not 64 lowercase hex digits"),
+    ],
+)
+def test_file_entries_must_have_a_size_and_a_digest(packed: Path, entry: dict[str, Any], fragment: str) -> None:
+    edit_manifest(packed, lambda m: m["files"].update({"model.onnx": entry}))
+    with pytest.raises(ModelLoadError, match="invalid manifest") as info:
+        load_manifest(packed)
+    assert f"files entry 'model.onnx': {fragment}" in str(info.value)
+
+
+NAMES = st.lists(st.text(alphabet="ab./\x00\\ é", max_size=8) | st.sampled_from(["a", "a/b", ""]), max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=NAMES)
+def test_any_file_list_loads_or_is_a_model_load_error(names: list[str]) -> None:
+    """Arbitrary `files` lists (duplicates, NULs, dots, slashes, empties): a manifest that loads lists only
+    regular files inside the model directory; everything else is a ModelLoadError, nothing else escapes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name in names:  # create what the file system lets us, so valid lists load
+            try:
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).touch()
+            except (OSError, ValueError):
+                pass
+        empty = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+        files = ", ".join(f"{json.dumps(n)}: {json.dumps(empty)}" for n in names)  # duplicates kept as sent
+        raw = json.dumps(
+            {
+                "format": "warmstart-packed-model",
+                "format_version": 1,
+                "id": "m",
+                "version": "1",
+                "task": "tensor",
+                "default_backend": "onnx",
+                "backends": {"onnx": {"files": []}},
+                "files": "FILES",
+                "inputs": [],
+                "outputs": [],
+            }
+        ).replace('"FILES"', "{" + files + "}")
+        (root / "manifest.json").write_text(raw)
+        try:
+            manifest = load_manifest(root)
+        except ModelLoadError:
+            return
+        assert len(manifest.files) == len(names)  # no name was listed twice
+        for name in manifest.files:
+            path = (root / name).resolve()
+            assert path.is_file() and path.is_relative_to(root.resolve()) and path != root.resolve()
+            verify_sha256(manifest, [name])

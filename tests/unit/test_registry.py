@@ -225,3 +225,39 @@ def test_concurrent_leases_balance(tmp_path: Path, clock: Clock) -> None:
     loaded = {m["key"]: (m["refs"], m["served"]) for m in registry.describe()["loaded"]}
     assert loaded == {"base@1": (0, 8000), "extra@1": (0, 8000)}
     assert registry.in_flight == 0
+
+
+@pytest.mark.parametrize("name", ["m", "m@1"])
+def test_a_load_that_loses_the_race_with_a_reload_is_not_published(tmp_path: Path, clock: Clock, name: str) -> None:
+    """A request starts loading m@1 on demand; a reload installs m@2 in its place before the load ends. The
+    request is answered by m@2, m@1 never becomes resident, and the id stays unambiguous."""
+    started, finish = threading.Event(), threading.Event()
+    v1, v2 = fake_model(tmp_path, "m", "1", 1), fake_model(tmp_path, "m", "2", 1)
+
+    def slow_load(path: Path) -> Loaded:
+        if path == v1:
+            started.set()
+            assert finish.wait(5)
+        return fake_load(path)
+
+    registry = Registry(fake_load(fake_model(tmp_path, "base", "1", 1)), "base", load=slow_load, clock=clock)
+    registry.add("m-dir", v1, load_now=False)
+    answers: list[str] = []
+
+    def request() -> None:
+        with registry.lease(name) as model:
+            answers.append(model.key)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    assert started.wait(5)
+    assert registry.install(fake_load(v2), "m2-dir", replaces="m@1", make_default=False) == "m@1"
+    finish.set()
+    thread.join(5)
+    assert answers == ["m@2"]
+    described = registry.describe()
+    assert [m["key"] for m in described["loaded"]] == ["base@1", "m@2"]
+    assert described["available"] == [] and described["in_flight"] == 0
+    assert "dropped m@1 loaded on demand" in described["events"][-1]
+    with registry.lease("m") as model:
+        assert model.key == "m@2"

@@ -4,6 +4,7 @@ the S3 pointer (a fake reader, then moto with part A's fetcher) and the timer th
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -39,6 +40,14 @@ class Version:
 
     def copy(self, dst: Path) -> Path:
         return Path(shutil.copytree(self.dir, dst))
+
+
+def list_file(model: Path, name: str) -> None:
+    """List one more file in the manifest, sized like what `model / name` is (the directory itself for "")."""
+    raw = json.loads((model / "manifest.json").read_text())
+    size = model.stat().st_size if name == "" else 0
+    raw["files"][name] = {"size": size, "sha256": "0" * 64}
+    (model / "manifest.json").write_text(json.dumps(raw))
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +110,10 @@ def test_reloading_the_serving_version_changes_nothing(versions: dict[str, Versi
         (lambda d: truncate(d / "model.onnx.data", 8), "truncated or replaced"),
         (lambda d: (d / "model.onnx").unlink(), "listed in the manifest but missing"),
         (lambda d: (d / "manifest.json").write_text("{"), "not valid JSON"),
+        (lambda d: list_file(d, ""), "files entry '': an empty file name"),
+        (lambda d: list_file(d, "model\x00.onnx"), "files entry 'model\\\\x00.onnx': the name holds a NUL byte"),
     ],
-    ids=["flipped-data-byte", "flipped-graph-byte", "truncated", "missing-file", "bad-manifest"],
+    ids=["flipped-data-byte", "flipped-graph-byte", "truncated", "missing-file", "bad-manifest", "empty-name", "nul"],
 )
 def test_a_damaged_version_is_refused_and_the_old_one_keeps_serving(
     versions: dict[str, Version], tmp_path: Path, damage: Any, message: str
@@ -335,6 +346,53 @@ def test_s3_pointer_reload_with_moto(
             served_by(rt, versions["1.0"])
         finally:
             rt.watcher.stop()
+            s3fetch.drop_clients()
+
+
+def test_s3_reloads_prune_the_cache_to_what_is_served(
+    versions: dict[str, Version], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue: each reload from S3 left its version in the cache, so on a small /tmp the third fetch failed
+    with InsufficientStorageError. Here /tmp holds two versions and a half (plus the fetch's margin): reloads
+    go on indefinitely, the cache holds what is served, and status says so."""
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    from handler import s3fetch
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    cache = tmp_path / "cache"
+    size = sum(f.stat().st_size for f in versions["1.0"].dir.iterdir())
+    capacity = s3fetch.SPACE_MARGIN + size * 5 // 2
+
+    def disk_usage(path: Any) -> Any:
+        used = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        return shutil._ntuple_diskusage(capacity, used, capacity - used)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    s3fetch.drop_clients()
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="models")
+        for v in ("1.0", "2.0", "3.0"):
+            _upload(s3, "models", f"tiny/{v}/", versions[v].dir)
+        env = {"WARMSTART_MODEL": "s3://models/tiny/1.0/", "WARMSTART_CACHE_DIR": str(cache)}
+        rt = Runtime.start(Config.from_environ(env), environ=env, emit=None)
+        try:
+            held = []
+            for v in ("2.0", "3.0", "1.0", "2.0"):  # before: the second failed (2.5 versions fit)
+                reply = rt.handle({"warmstart": "reload", "model": f"s3://models/tiny/{v}/"})
+                assert reply["new"] == f"tiny@{v}"
+                served_by(rt, versions[v])
+                held.append(sorted(p.name.split("-")[0] for p in cache.iterdir() if not p.name.startswith(".")))
+            assert held == [["tiny@2.0"], ["tiny@3.0"], ["tiny@1.0"], ["tiny@2.0"]]
+            (report,) = rt.status()["cache"]
+            assert [(m["source"], m["held"]) for m in report["models"]] == [("s3://models/tiny/2.0/", True)]
+            assert report["pruned"] == 4 and report["dir"] == str(cache) and report["partial_mb"] == 0
+        finally:
             s3fetch.drop_clients()
 
 

@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -508,3 +509,38 @@ def test_the_default_model_from_s3_serves_the_same_embeddings(
     got, want = runtime.infer(texts), onnx_runtime.infer(texts)
     assert got["model"] == want["model"] == "all-minilm-l6-v2@0.1.0"
     np.testing.assert_array_equal(np.asarray(got["embeddings"]), np.asarray(want["embeddings"]))
+
+
+@pytest.mark.parametrize("name", ["", "a\x00b", "../escape"])
+def test_odd_file_names_in_a_remote_manifest_fetch_nothing(s3: Any, tmp_path: Path, name: str) -> None:
+    model = build_model(tmp_path / "src")
+    raw = json.loads((model.dir / "manifest.json").read_text())
+    raw["files"][name] = {"size": 1, "sha256": "0" * 64}
+    (model.dir / "manifest.json").write_text(json.dumps(raw))
+    upload(s3, model.dir)
+    rec = Recorder(s3)
+    with pytest.raises(ModelFetchError, match=rf"invalid manifest: files entry {re.escape(repr(name))}"):
+        fetch(rec, tmp_path / "cache")
+    assert rec.ranged() == [] and published(tmp_path / "cache") == []
+
+
+def test_a_download_that_would_not_fit_prunes_what_nothing_holds_first(
+    tiny: Model, s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    old = build_model(tmp_path / "old", seed=1)
+    upload(s3, old.dir, prefix="models/tiny/0.9/")
+    stale = fetch(s3, cache, "s3://warmstart-models/models/tiny/0.9/")  # a version a reload left behind
+    size = sum(SIZES.values())
+
+    def disk_usage(path: Any) -> Any:
+        used = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        capacity = s3fetch.SPACE_MARGIN + size * 3 // 2  # room for one version and a half
+        return SimpleNamespace(total=capacity, used=used, free=capacity - used)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    with pytest.raises(InsufficientStorageError):
+        fetch(s3, cache)  # without `keep`, nothing is pruned
+    out = fetch(s3, cache, keep=lambda: [])
+    assert not stale.exists() and published(cache) == [out]
+    assert fetch(s3, cache, keep=lambda: [out]) == out  # reused, and what is held stays

@@ -8,8 +8,13 @@ from typing import Any
 import pytest
 
 from handler.config import LAMBDA_PAYLOAD_LIMIT
-from handler.errors import InvalidEncodingError, InvalidJSONError, PayloadTooLargeError
-from handler.sources import Direct, decode_body, infer_source
+from handler.errors import (
+    InvalidEncodingError,
+    InvalidJSONError,
+    PayloadTooLargeError,
+    UnsupportedEventSourceError,
+)
+from handler.sources import Direct, decode_body, infer_source, unsupported_source
 from tests.conftest import event_names
 
 EXPECTED = {
@@ -25,13 +30,57 @@ EXPECTED = {
     "alb.json": "alb",
     "alb_multivalue.json": "alb",
 }
+UNSUPPORTED = {
+    "s3_put.json": "an S3 event",
+    "sqs.json": "an SQS event",
+    "sns.json": "an SNS event",
+    "dynamodb_stream.json": "a DynamoDB stream event",
+    "kinesis.json": "a Kinesis event",
+    "cloudwatch_logs.json": "a CloudWatch Logs event",
+    "vpc_lattice_v1.json": "a VPC Lattice event",
+    "vpc_lattice_v2.json": "a VPC Lattice event",
+    "eventbridge_custom.json": "an EventBridge event ('Document Uploaded' from 'com.example.docs')",
+}
 
 
 @pytest.mark.parametrize("name", event_names())
 def test_each_event_file_gets_its_source(name: str, load_event: Callable[[str], Any]) -> None:
     source = infer_source(load_event(name))
-    assert source.name == EXPECTED.get(name, "direct")
+    assert source.name == EXPECTED.get(name, "unsupported" if name in UNSUPPORTED else "direct")
     assert source.http is (name in EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_triggers_we_do_not_serve_are_named_by_their_shape(name: str, load_event: Callable[[str], Any]) -> None:
+    event = load_event(name)
+    assert unsupported_source(event) == UNSUPPORTED[name]
+    with pytest.raises(UnsupportedEventSourceError) as info:
+        infer_source(event).payload(event)
+    assert str(info.value) == (
+        f"{UNSUPPORTED[name]}: warmstart serves direct invokes, API Gateway, Function URLs and ALB; "
+        'send {"inputs": [...]}'
+    )
+    assert info.value.status == 400
+    event["inputs"] = ["text"]  # a direct invoke may carry any other keys: "inputs" makes it a request
+    assert isinstance(infer_source(event), Direct)
+
+
+@pytest.mark.parametrize(
+    ("event", "named"),
+    [
+        ({"Records": [{"eventSource": "aws:kafka"}]}, "an MSK (Kafka) event"),
+        ({"eventSource": "aws:kafka", "records": {}}, "an MSK (Kafka) event"),
+        ({"eventSource": "aws:rmq", "rmqMessagesByQueue": {}}, "an Amazon MQ (RabbitMQ) event"),
+        ({"Records": [{"eventSource": "aws:codecommit"}]}, "an aws:codecommit event"),
+        ({"Records": [{}]}, None),
+        ({"Records": "x"}, None),
+        ({"awslogs": "x"}, None),
+        ({"detail-type": "Scheduled Event", "source": "aws.events", "detail": {}}, None),  # a warm ping
+        ({"method": "POST"}, None),
+    ],
+)
+def test_other_trigger_shapes(event: dict[str, Any], named: str | None) -> None:
+    assert unsupported_source(event) == named
 
 
 @pytest.mark.parametrize(

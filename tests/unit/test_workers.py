@@ -87,6 +87,7 @@ def test_exceptions_reach_the_caller_and_the_worker_survives() -> None:
 
 
 def test_sizing_from_environ() -> None:
-    assert sizing_from_environ({}, cpus=1).max_workers == 2
+    assert (sizing_from_environ({}, cpus=1).max_workers, sizing_from_environ({}, cpus=1).max_queue) == (2, 16)
+    assert (sizing_from_environ({}, cpus=4).max_workers, sizing_from_environ({}, cpus=4).max_queue) == (4, 32)
     s = sizing_from_environ({"WARMSTART_WORKERS_MAX": "6", "WARMSTART_QUEUE_MAX": "9"}, cpus=2)
     assert (s.max_workers, s.max_queue) == (6, 9)

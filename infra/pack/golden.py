@@ -1,0 +1,76 @@
+"""Golden answers: at pack time, a few requests and what the packed model answers, recorded in the manifest.
+
+A rollout's PreTraffic hook (`warmers.pretraffic`) sends the same requests to the new Lambda version and
+compares (`warmers.golden.compare`): a version that answers differently (wrong model, broken export, a dependency that
+changed numerics) never gets traffic.
+
+Manifest key `golden`:
+`{"tolerance": {"cosine": 0.9999, "atol": 1e-4}, "cases": [{"request": {...}, "key": "embeddings", "expected": [...]}]}`
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from handler.manifest import MANIFEST_NAME
+from warmers.golden import TOLERANCE
+
+# Short, long (past the 256-token truncation), non-ASCII: the shapes that break first.
+EMBEDDING_INPUTS = (
+    ["hello world"],
+    ["The quick brown fox jumps over the lazy dog. " * 40, "ünïcödé ✓ 日本語のテキスト"],
+)
+DIGITS = 6
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, DIGITS)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def requests_for(task: str) -> list[tuple[dict[str, Any], str]]:
+    """(request, response key to compare) per golden case; none for tasks without a natural probe."""
+    if task == "embedding":
+        return [({"inputs": list(inputs)}, "embeddings") for inputs in EMBEDDING_INPUTS]
+    return []
+
+
+def record(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the golden requests through the packed model in `model_dir` (a provisional manifest is written so
+    the runtime can load it; `publish` writes the final one) and return the `golden` entry."""
+    cases = requests_for(str(manifest.get("task")))
+    if not cases:
+        return None
+    from infra.pack.publish import file_entries  # the same entries publish writes
+
+    (model_dir / MANIFEST_NAME).write_text(json.dumps({**manifest, "files": file_entries(model_dir)}))
+    from handler.config import Config
+    from handler.runtime import Runtime
+
+    runtime = Runtime.start(Config(model_dir=model_dir, backend=None, warmup=False), environ={}, emit=None)
+    recorded = []
+    for request, key in cases:
+        reply = runtime.serve(request)
+        recorded.append({"request": request, "key": key, "expected": _rounded(reply[key])})
+    return {"tolerance": dict(TOLERANCE), "cases": recorded}
+
+
+def with_golden(build: Callable[[Path], dict[str, Any]]) -> Callable[[Path], dict[str, Any]]:
+    """A packer's build step, followed by recording golden answers into the manifest it returns."""
+
+    def build_and_record(tmp: Path) -> dict[str, Any]:
+        manifest = build(tmp)
+        golden = record(tmp, manifest)
+        if golden is not None:
+            manifest["golden"] = golden
+        return manifest
+
+    return build_and_record

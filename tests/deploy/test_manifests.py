@@ -1,0 +1,189 @@
+"""The Kubernetes, Knative and Cloud Run manifests and the SageMaker serverless template, validated offline with
+schema validators from PyPI: kubernetes-validate's vendored Kubernetes schemas (strict: no unknown fields),
+a Knative Service schema built on those same PodSpec definitions, and cfn-lint. Then the wiring between the
+manifests and the handler: probes on real routes, concurrency matched to the pool, grace covering the drain."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from cfnlint.api import lint_file
+from referencing import Registry, Resource
+
+from handler.hosts import DEFAULT_DRAIN_S, HostSettings
+from tests.deploy.sam import ROOT
+
+DEPLOY = ROOT / "infra" / "deploy"
+K8S = DEPLOY / "k8s" / "warmstart.yaml"
+KNATIVE = DEPLOY / "knative.yaml"
+CLOUD_RUN = DEPLOY / "cloudrun.yaml"
+SAGEMAKER = DEPLOY / "sagemaker-serverless.yaml"
+K8S_VERSION = "1.33"  # the oldest minor still supported upstream; its schema must accept the manifests
+HTTP_ROUTES = {"/ping", "/healthz", "/health", "/info"}
+CLOUD_RUN_KILL_S = 10
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def k8s_definitions() -> dict[str, Any]:
+    """kubernetes-validate's vendored schema definitions (strict: additionalProperties false) for K8S_VERSION."""
+    root = files("kubernetes_validate") / "kubernetes-json-schema"
+    (folder,) = [p for p in root.iterdir() if p.name == f"v{K8S_VERSION}.0-local-strict"]
+    data: dict[str, Any] = json.loads((folder / "_definitions.json").read_text())
+    return data
+
+
+DEFS = "/api/_definitions.json#/$defs/"  # how the vendored schemas refer to their shared definitions
+
+
+def knative_validator() -> jsonschema.Draft202012Validator:
+    """serving.knative.dev/v1 Service: Knative's envelope (metadata, spec.template) around Kubernetes' own strict
+    PodSpec definitions, plus the fields a Knative revision adds to a PodSpec (containerConcurrency, timeouts).
+    Knative's CRD itself leaves the spec open (its webhook validates), so this is the stricter check."""
+    definitions = copy.deepcopy(k8s_definitions())
+    pod = definitions["$defs"]["io.k8s.api.core.v1.PodSpec"]
+    pod["properties"] |= {
+        "containerConcurrency": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "timeoutSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "responseStartTimeoutSeconds": {"type": "integer", "minimum": 0},
+        "idleTimeoutSeconds": {"type": "integer", "minimum": 0},
+    }
+    pod["required"] = ["containers"]
+    # Knative fills these in itself: a container's name, and a probe's port (the container's).
+    for name, field in (("io.k8s.api.core.v1.Container", "name"), ("io.k8s.api.core.v1.HTTPGetAction", "port")):
+        definition = definitions["$defs"][name]
+        definition["required"] = [r for r in definition.get("required", []) if r != field]
+    meta = {"$ref": DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://kubernetes.io/api/knative-service-serving-v1.json",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "serving.knative.dev/v1"},
+            "kind": {"const": "Service"},
+            "metadata": meta,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["template"],
+                "properties": {
+                    "template": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"metadata": meta, "spec": {"$ref": DEFS + "io.k8s.api.core.v1.PodSpec"}},
+                    },
+                    "traffic": {"type": "array"},
+                },
+            },
+        },
+    }
+    registry: Registry[Any] = Registry().with_resources(
+        [(schema["$id"], Resource.from_contents(schema)), (definitions["$id"], Resource.from_contents(definitions))]
+    )
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def knative_errors(doc: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in knative_validator().iter_errors(doc)]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+# -- schemas -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", documents(K8S), ids=lambda d: d["kind"])
+def test_kubernetes_manifests_valid_strict(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_kubernetes_validator_does_reject() -> None:
+    """The check can fail: an unknown field and a wrong type are refused."""
+    deployment = copy.deepcopy(documents(K8S)[0])
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy_"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    deployment = copy.deepcopy(documents(K8S)[0])
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", [KNATIVE, CLOUD_RUN], ids=lambda p: p.name)
+def test_knative_services_valid(path: Path) -> None:
+    (doc,) = documents(path)
+    assert knative_errors(doc) == []
+
+
+def test_knative_schema_does_reject() -> None:
+    (doc,) = documents(KNATIVE)
+    bad = copy.deepcopy(doc)
+    bad["spec"]["template"]["spec"]["containerConcurrency"] = "4"
+    bad["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["httpGet"]["paht"] = "/ping"
+    errors = knative_errors(bad)
+    assert any("containerConcurrency" in e for e in errors) and any("paht" in e for e in errors)
+
+
+def test_sagemaker_template_cfn_lint_clean() -> None:
+    assert [str(m) for m in lint_file(SAGEMAKER)] == []
+
+
+# -- wiring: the manifests and the handler agree ------------------------------------------------------------
+
+
+def containers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(file, pod spec, container) for every manifest that runs the HTTP host."""
+    out = []
+    for path in (K8S, KNATIVE, CLOUD_RUN):
+        for doc in documents(path):
+            if doc["kind"] in ("Deployment", "Service") and "template" in doc["spec"]:
+                spec = doc["spec"]["template"]["spec"]
+                out += [(path.name, spec, c) for c in spec["containers"]]
+    return out
+
+
+@pytest.mark.parametrize(("name", "spec", "container"), containers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_probes_hit_real_routes_and_pool_matches_concurrency(
+    name: str, spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if probe in container:
+            assert container[probe]["httpGet"]["path"] in HTTP_ROUTES, (name, probe)
+    assert container["startupProbe"]["httpGet"]["path"] == "/ping"  # 200 only once init is done
+    env = env_of(container)
+    settings = HostSettings.from_environ(env)  # the settings parse as the handler would parse them
+    workers, queue = int(env["WARMSTART_WORKERS_MAX"]), int(env["WARMSTART_QUEUE_MAX"])
+    assert int(container["resources"]["limits"]["cpu"]) >= workers  # one worker per vCPU at most
+    if "containerConcurrency" in spec:  # what the platform sends at once fits the pool and its queue
+        assert spec["containerConcurrency"] == workers + queue
+    drain = settings.drain_s
+    if name == CLOUD_RUN.name:
+        assert drain < CLOUD_RUN_KILL_S
+    elif "terminationGracePeriodSeconds" in spec:
+        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        assert pre_stop + drain + 1 <= spec["terminationGracePeriodSeconds"]
+    else:  # Knative gives a pod timeoutSeconds to terminate
+        assert drain + 1 <= spec["timeoutSeconds"]
+
+
+def test_default_drain_fits_every_platform() -> None:
+    assert DEFAULT_DRAIN_S + 1 <= CLOUD_RUN_KILL_S
+
+
+def test_sagemaker_serverless_sets_its_payload_limit() -> None:
+    text = SAGEMAKER.read_text()
+    assert "WARMSTART_HOST: sagemaker-serverless" in text and "ServerlessConfig:" in text

@@ -1,0 +1,289 @@
+"""Compatible APIs on the HTTP host (OpenAI, text-embeddings-inference), media types, JSON 404/405, and the
+drain's effect on health and new requests. The embedding routes run the real default model and are compared
+with the native route byte for byte; rerank and classify map their shapes onto a fake task (the real tasks
+come with the models issue)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from handler.config import Config
+from handler.hosts import HostSettings
+from handler.http import Host, create_app
+from handler.runtime import Runtime
+from handler.workers import Sizing, WorkerPool
+from tests.conftest import DIM, MODEL_KEY
+
+TEXTS = ["the quick brown fox", "jumps over the lazy dog", "a third, longer sentence so the batch pads"]
+
+
+def vector_text(vector: list[float]) -> bytes:
+    return json.dumps(vector, separators=(",", ":")).encode()
+
+
+@pytest.fixture(scope="module")
+def runtime(new_runtime: Callable[..., Runtime]) -> Runtime:
+    return new_runtime()
+
+
+def client_for(runtime: Runtime, settings: HostSettings | None = None) -> TestClient:
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=2)
+    return TestClient(create_app(Host(lambda: runtime, workers, settings)))
+
+
+@pytest.fixture
+def client(runtime: Runtime) -> Iterator[TestClient]:
+    with client_for(runtime) as c:
+        yield c
+
+
+@pytest.fixture
+def native(client: TestClient) -> tuple[bytes, list[list[float]]]:
+    r = client.post("/invocations", json={"inputs": TEXTS})
+    assert r.status_code == 200
+    return r.content, r.json()["embeddings"]
+
+
+def test_openai_embeddings_equal_native_byte_for_byte(client: TestClient, native: tuple[bytes, Any]) -> None:
+    raw, vectors = native
+    r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "text-embedding-3-small"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == MODEL_KEY  # an unknown model name means the default
+    assert [d["index"] for d in body["data"]] == [0, 1, 2] and {d["object"] for d in body["data"]} == {"embedding"}
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    for i, d in enumerate(body["data"]):
+        assert d["embedding"] == vectors[i]
+        assert vector_text(vectors[i]) in raw and vector_text(vectors[i]) in r.content
+
+
+def test_openai_single_string_and_model_by_id(client: TestClient, native: tuple[bytes, Any]) -> None:
+    r = client.post("/v1/embeddings", json={"input": TEXTS[0], "model": "all-minilm-l6-v2"})
+    assert r.status_code == 200 and len(r.json()["data"]) == 1
+    assert len(r.json()["data"][0]["embedding"]) == DIM
+
+
+def test_openai_dimensions_and_base64(client: TestClient, native: tuple[bytes, Any]) -> None:
+    _, vectors = native
+    r = client.post("/v1/embeddings", json={"input": TEXTS, "dimensions": 64, "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    for i, d in enumerate(r.json()["data"]):
+        got = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+        cut = np.asarray(vectors[i][:64], np.float32)
+        np.testing.assert_allclose(got, cut / np.linalg.norm(cut), rtol=1e-6)
+        assert abs(float(np.linalg.norm(got)) - 1) < 1e-5
+    full = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "base64"}).json()["data"]
+    assert [np.frombuffer(base64.b64decode(d["embedding"]), "<f4").tolist() for d in full] == vectors
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"input": []}, "InvalidInputError"),
+        ({"inputs": ["x"]}, "InvalidInputError"),  # the native field is not OpenAI's
+        ({"input": [[101, 102]]}, "UnsupportedRequestError"),  # token arrays
+        ({"input": "x", "encoding_format": "int8"}, "InvalidInputError"),
+        ({"input": "x", "dimensions": 0}, "InvalidInputError"),
+        ({"input": "x", "dimensions": 385}, "InvalidInputError"),
+        ({"input": "x", "model": "all-minilm-l6-v2@9.9"}, "UnknownModelError"),
+    ],
+)
+def test_openai_errors(client: TestClient, body: dict[str, Any], error: str) -> None:
+    r = client.post("/v1/embeddings", json=body)
+    assert r.status_code in (400, 404) and r.json()["error"]["type"] == error, r.text
+
+
+def test_tei_embed_equals_native(client: TestClient, native: tuple[bytes, Any]) -> None:
+    _, vectors = native
+    r = client.post("/embed", json={"inputs": TEXTS, "normalize": True, "truncate": True})
+    assert r.status_code == 200 and r.content == json.dumps(vectors, separators=(",", ":")).encode()
+    single = client.post("/embed", json={"inputs": TEXTS[0]}).json()
+    # TEI answers a list of vectors for one string too (a batch of one: compared with the native batch of one).
+    assert single == client.post("/invocations", json={"inputs": TEXTS[0]}).json()["embeddings"]
+    assert len(client.post("/embed", json={"inputs": TEXTS, "dimensions": 8}).json()[0]) == 8
+    r = client.post("/embed", json={"inputs": TEXTS, "normalize": False})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "UnsupportedRequestError"
+
+
+def test_routes_needing_another_task_say_so(client: TestClient) -> None:
+    r = client.post("/rerank", json={"query": "q", "texts": ["a", "b"]})
+    assert r.status_code == 400 and "rerank model" in r.json()["error"]["message"]
+    r = client.post("/predict", json={"inputs": "a"})
+    assert r.status_code == 400 and "classify model" in r.json()["error"]["message"]
+
+
+def test_info_health_and_json_404_405(client: TestClient) -> None:
+    info = client.get("/info").json()
+    assert info["model_id"] == "all-minilm-l6-v2" and "embedding" in info["model_type"]
+    assert info["max_client_batch_size"] == 256
+    assert client.get("/health").status_code == 200
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError" and "/v1/embeddings" in r.text
+    r = client.post("/ping")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "MethodNotAllowedError"
+    r = client.get("/embed")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "MethodNotAllowedError"
+
+
+def test_media_types_on_embedding(client: TestClient, native: tuple[bytes, Any]) -> None:
+    _, vectors = native
+    r = client.post("/invocations", json={"inputs": TEXTS}, headers={"accept": "application/x-npy"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-npy"
+    array = np.load(io.BytesIO(r.content))
+    assert array.dtype == np.float32 and array.tolist() == vectors
+    r = client.post("/invocations", content=b"a,b", headers={"content-type": "text/csv"})
+    assert r.status_code == 415 and r.json()["error"]["type"] == "UnsupportedMediaTypeError"
+    r = client.post("/invocations", json={"inputs": ["x"]}, headers={"accept": "text/csv"})
+    assert r.status_code == 406 and r.json()["error"]["type"] == "NotAcceptableError"
+    r = client.post("/invocations", content=b"\x93NUMPY", headers={"content-type": "application/x-npy"})
+    assert r.status_code == 415 and "tensor" in r.json()["error"]["message"]
+
+
+def test_payload_limit_is_the_hosts(runtime: Runtime) -> None:
+    body = json.dumps({"inputs": ["x" * 2000]}).encode()
+    with client_for(runtime, HostSettings(payload_limit=1000)) as c:
+        r = c.post("/invocations", content=body)
+        assert r.status_code == 413 and "1000" in r.json()["error"]["message"]
+    with client_for(runtime, HostSettings(payload_limit=10_000)) as c:
+        assert c.post("/invocations", content=body).status_code == 200
+
+
+def test_draining_turns_health_503_and_refuses_new_requests(runtime: Runtime) -> None:
+    host = Host(lambda: runtime, WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=2), cpus=1))
+    with TestClient(create_app(host)) as c:
+        assert c.get("/ping").status_code == 200
+        assert c.portal is not None
+        c.portal.call(host.drain.begin)  # on the app's loop, as the SIGTERM handler schedules it
+        for path in ("/ping", "/healthz", "/health"):
+            r = c.get(path)
+            assert r.status_code == 503 and r.json()["status"] == "draining", path
+        r = c.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceBusyError"
+        assert r.headers["retry-after"] == "1"
+
+
+# -- Lambda: a Function URL path names a compatible API ----------------------------------------------------
+
+
+def test_function_url_path_routes_to_openai(
+    runtime: Runtime, load_event: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "workers", None)  # Lambda: one request at a time (the HTTP tests gave it a pool)
+    event = load_event("function_url.json")
+    event["body"] = json.dumps({"inputs": TEXTS})
+    event["isBase64Encoded"] = False
+    native = json.loads(runtime.handle(event, None)["body"])
+    event["rawPath"] = "/v1/embeddings"
+    event["body"] = json.dumps({"input": TEXTS})
+    reply = runtime.handle(event, None)
+    assert reply["statusCode"] == 200
+    assert [d["embedding"] for d in json.loads(reply["body"])["data"]] == native["embeddings"]
+    event["rawPath"] = "/embed"  # on Lambda, the native route's path since before TEI's routes
+    event["body"] = json.dumps({"inputs": TEXTS})
+    assert json.loads(runtime.handle(event, None)["body"]) == native
+
+
+# -- rerank and classify: shapes mapped onto the native tasks (a fake task stands in) ----------------------
+
+
+class FakeTask:
+    def __init__(self, name: str, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.name = name
+        self.answer = answer
+        self.seen: list[Any] = []
+
+    def __call__(self, payload: Any) -> dict[str, Any]:
+        self.seen.append(payload)
+        return {**self.answer(payload), "model": "fake@1"}
+
+    def warmup(self) -> None:
+        pass
+
+
+def fake_runtime(runtime: Runtime, task: FakeTask) -> Runtime:
+    config = Config(model_dir=Path(runtime.manifest.root), backend=None, warmup=False)
+    return Runtime(config, runtime.manifest, runtime.backend, task, dict(runtime.init_report))  # type: ignore[arg-type]
+
+
+def test_tei_rerank_maps_onto_the_rerank_task(runtime: Runtime) -> None:
+    task = FakeTask(
+        "rerank",
+        lambda p: {"results": [{"index": 1, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.2}]},
+    )
+    with client_for(fake_runtime(runtime, task)) as c:
+        r = c.post("/rerank", json={"query": "q", "texts": ["a", "b"], "return_text": True, "raw_scores": False})
+        assert r.status_code == 200, r.text
+        assert r.json() == [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.2, "text": "a"}]
+        assert task.seen[-1] == {"query": "q", "documents": ["a", "b"], "return_documents": True}
+        assert c.post("/rerank", json={"query": "q", "texts": ["a"]}).json()[0].keys() == {"index", "score"}
+        r = c.post("/rerank", json={"query": "q", "texts": ["a"], "raw_scores": True})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "UnsupportedRequestError"
+        r = c.post("/rerank", json={"texts": ["a"]})
+        assert r.status_code == 400 and "query" in r.json()["error"]["message"]
+        assert c.post("/embed", json={"inputs": "x"}).status_code == 400  # not an embedding model
+
+
+def test_tei_predict_maps_onto_the_classify_task(runtime: Runtime) -> None:
+    def classify(p: dict[str, Any]) -> dict[str, Any]:
+        return {"predictions": [[{"label": "pos", "score": 0.8}, {"label": "neg", "score": 0.2}] for _ in p["inputs"]]}
+
+    task = FakeTask("classify", classify)
+    with client_for(fake_runtime(runtime, task)) as c:
+        one = c.post("/predict", json={"inputs": "great"})
+        assert one.status_code == 200 and one.json() == [{"label": "pos", "score": 0.8}, {"label": "neg", "score": 0.2}]
+        assert task.seen[-1] == {"inputs": ["great"]}
+        batch = c.post("/predict", json={"inputs": ["a", "b"]}).json()
+        assert len(batch) == 2 and batch[0][0]["label"] == "pos"
+        r = c.post("/predict", json={"inputs": [["a", "b"]]})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "UnsupportedRequestError"
+
+
+# -- application/x-npy in and out: a tensor model with one input and one output ----------------------------
+
+
+def test_npy_body_and_answer_for_a_one_input_tensor_model(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, save_model
+
+    from infra.pack import pack_onnx
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    save_model(model, str(tmp_path / "double.onnx"))
+    packed = pack_onnx(tmp_path / "double.onnx", tmp_path / "packed", "double", "1.0")
+    runtime = Runtime.start(Config(model_dir=packed, backend=None, warmup=False), environ={}, emit=None)
+    x = np.array([[1.5, -2.0, 3.25], [0.0, 1e-3, 7.0]], np.float32)
+    buf = io.BytesIO()
+    np.save(buf, x)
+    npy = {"content-type": "application/x-npy", "accept": "application/x-npy"}
+    with client_for(runtime) as c:
+        r = c.post("/invocations", content=buf.getvalue(), headers=npy)
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-npy", r.text
+        y = np.load(io.BytesIO(r.content))
+        assert y.dtype == np.float32 and np.array_equal(y, x * 2)
+        # .npy in, JSON out; JSON in, .npy out
+        r = c.post("/invocations", content=buf.getvalue(), headers={"content-type": "application/x-npy"})
+        assert r.json()["outputs"]["y"] == (x * 2).tolist()
+        r = c.post("/invocations", json={"inputs": {"x": x.tolist()}}, headers={"accept": "application/x-npy"})
+        assert np.array_equal(np.load(io.BytesIO(r.content)), x * 2)
+        r = c.post("/invocations", content=b"garbage", headers=npy)
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert "not a .npy array" in r.json()["error"]["message"]
+        buf3 = io.BytesIO()
+        np.save(buf3, np.zeros((2, 4), np.float32))
+        r = c.post("/invocations", content=buf3.getvalue(), headers=npy)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidInputError"  # the manifest's shape

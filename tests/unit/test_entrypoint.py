@@ -1,0 +1,69 @@
+"""`python -m handler`: Lambda's runtime client when AWS_LAMBDA_RUNTIME_API is set, the HTTP host otherwise,
+`serve` (SageMaker) always HTTP; an image's CMD (a handler name) reaches the runtime client (in process:
+tests/integration/test_entrypoint_lambda.py runs it for real)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import awslambdaric.__main__ as ric
+import pytest
+
+from handler import __main__ as entry
+from handler import serve
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    seen: list[Any] = []
+    monkeypatch.setattr(ric, "main", lambda argv: seen.append(("lambda", argv)))
+    monkeypatch.setattr(serve, "serve_http", lambda sagemaker=False: seen.append(("http", sagemaker)))
+    monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API", raising=False)
+    return seen
+
+
+RIC = ["awslambdaric"]  # the runtime client's argv, as `python -m awslambdaric HANDLER` would give it
+
+
+@pytest.mark.parametrize(
+    ("runtime_api", "argv", "expected"),
+    [
+        ("127.0.0.1:9001", [], ("lambda", [*RIC, "handler.app.lambda_handler"])),
+        ("127.0.0.1:9001", ["mine.app.handle"], ("lambda", [*RIC, "mine.app.handle"])),
+        ("127.0.0.1:9001", ["serve"], ("http", True)),
+        (None, [], ("http", False)),
+        (None, ["serve"], ("http", True)),
+        (None, ["handler.app.lambda_handler"], ("http", False)),  # the image's CMD on Cloud Run / Knative
+    ],
+)
+def test_dispatch(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch, runtime_api: str | None, argv: list[str], expected: Any
+) -> None:
+    if runtime_api:
+        monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", runtime_api)
+    entry.main(argv)
+    assert calls == [expected]
+
+
+@pytest.mark.parametrize("argv", [["train"], ["serve", "extra"], ["--help"]])
+def test_unknown_arguments_exit_with_usage(calls: list[Any], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        entry.main(argv)
+    assert "usage: python -m handler" in str(info.value.code)
+    assert calls == []
+
+
+def test_server_takes_port_and_drain_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"SAGEMAKER_BIND_TO_PORT": "9081", "PORT": "8080", "WARMSTART_DRAIN_S": "3", "HOST": "127.0.0.1"}
+    server = serve.server(env, sagemaker=True)
+    assert (server.config.port, server.config.host, server.config.workers) == (9081, "127.0.0.1", 1)
+    assert server.config.timeout_graceful_shutdown == 4  # the drain answers by 3 s; uvicorn's is the backstop
+    assert server.drain.drain_s == 3
+
+
+def test_signal_starts_the_drain_before_uvicorn_notices(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = serve.server({"PORT": "8123"})
+    begun: list[int] = []
+    monkeypatch.setattr(server.drain, "begin_threadsafe", lambda: begun.append(1))
+    server.handle_exit(15, None)
+    assert begun == [1] and server.should_exit
