@@ -3,7 +3,6 @@ changes an answer. Timings live in bench/bench_coldstart_quota.py, not here."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -259,30 +258,40 @@ def proved_dir(optimized_dir: Path) -> Path:
     return optimized_dir
 
 
-def encode_with(model: Path, texts: list[str], **env: str) -> tuple[list[list[int]], dict[str, Any]]:
-    gc.collect()  # an earlier runtime's encoder would be shared (same tokenizer.json): this start builds its own
-    runtime = Runtime.start(Config.from_environ({"WARMSTART_MODEL": str(model), **env}), environ=env, emit=None)
-    ids, _ = runtime.task.encoder.encode(texts)  # type: ignore[attr-defined]
-    return ids.tolist(), runtime.init_report["coldstart"]["tokenizer"]
-
-
 def test_the_tokenizer_shortcut_gives_the_json_tokenizers_ids_on_hard_cases(proved_dir: Path) -> None:
+    from handler.manifest import load_manifest
+    from handler.tokens import TextEncoder, usable_shortcut
     from infra.pack.wordpiece import HARD_CASES
 
-    fast, used = encode_with(proved_dir, HARD_CASES, WARMSTART_WARMUP="0")
-    slow, off = encode_with(proved_dir, HARD_CASES, WARMSTART_WARMUP="0", WARMSTART_TOKENIZER_SHORTCUT="0")
-    assert used == {"shortcut": "wordpiece", "vocab": "vocab.txt"}
-    assert off["shortcut"] is None and "WARMSTART_TOKENIZER_SHORTCUT=0" in off["reason"]
-    assert fast == slow
+    manifest = load_manifest(proved_dir)
+    vocab, why = usable_shortcut(manifest.root, manifest.tokenizer, manifest.files)
+    assert vocab is not None and why == "proved"
+    path = manifest.path("tokenizer.json")
+    fast = TextEncoder(path, 256, 0, shortcut=(vocab, manifest.tokenizer["shortcut"]["settings"]))
+    slow = TextEncoder(path, 256, 0)
+    assert fast.coldstart["shortcut"] == "wordpiece" and slow.coldstart["shortcut"] is None
+    for batch in [[case] for case in HARD_CASES] + [HARD_CASES]:
+        a, b = fast.encode(batch), slow.encode(batch)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
 
 
-def test_a_proof_for_another_tokenizer_file_is_not_used(proved_dir: Path, tmp_path: Path) -> None:
-    other = copy_model(proved_dir, tmp_path / "model")
-    raw = json.loads((other / "manifest.json").read_text())
-    raw["tokenizer"]["shortcut"]["proof"]["tokenizer_sha256"] = "0" * 64
-    (other / "manifest.json").write_text(json.dumps(raw))
-    _, line = encode_with(other, ["x"], WARMSTART_WARMUP="0")
-    assert line == {"shortcut": None, "reason": "the proof is for another tokenizer.json"}
+def test_init_uses_the_shortcut_and_the_switch_turns_it_off(proved_dir: Path) -> None:
+    # A fresh process each: in this one, an encoder for the same tokenizer.json may already be shared.
+    env = {"WARMSTART_MODEL": str(proved_dir), "WARMSTART_WARMUP": "0"}
+    on = json.loads(run_python("import handler.app", env))["coldstart"]["tokenizer"]
+    off = json.loads(run_python("import handler.app", {**env, "WARMSTART_TOKENIZER_SHORTCUT": "0"}))
+    assert on == {"shortcut": "wordpiece", "vocab": "vocab.txt"}
+    assert off["coldstart"]["tokenizer"] == {"shortcut": None, "reason": "off (WARMSTART_TOKENIZER_SHORTCUT=0)"}
+
+
+def test_a_proof_for_another_tokenizer_file_is_not_used(proved_dir: Path) -> None:
+    from handler.manifest import load_manifest
+    from handler.tokens import usable_shortcut
+
+    manifest = load_manifest(proved_dir)
+    stale = {**manifest.tokenizer, "shortcut": {**manifest.tokenizer["shortcut"], "proof": {"tokenizer_sha256": "0"}}}
+    assert usable_shortcut(manifest.root, stale, manifest.files) == (None, "the proof is for another tokenizer.json")
+    assert usable_shortcut(manifest.root, {"file": "tokenizer.json"}, manifest.files)[0] is None
 
 
 def test_the_proof_refuses_a_pipeline_that_is_not_plain_bert(model_dir: Path) -> None:
