@@ -320,3 +320,21 @@ def test_the_proof_catches_ids_that_differ(proved_dir: Path, tmp_path: Path, mon
     monkeypatch.setattr(wordpiece, "bert_settings", lambda raw: {**real(raw), "lowercase": False})
     with pytest.raises(wordpiece.NotPlainBert, match="ids differ"):
         wordpiece.prove(other)
+
+
+def test_layers_build_optimizes_only_for_the_pinned_onnxruntime(tmp_path: Path) -> None:
+    import onnxruntime
+
+    from handler.manifest import load_manifest
+    from infra.pack import pack_onnx
+    from layers.build import optimize_for_layer
+
+    write_tiny_onnx(tmp_path / "tiny.onnx")
+    packed = pack_onnx(tmp_path / "tiny.onnx", tmp_path / "packed", "tiny", "1")
+    pinned = tmp_path / "requirements.txt"
+    pinned.write_text(f"numpy==2.4.6\nonnxruntime=={onnxruntime.__version__}\n")
+    assert optimize_for_layer(packed, pinned).startswith("optimize: prepacked for onnxruntime")
+    assert "optimized" in load_manifest(packed).backends["onnx"]
+    pinned.write_text("onnxruntime==0.0.1\n")
+    assert "skipped" in optimize_for_layer(packed, pinned)
+    assert "optimized" not in load_manifest(packed).backends["onnx"]  # a stale one is taken out, not shipped
