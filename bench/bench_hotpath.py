@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 import urllib.request
@@ -221,6 +222,8 @@ def http_bench(seconds: float, rounds: int, conns: int = 8) -> dict[str, Any]:
     try:
         assert server.stdout is not None
         assert server.stdout.readline().strip() == "ready"
+        # The server logs a JSON record per request on stdout: keep reading it, or a full pipe stalls the server.
+        threading.Thread(target=server.stdout.read, daemon=True).start()
         time.sleep(1.0)
         body = json.dumps({"inputs": [SHORT]}).encode()
         paths = {"warmstart": "/ws/invocations", "plain": "/plain/invocations"}
