@@ -1,6 +1,8 @@
 """PyTorch backend: the encoder built on the meta device, safetensors weights mapped in with `assign=True`.
 
-No `torch.load`: nothing is ever unpickled.
+No `torch.load`: nothing is ever unpickled. Architectures: "bert-mean-pooled" (the default model,
+handler.bert_torch) and "hf-encoder" (a packed Hugging Face encoder of any family handler.encoder_torch runs,
+with its pooling or classification head as the manifest says).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from handler.backends import BackendSettings
 from handler.bert_torch import BertConfig, BertMeanPooled
+from handler.encoder_torch import EncoderConfig, HFEncoder, weight_names
 from handler.errors import ModelLoadError
 from handler.manifest import Manifest
 from handler.pool import current_arena
@@ -20,14 +23,14 @@ from handler.report import PhaseTimer
 from handler.types import Arrays, BackendName
 from handler.weights import mmap_safetensors
 
-_ARCHITECTURES = ("bert-mean-pooled",)
+_ARCHITECTURES = ("bert-mean-pooled", "hf-encoder")
 
 
 class TorchBackend:
     name: BackendName = "torch"
 
     def __init__(self) -> None:
-        self.model: BertMeanPooled | None = None
+        self.model: BertMeanPooled | HFEncoder | None = None
         self.device = torch.device("cpu")
         self.device_reason = ""
         self.threads = 0
@@ -47,18 +50,23 @@ class TorchBackend:
             # Only settable before any parallel work has run; keep whatever it is then.
             with contextlib.suppress(RuntimeError):
                 torch.set_num_interop_threads(1)
+        self.output = manifest.outputs[0].name
         with timer.phase("load"):
             weights = mmap_safetensors(path)
-            with torch.device("meta"):
-                model = BertMeanPooled(
-                    BertConfig.from_dict(spec["config"]), bool(manifest.pooling.get("normalize", True))
-                )
-            expected = set(model.state_dict())
-            missing = expected - set(weights)
+            model = self._build(manifest, spec)
+            if isinstance(model, HFEncoder):
+                names, missing = weight_names(model, model.family, set(weights))
+            else:
+                names = {k: k for k in model.state_dict()}
+                missing = sorted(set(names) - set(weights))
             if missing:
                 raise ModelLoadError(f"{path}: missing tensors {sorted(missing)[:5]} ({len(missing)} in all)")
-            # assign=True adopts the mapped tensors as parameters instead of copying into fresh ones.
-            model.load_state_dict({k: weights[k] for k in expected}, assign=True, strict=True)
+            # assign=True adopts the mapped tensors as parameters instead of copying into fresh ones; a
+            # float16/bfloat16 checkpoint is widened once here (CPU kernels are float32).
+            state = {
+                k: weights[n] if weights[n].dtype == torch.float32 else weights[n].float() for k, n in names.items()
+            }
+            model.load_state_dict(state, assign=True, strict=True)
             model.eval().requires_grad_(False)
         self.device_reason = settings.cuda.reason
         if settings.cuda.usable and torch.cuda.is_available():
@@ -68,6 +76,27 @@ class TorchBackend:
         elif settings.cuda.usable:
             self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
         self.model = model
+
+    @staticmethod
+    def _build(manifest: Manifest, spec: dict[str, Any]) -> BertMeanPooled | HFEncoder:
+        """The model for the manifest, on the meta device (no memory, nothing initialized)."""
+        normalize = bool(manifest.pooling.get("normalize", True))
+        if spec["architecture"] == "bert-mean-pooled":
+            with torch.device("meta"):
+                return BertMeanPooled(BertConfig.from_dict(spec["config"]), normalize)
+        family = spec.get("family") or manifest.family
+        try:
+            config = EncoderConfig.from_hf(str(family), spec["config"])
+            with torch.device("meta"):
+                return HFEncoder(
+                    config,
+                    head=spec.get("head", "none"),
+                    pooling=str(manifest.pooling.get("mode", "mean")),
+                    normalize=normalize,
+                    activation=manifest.activation if manifest.task == "rerank" else None,
+                )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelLoadError(f"{manifest.root / 'manifest.json'}: backends.torch: {e}") from None
 
     def warm_device(self) -> dict[str, Any]:
         if self.device.type != "cuda":
@@ -85,7 +114,11 @@ class TorchBackend:
         with torch.inference_mode():
             ids = torch.from_numpy(feeds["input_ids"]).to(self.device, non_blocking=cuda)
             mask = torch.from_numpy(feeds["attention_mask"]).to(self.device, non_blocking=cuda)
-            out = self.model(ids, mask)
+            if "token_type_ids" in feeds:
+                types = torch.from_numpy(feeds["token_type_ids"]).to(self.device, non_blocking=cuda)
+                out = self.model(ids, mask, types)
+            else:
+                out = self.model(ids, mask)
             arena = current_arena()
             if not cuda or arena is None:
                 # On CPU the model's own output tensor is fresh memory already; a pooled copy would only cost.

@@ -52,6 +52,11 @@ class Backend(Protocol):
 def create_backend(name: str, manifest: Manifest) -> Backend:
     if name not in BACKEND_NAMES:
         raise ConfigError(f"unknown backend {name!r}; valid backends: {', '.join(BACKEND_NAMES)}")
+    if name in manifest.unsupported_backends:
+        raise ConfigError(
+            f"model {manifest.key} cannot run on backend {name!r}: {manifest.unsupported_backends[name]}; "
+            f"it is packed for: {', '.join(sorted(manifest.backends))}"
+        )
     if name not in manifest.backends:
         raise ConfigError(
             f"model {manifest.key} is not packed for backend {name!r}; it is packed for: "

@@ -15,7 +15,11 @@ from handler.errors import ModelLoadError
 MANIFEST_NAME = "manifest.json"
 FORMAT = "warmstart-packed-model"
 FORMAT_VERSION = 1
-TASKS = ("embedding", "tensor")
+TASKS = ("embedding", "rerank", "classify", "tensor")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
@@ -60,6 +64,14 @@ class Manifest:
     tokenizer: dict[str, Any] = field(default_factory=dict)
     pooling: dict[str, Any] = field(default_factory=dict)
     max_seq_length: int | None = None
+    family: str | None = None
+    dimension: int | None = None  # embedding: the output width
+    prompts: dict[str, str] = field(default_factory=dict)  # embedding: prompt name → text prepended
+    default_prompt_name: str | None = None
+    activation: str | None = None  # rerank
+    labels: tuple[str, ...] = ()  # classify: id2label in id order
+    problem_type: str | None = None  # classify
+    unsupported_backends: dict[str, str] = field(default_factory=dict)  # backend → why it cannot run this model
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -162,6 +174,11 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
     backends = {str(k): dict(v) for k, v in raw["backends"].items()}
     if raw["default_backend"] not in backends:
         raise ValueError(f"default_backend {raw['default_backend']!r} is not among backends {sorted(backends)}")
+    unsupported = raw.get("unsupported_backends") or {}
+    if not isinstance(unsupported, dict) or not all(isinstance(v, str) for v in unsupported.values()):
+        raise ValueError("unsupported_backends must be an object of backend name → reason (a string)")
+    if set(unsupported) & set(backends):
+        raise ValueError(f"backends {sorted(set(unsupported) & set(backends))} are both packed and unsupported")
     return Manifest(
         root=root,
         id=str(raw["id"]),
@@ -175,8 +192,56 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
         tokenizer=dict(raw.get("tokenizer") or {}),
         pooling=dict(raw.get("pooling") or {}),
         max_seq_length=raw.get("max_seq_length"),
+        family=_choice(raw, "family", FAMILIES),
+        dimension=_positive(raw, "dimension"),
+        unsupported_backends={str(k): v for k, v in unsupported.items()},
         raw=raw,
+        **_task_fields(task, raw),
     )
+
+
+def _choice(raw: dict[str, Any], key: str, valid: tuple[str, ...]) -> str | None:
+    value = raw.get(key)
+    if value is not None and value not in valid:
+        raise ValueError(f"{key} {value!r}; valid: {', '.join(valid)}")
+    return value
+
+
+def _positive(raw: dict[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{key} {value!r} is not a positive integer")
+    return value
+
+
+def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields only some tasks read, checked where that task needs them (a task's absent field is an error,
+    another task's is ignored)."""
+    out: dict[str, Any] = {}
+    if task == "embedding":
+        mode = (raw.get("pooling") or {}).get("mode")
+        if mode is not None and mode not in POOLING_MODES:
+            raise ValueError(f"pooling mode {mode!r}; valid: {', '.join(POOLING_MODES)}")
+        prompts = raw.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+        ):
+            raise ValueError("prompts must be an object of prompt name → text")
+        default = raw.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise ValueError(f"default_prompt_name {default!r} is not among prompts {sorted(prompts)}")
+        out.update(prompts=dict(prompts), default_prompt_name=default)
+    elif task == "rerank":
+        if raw.get("activation") is None:
+            raise ValueError(f"a rerank model needs 'activation'; valid: {', '.join(ACTIVATIONS)}")
+        out["activation"] = _choice(raw, "activation", ACTIVATIONS)
+    elif task == "classify":
+        labels = raw.get("labels")
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise ValueError("a classify model needs 'labels': a non-empty list of label names in id order")
+        out["labels"] = tuple(labels)
+        out["problem_type"] = _choice(raw, "problem_type", PROBLEM_TYPES) or PROBLEM_TYPES[0]
+    return out
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

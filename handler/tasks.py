@@ -1,6 +1,7 @@
 """Tasks: validate a request's JSON, turn it into backend feeds, and the outputs into the response.
 
 `embedding`: {"inputs": ["text", ...]} → {"embeddings": [[...]], "model": "id@version"}.
+`rerank`, `classify`: handler.text_tasks.
 `tensor`:    {"inputs": {"name": nested list | {"npy": "<base64 .npy>"}}, "output_format": "list" | "npy"}
              → {"outputs": {"name": ...}, "model": "id@version"}; dtypes and shapes checked against the manifest.
 """
@@ -18,10 +19,20 @@ import numpy.typing as npt
 from handler.arrays import from_list, from_npy
 from handler.backends import Backend
 from handler.config import Config
-from handler.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
+from handler.errors import InvalidInputError
 from handler.manifest import Manifest, TensorSpec
-from handler.pool import BufferPool, current_arena
-from handler.tokens import shared_encoder, usable_shortcut
+from handler.pool import BufferPool
+from handler.text_io import (
+    TextModel,
+    base64_rows,
+    check_texts,
+    encoding_format,
+    float_lists,
+    positive_int,
+    prompt_for,
+    require_object,
+)
+from handler.text_tasks import ClassifyTask, RerankTask
 from handler.types import JSON, Arrays
 
 OUTPUT_FORMATS = ("list", "npy")
@@ -42,88 +53,54 @@ class TaskFactory(Protocol):
 
 
 def _require_object(payload: JSON) -> dict[str, Any]:
-    if not isinstance(payload, dict):
-        raise InvalidInputError(f'request must be a JSON object with "inputs", got {type(payload).__name__}')
-    if "inputs" not in payload:
-        raise InvalidInputError('request has no "inputs" field')
-    return payload
+    return require_object(payload, "inputs")
 
 
-class EmbeddingTask:
+class EmbeddingTask(TextModel):
+    """`{"inputs", "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}` → one vector per input,
+    pooled (and normalized) in the model as its sentence-transformers modules say."""
+
     name = "embedding"
 
     def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
-        tok = manifest.tokenizer
-        max_length = int(tok.get("truncation") or manifest.max_seq_length or 512)
-        name = tok.get("file", "tokenizer.json")
-        entry = manifest.files.get(name)
-        # Shared with a loaded version whose tokenizer file has the same SHA-256 and settings: a reload to
-        # such a version neither parses nor drops a tokenizer (each holds the GIL for milliseconds).
-        # A WordPiece tokenizer built from the vocabulary, where a pack-time proof says it is the same (faster).
-        vocab, why = usable_shortcut(manifest.root, tok, manifest.files)
-        shortcut = (vocab, tok["shortcut"]["settings"]) if vocab and config.tokenizer_shortcut else None
-        self.encoder = shared_encoder(
-            manifest.path(name), max_length, int(tok.get("pad_id", 0)), entry.sha256 if entry else None, shortcut
-        )
-        if shortcut is None and not self.encoder.coldstart.get("shortcut"):
-            self.encoder.coldstart["reason"] = (
-                why if config.tokenizer_shortcut else "off (WARMSTART_TOKENIZER_SHORTCUT=0)"
-            )
-        self.backend = backend
-        self.model = manifest.key
-        self.output = manifest.outputs[0].name
-        self.max_inputs = config.max_inputs
-        self.max_chars = config.max_chars
-        self.pool = pool or BufferPool()
+        super().__init__(manifest, backend, config, pool)
+        width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
+        self.dimension = manifest.dimension or (width if isinstance(width, int) else None)
+        self.normalize = bool(manifest.pooling.get("normalize", True))
+        self.prompts = manifest.prompts
+        self.default_prompt = manifest.default_prompt_name
 
     def texts(self, payload: JSON) -> list[str]:
-        inputs = _require_object(payload)["inputs"]
-        if isinstance(inputs, str):
-            inputs = [inputs]
-        if not isinstance(inputs, list):
-            raise InvalidInputError(f'"inputs" must be a list of strings, got {type(inputs).__name__}')
-        if not inputs:
-            raise InvalidInputError('"inputs" is empty; send at least one string')
-        if len(inputs) > self.max_inputs:
-            raise TooManyInputsError(
-                f"{len(inputs)} inputs; at most {self.max_inputs} per request (WARMSTART_MAX_INPUTS)"
-            )
-        for i, text in enumerate(inputs):
-            if not isinstance(text, str):
-                raise InvalidInputError(f"inputs[{i}] must be a string, got {type(text).__name__}")
-            if len(text) > self.max_chars:
-                raise InputTooLongError(
-                    f"inputs[{i}] has {len(text)} characters; at most {self.max_chars} (WARMSTART_MAX_CHARS)"
-                )
-            if not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as e:  # a lone surrogate from a JSON escape such as "\ud800"
-                    raise InvalidEncodingError(f"inputs[{i}] is not valid Unicode: {e.reason} at {e.start}") from None
-        return inputs
-
-    def _run(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
-        """Token ids and mask in pooled buffers, outputs bound to pooled buffers; the caller holds the arena."""
-        encodings = self.encoder.tokenize(texts)
-        arena = current_arena()
-        assert arena is not None
-        shape = (len(encodings), len(encodings[0].ids))
-        ids, mask = arena.take(shape, np.int64), arena.take(shape, np.int64)
-        self.encoder.fill(encodings, ids, mask)
-        out = self.backend.run({"input_ids": ids, "attention_mask": mask})[self.output]
-        return out, int(mask.sum())
+        return check_texts(_require_object(payload)["inputs"], "inputs", self.max_inputs, self.max_chars)
 
     def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
-        with self.pool.request():
-            out, tokens = self._run(texts)
-            return out.copy(), tokens  # a copy: the pooled buffer goes back when the arena closes
+        return self.run_copy(texts)
+
+    def _shorten(self, vectors: npt.NDArray[np.float32], dimensions: int) -> npt.NDArray[np.float32]:
+        """Matryoshka: the first `dimensions` components, renormalized when the model's vectors are."""
+        if dimensions > vectors.shape[1]:
+            raise InvalidInputError(f'"dimensions" is {dimensions}; valid: an integer, 1 to {vectors.shape[1]}')
+        cut = vectors[:, :dimensions]
+        if not self.normalize:
+            return cut
+        norms = np.linalg.norm(cut, axis=1, keepdims=True)
+        return (cut / np.where(norms > 0, norms, 1)).astype(np.float32)
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
         texts = self.texts(payload)
+        body = _require_object(payload)
+        prompt = prompt_for(body, self.prompts, self.default_prompt)
+        dimensions = positive_int(body, "dimensions", self.dimension)
+        fmt = encoding_format(body)
+        if prompt:
+            texts = [prompt + text for text in texts]
         with self.pool.request():
             vectors, tokens = self._run(texts)
-            # tolist() copies into Python floats before the buffers go back: the response never aliases the pool.
-            return {"embeddings": vectors.tolist(), "model": self.model, "usage": {"tokens": tokens}}
+            if dimensions is not None:
+                vectors = self._shorten(vectors, dimensions)
+            # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
+            embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
+        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
     def warmup(self) -> None:
         # A single query and a padded batch: touches every weight page, grows the arena and runs both the
@@ -212,4 +189,9 @@ class TensorTask:
         self.backend.run(feeds)
 
 
-TASKS: dict[str, TaskFactory] = {"embedding": EmbeddingTask, "tensor": TensorTask}
+TASKS: dict[str, TaskFactory] = {
+    "embedding": EmbeddingTask,
+    "rerank": RerankTask,
+    "classify": ClassifyTask,
+    "tensor": TensorTask,
+}

@@ -76,7 +76,7 @@ class TextEncoder:
             self.coldstart = {"shortcut": None}
         # The packed tokenizer.json may carry its own truncation/padding (all-MiniLM's says 128, fixed);
         # the manifest's settings are the truth: sentence-transformers truncates at max_seq_length.
-        self._tok.enable_truncation(max_length)
+        self._tok.enable_truncation(max_length, strategy="longest_first")
         pad_token = self._tok.id_to_token(pad_id) or "[PAD]"
         self._tok.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the longest in the batch
         self.max_length = max_length
@@ -87,8 +87,10 @@ class TextEncoder:
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         return ids, mask
 
-    def tokenize(self, texts: Sequence[str]) -> list[Any]:
-        """Encodings padded to the longest in the batch; `fill` copies them into caller-owned arrays."""
+    def tokenize(self, texts: Sequence[str | tuple[str, str]]) -> list[Any]:
+        """Encodings padded to the longest in the batch; `fill` copies them into caller-owned arrays. A
+        (query, document) tuple is encoded as one pair, truncated "longest_first" (tokens come off the longer
+        text first) at `max_length`, as `CrossEncoder` does; its type ids mark the document."""
         encodings: list[Any] = self._tok.encode_batch(list(texts))
         return encodings
 
@@ -97,6 +99,10 @@ class TextEncoder:
         # One assignment per array from a list of lists: measured as fast as np.array(...), without the new array.
         ids[...] = [e.ids for e in encodings]
         mask[...] = [e.attention_mask for e in encodings]
+
+    @staticmethod
+    def fill_type_ids(encodings: Sequence[Any], types: npt.NDArray[np.int64]) -> None:
+        types[...] = [e.type_ids for e in encodings]
 
 
 # Weak: an entry lives exactly as long as some loaded model's task holds its encoder; the last version using
