@@ -15,7 +15,7 @@ from handler.errors import ModelLoadError
 MANIFEST_NAME = "manifest.json"
 FORMAT = "warmstart-packed-model"
 FORMAT_VERSION = 1
-TASKS = ("embedding", "tensor")
+TASKS = ("embedding", "rerank", "classify", "tensor")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 

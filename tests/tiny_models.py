@@ -272,7 +272,8 @@ def make_model_dir(tmp_path: Path, family: str, kind: str = "sentence-transforme
 
     max_seq_length = options.pop("max_seq_length", None)
     tokenizer, vocab_size = build_tokenizer(family, int(max_seq_length or POSITIONS))
-    transformers.logging.set_verbosity_error()  # the "Writing model shards" chatter
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # the "Writing model shards" bars
     torch.manual_seed(seed)
     base_cls, seq_cls = _MODEL_CLASSES[family]
     if kind == "sentence-transformers":

@@ -116,7 +116,7 @@ def test_init_fails_on_a_truncated_model(packed: Path) -> None:
 
 def test_unknown_task_lists_valid_tasks(packed: Path) -> None:
     edit_manifest(packed, lambda m: m.update(task="translation"))
-    with pytest.raises(ModelLoadError, match="valid tasks: embedding, tensor") as info:
+    with pytest.raises(ModelLoadError, match="valid tasks: embedding, rerank, classify, tensor") as info:
         load_manifest(packed)
     assert "manifest.json" in str(info.value)
 
