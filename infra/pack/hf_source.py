@@ -186,7 +186,7 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         or architecture.endswith("ForSequenceClassification")
     )
     has_pooling = any(k == "Pooling" for k, _ in kinds)
-    detected = _detect_task(root, has_pooling, is_cross_encoder, config)
+    detected = _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
     chosen: Task = detected if task == "auto" else task  # type: ignore[assignment]
     _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
     if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
@@ -227,14 +227,16 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
     )
 
 
-def _detect_task(root: Path, has_pooling: bool, is_cross_encoder: bool, config: dict[str, Any]) -> Task:
+def _detect_task(
+    root: Path, has_pooling: bool, is_cross_encoder: bool, config: dict[str, Any], architecture: str
+) -> Task:
     if has_pooling:
         return "embedding"
     if is_cross_encoder:
         return "rerank" if int(config.get("num_labels") or len(config.get("id2label") or {}) or 1) == 1 else "classify"
     raise UnsupportedModelError(
-        f"{root}: neither a sentence-transformers embedder (modules.json with a Pooling module) nor a "
-        "*ForSequenceClassification model, so the task and pooling are unknown; supported: a "
+        f"{root}: {architecture} is neither a sentence-transformers embedder (modules.json with a Pooling module) "
+        "nor a *ForSequenceClassification model, so the task and pooling are unknown; supported: a "
         "sentence-transformers model directory (embedding), a cross-encoder (rerank), a sequence classifier (classify)"
     )
 
