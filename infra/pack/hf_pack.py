@@ -1,0 +1,213 @@
+"""`warmstart pack --from DIR`: a user's own Hugging Face / sentence-transformers model, packed.
+
+read_source (check everything, write nothing) -> stage the weights as safetensors (a pytorch_model.bin only
+through `torch.load(weights_only=True)`) -> export to ONNX with the task's head in the graph -> publish:
+tokenizer.json, model.onnx + page-aligned model.onnx.data, model.safetensors (torch backend), manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from handler.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from infra.pack.golden import with_golden
+from infra.pack.hf_source import HFSource, SourceError, UnsupportedModelError, read_source
+from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
+from infra.pack.publish import publish
+
+BACKENDS = ("onnx", "torch")
+# Families warmstart's torch encoder (handler.encoder_torch) does not build: packed onnx-only, and the manifest
+# says why, so selecting torch at run time is a ConfigError with this reason.
+TORCH_UNSUPPORTED = {"mpnet": "mpnet: relative position bias not implemented in warmstart's torch encoder"}
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
+
+
+def default_id(source_dir: Path) -> str:
+    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower()).strip("-.")
+    return name or "model"
+
+
+def default_version(source: HFSource) -> str:
+    return f"{default_id(source.root)}-{source.content_sha256[:12]}"
+
+
+def choose_backends(source: HFSource, backends: Iterable[str] | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The backends to pack (explicit ones are checked; the default drops what the family cannot run) and the
+    `unsupported_backends` entry."""
+    unsupported = {"torch": TORCH_UNSUPPORTED[source.family]} if source.family in TORCH_UNSUPPORTED else {}
+    if backends is None:
+        return tuple(b for b in BACKENDS if b not in unsupported), unsupported
+    chosen = tuple(dict.fromkeys(b.strip() for b in backends if b.strip()))
+    unknown = [b for b in chosen if b not in BACKENDS]
+    if not chosen or unknown:
+        raise SourceError(f"backends {', '.join(chosen) or '(none)'}; valid: {', '.join(BACKENDS)} (one or both)")
+    refused = [b for b in chosen if b in unsupported]
+    if refused:
+        raise UnsupportedModelError(
+            f"backend {refused[0]} is not supported for {source.family}: {unsupported[refused[0]]}; "
+            f"supported for {source.family}: {', '.join(b for b in BACKENDS if b not in unsupported)}"
+        )
+    return chosen, unsupported
+
+
+def pack_from(
+    source_dir: Path,
+    out: Path,
+    *,
+    model_id: str | None = None,
+    version: str | None = None,
+    task: str = "auto",
+    backends: Iterable[str] | None = None,
+    fuse: bool = True,
+    force: bool = False,
+) -> Path:
+    """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
+    source = read_source(Path(source_dir), task)
+    chosen, unsupported = choose_backends(source, backends)
+    out = Path(out)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out.resolve()} exists; pass force=True (--force) to replace it")
+    model_id = model_id or default_id(source.root)
+    version = version or default_version(source)
+
+    with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
+        staged = stage_safetensors(source, Path(staging))
+
+        def build(tmp: Path) -> dict[str, Any]:
+            pad_id = write_tokenizer(source, tmp / TOKENIZER_FILE)
+            spec: dict[str, dict[str, Any]] = {}
+            if "onnx" in chosen:
+                from infra.pack.hf_export import export
+
+                exported = export(source, staged, fuse=fuse)
+                save_onnx(exported.model, tmp)
+                spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
+            if "torch" in chosen:
+                shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
+                spec["torch"] = {
+                    "weights": WEIGHTS_FILE,
+                    "files": [WEIGHTS_FILE],
+                    "architecture": "hf-encoder",
+                    "family": source.family,
+                    "config": source.config,
+                    "head": "sequence-classification" if source.sequence_classification else "none",
+                }
+            return manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+
+        return publish(with_golden(build), out, force)
+
+
+def stage_safetensors(source: HFSource, staging: Path) -> Path:
+    """config.json + model.safetensors in `staging`: what transformers loads (safetensors only, so nothing in
+    the user's directory is ever unpickled) and what the torch backend maps."""
+    shutil.copyfile(source.model_root / "config.json", staging / "config.json")
+    if source.weights.name == WEIGHTS_FILE:
+        os.symlink(source.weights.resolve(), staging / WEIGHTS_FILE)
+        return staging
+    import torch  # pack time only
+    from safetensors.torch import save_file
+
+    try:
+        state = torch.load(str(source.weights), map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses any pickled object that is not plain tensors
+        raise SourceError(f"{source.weights}: not loadable as plain tensors (torch.load weights_only=True): {e}") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SourceError(f"{source.weights}: expected a state dict of tensors")
+    # safetensors refuses tensors sharing storage (tied weights): each one gets its own copy.
+    save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(staging / WEIGHTS_FILE))
+    return staging
+
+
+def write_tokenizer(source: HFSource, dest: Path) -> int:
+    """tokenizer.json (copied, or built by transformers' fast tokenizer from the vocabulary files); the pad id."""
+    import transformers  # pack time only
+
+    where = source.tokenizer_json.parent if source.tokenizer_json is not None else _tokenizer_dir(source)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(where), local_files_only=True, use_fast=True)
+    if source.tokenizer_json is not None:
+        shutil.copyfile(source.tokenizer_json, dest)
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise SourceError(f"{where}: transformers built no fast tokenizer ({type(tokenizer).__name__})")
+        backend.save(str(dest))
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else source.config.get("pad_token_id") or 0)
+
+
+def _tokenizer_dir(source: HFSource) -> Path:
+    from infra.pack.hf_source import TOKENIZER_SOURCES
+
+    for where in (source.model_root, source.root):
+        if all((where / n).is_file() for n in TOKENIZER_SOURCES[source.family]):
+            return where
+    return source.root
+
+
+def manifest_for(
+    source: HFSource,
+    model_id: str,
+    version: str,
+    spec: dict[str, dict[str, Any]],
+    unsupported: dict[str, str],
+    chosen: tuple[str, ...],
+    pad_id: int,
+) -> dict[str, Any]:
+    """The manifest of /work/contract13.md for `source`."""
+    from infra.pack.hf_export import OUTPUT_NAMES, input_names
+
+    inputs = [TensorSpec(n, "int64", ("batch", "sequence")).to_json() for n in input_names(source)]
+    output = OUTPUT_NAMES[source.task]
+    shape: tuple[int | str, ...]
+    if source.task == "embedding":
+        shape = ("batch", source.hidden_size)
+    elif source.task == "rerank":
+        shape = ("batch",)
+    else:
+        shape = ("batch", len(source.labels))
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "id": model_id,
+        "version": version,
+        "task": source.task,
+        "family": source.family,
+        "default_backend": chosen[0],
+        "source": {
+            "dir": source.root.resolve().name,
+            "architecture": source.architecture,
+            "content_sha256": source.content_sha256,
+        },
+        "backends": spec,
+        "inputs": inputs,
+        "outputs": [TensorSpec(output, "float32", shape).to_json()],
+        "tokenizer": {
+            "file": TOKENIZER_FILE,
+            "truncation": source.max_seq_length,
+            "padding": "longest",
+            "pad_id": pad_id,
+        },
+        "max_seq_length": source.max_seq_length,
+    }
+    if unsupported:
+        manifest["unsupported_backends"] = dict(unsupported)
+    if source.task == "embedding":
+        manifest["pooling"] = {"mode": source.pooling, "normalize": source.normalize, "in_graph": True}
+        manifest["dimension"] = source.hidden_size
+        manifest["prompts"] = dict(source.prompts)
+        manifest["default_prompt_name"] = source.default_prompt_name
+    elif source.task == "rerank":
+        manifest["activation"] = source.activation
+    else:
+        manifest["labels"] = list(source.labels)
+        manifest["problem_type"] = source.problem_type
+    return manifest

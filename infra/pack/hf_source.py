@@ -1,0 +1,429 @@
+"""Reading and checking a local Hugging Face / sentence-transformers model directory (`warmstart pack --from DIR`).
+
+Everything here is plain JSON and file checks: nothing is imported from torch or transformers, nothing is
+fetched from a hub, and nothing is written. A directory warmstart cannot serve faithfully (an architecture,
+a pooling mode, an extra module, a missing file) is refused here, before the packer writes anything, with a
+`SourceError` that names what was found and lists what is supported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Task = Literal["embedding", "rerank", "classify"]
+TaskChoice = Literal["auto", "embedding", "rerank", "classify"]
+TASK_CHOICES: tuple[str, ...] = get_args(TaskChoice)
+
+# config.json `model_type` -> warmstart family, and the architectures each family is packed from.
+FAMILIES: dict[str, str] = {
+    "bert": "bert",
+    "roberta": "roberta",
+    "xlm-roberta": "xlm-roberta",
+    "distilbert": "distilbert",
+    "mpnet": "mpnet",
+}
+ARCH_PREFIX = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "distilbert": "DistilBert",
+    "mpnet": "MPNet",
+}
+# Families whose position ids start after padding_idx (so max_position_embeddings counts two extra slots).
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2}
+# Families with a token type (segment) embedding that a sentence pair uses.
+TOKEN_TYPE_FAMILIES = frozenset({"bert"})
+
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+# sentence-transformers' CrossEncoder activations (a dotted torch path in the model's config) -> manifest name.
+ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.Identity": "identity",
+}
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
+# What a fast tokenizer is built from when a directory has no tokenizer.json.
+TOKENIZER_SOURCES = {
+    "bert": ("vocab.txt",),
+    "distilbert": ("vocab.txt",),
+    "mpnet": ("vocab.txt",),
+    "roberta": ("vocab.json", "merges.txt"),
+    "xlm-roberta": ("sentencepiece.bpe.model",),
+}
+_UNBOUNDED_LENGTH = 1_000_000  # transformers writes model_max_length=1e30 when a tokenizer has no limit
+
+
+class SourceError(ValueError):
+    """A model directory `warmstart pack --from` refuses (raised before anything is written)."""
+
+
+class UnsupportedModelError(SourceError):
+    """The directory is well formed, but uses something warmstart does not serve (family, pooling, module...)."""
+
+
+class MissingFileError(SourceError):
+    """A file the directory needs is not there."""
+
+
+@dataclass(frozen=True)
+class HFSource:
+    """A checked model directory: everything the exporter and the manifest need, read from its JSON files."""
+
+    root: Path  # the directory given
+    model_root: Path  # where config.json and the weights are (root, or the Transformer module's folder)
+    config: dict[str, Any]
+    family: str
+    architecture: str
+    task: Task
+    weights: Path  # model.safetensors, or pytorch_model.bin (read with torch.load(weights_only=True))
+    tokenizer_json: Path | None  # None: built from TOKENIZER_SOURCES at pack time
+    max_seq_length: int
+    content_sha256: str
+    pooling: str | None = None  # embedding
+    normalize: bool = False  # embedding
+    prompts: dict[str, str] = field(default_factory=dict)  # embedding
+    default_prompt_name: str | None = None  # embedding
+    activation: str | None = None  # rerank: "sigmoid" | "identity"
+    labels: tuple[str, ...] = ()  # rerank / classify: id2label in id order
+    problem_type: str | None = None  # classify
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.get("hidden_size") or self.config["dim"])  # distilbert calls it `dim`
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.get("num_attention_heads") or self.config["n_heads"])
+
+    @property
+    def token_types(self) -> bool:
+        """Whether the graph takes token_type_ids: a sentence pair's segments, for families that embed them."""
+        return self.family in TOKEN_TYPE_FAMILIES and self.task in ("rerank", "classify")
+
+    @property
+    def sequence_classification(self) -> bool:
+        return self.task in ("rerank", "classify")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: missing") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SourceError(f"{path}: not valid JSON ({e})") from None
+
+
+def _optional_json(path: Path) -> Any:
+    return _read_json(path) if path.is_file() else None
+
+
+def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
+    try:
+        type_name, path = str(entry["type"]), str(entry.get("path", ""))
+    except (TypeError, KeyError):
+        raise SourceError(f"{where}: each module needs a 'type' ({entry!r})") from None
+    return type_name.rsplit(".", 1)[-1], path
+
+
+def read_source(root: Path, task: str = "auto") -> HFSource:
+    """Read and check the model directory `root`; `task` is "auto" or one of embedding, rerank, classify."""
+    if task not in TASK_CHOICES:
+        raise SourceError(f"task {task!r}; valid: {', '.join(TASK_CHOICES)}")
+    root = Path(root)
+    if not root.is_dir():
+        raise MissingFileError(f"{root}: not a directory (pass a local model directory; nothing is downloaded)")
+
+    modules = _optional_json(root / "modules.json")
+    kinds: list[tuple[str, str]] = []
+    if modules is not None:
+        if not isinstance(modules, list) or not modules:
+            raise SourceError(f"{root / 'modules.json'}: expected a non-empty list of modules")
+        kinds = [_module_kind(m, root / "modules.json") for m in modules]
+        unsupported = [k for k, _ in kinds if k not in SUPPORTED_MODULES]
+        if unsupported:
+            raise UnsupportedModelError(
+                f"{root / 'modules.json'}: module {', '.join(unsupported)} is not supported; "
+                f"supported sentence-transformers modules: {', '.join(SUPPORTED_MODULES)}"
+            )
+        if kinds[0][0] != "Transformer":
+            raise UnsupportedModelError(
+                f"{root / 'modules.json'}: the first module must be a Transformer, not {kinds[0][0]}"
+            )
+    model_root = root / kinds[0][1] if kinds else root
+
+    config = _read_json(model_root / "config.json")
+    if not isinstance(config, dict):
+        raise SourceError(f"{model_root / 'config.json'}: expected an object")
+    model_type = str(config.get("model_type", ""))
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise UnsupportedModelError(
+            f"{model_root / 'config.json'}: model_type {model_type!r} is not supported; "
+            f"supported families: {', '.join(FAMILIES)}"
+        )
+    architectures = config.get("architectures") or []
+    architecture = str(architectures[0]) if architectures else f"{ARCH_PREFIX[family]}Model"
+    st_config = _optional_json(model_root / "sentence_bert_config.json") or {}
+    st_meta = _optional_json(root / "config_sentence_transformers.json") or {}
+    is_cross_encoder = (
+        st_meta.get("model_type") == "CrossEncoder"
+        or st_config.get("transformer_task") == "sequence-classification"
+        or architecture.endswith("ForSequenceClassification")
+    )
+    has_pooling = any(k == "Pooling" for k, _ in kinds)
+    detected = _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
+    chosen: Task = detected if task == "auto" else task  # type: ignore[assignment]
+    _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
+    if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
+        raise UnsupportedModelError(
+            f"{model_root / 'config.json'}: architecture {architecture!r} is not supported for {chosen}; "
+            f"supported: {', '.join(f'{p}ForSequenceClassification' for p in ARCH_PREFIX.values())}"
+        )
+
+    weights = _weights(model_root)
+    tokenizer_json = _tokenizer(root, model_root, family)
+    max_seq = _max_seq_length(model_root, config, family, st_config)
+    fields: dict[str, Any] = {}
+    if chosen == "embedding":
+        fields.update(_embedding_fields(root, kinds, config, st_meta))
+        architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
+    else:
+        labels = _labels(model_root, config)
+        fields["labels"] = labels
+        if chosen == "rerank":
+            fields["activation"] = _activation(root, model_root, config, st_meta, len(labels))
+        else:
+            fields["problem_type"] = _problem_type(model_root, config, len(labels))
+    hashed = [model_root / "config.json", weights]
+    hashed += [p for p in _tokenizer_files(root, model_root, tokenizer_json, family) if p.is_file()]
+    hashed += [p for p in _st_files(root, kinds) if p.is_file()]
+    return HFSource(
+        root=root,
+        model_root=model_root,
+        config=config,
+        family=family,
+        architecture=architecture,
+        task=chosen,
+        weights=weights,
+        tokenizer_json=tokenizer_json,
+        max_seq_length=max_seq,
+        content_sha256=content_hash(root, hashed),
+        **fields,
+    )
+
+
+def _detect_task(
+    root: Path, has_pooling: bool, is_cross_encoder: bool, config: dict[str, Any], architecture: str
+) -> Task:
+    if has_pooling:
+        return "embedding"
+    if is_cross_encoder:
+        return "rerank" if int(config.get("num_labels") or len(config.get("id2label") or {}) or 1) == 1 else "classify"
+    raise UnsupportedModelError(
+        f"{root}: {architecture} is neither a sentence-transformers embedder (modules.json with a Pooling module) "
+        "nor a *ForSequenceClassification model, so the task and pooling are unknown; supported: a "
+        "sentence-transformers model directory (embedding), a cross-encoder (rerank), a sequence classifier (classify)"
+    )
+
+
+def _check_task(
+    root: Path, task: Task, has_pooling: bool, is_cross_encoder: bool, config: dict[str, Any], architecture: str
+) -> None:
+    if task == "embedding" and not has_pooling:
+        raise UnsupportedModelError(
+            f"{root}: --task embedding needs a sentence-transformers directory (modules.json with a Pooling "
+            f"module, 1_Pooling/config.json); this one has none (architecture {architecture})"
+        )
+    if task in ("rerank", "classify") and not is_cross_encoder:
+        raise UnsupportedModelError(
+            f"{root}: --task {task} needs a *ForSequenceClassification model (a cross-encoder or classifier); "
+            f"this one is {architecture}"
+        )
+    if task == "rerank":
+        n = len(config.get("id2label") or {}) or int(config.get("num_labels") or 1)
+        if n != 1:
+            raise UnsupportedModelError(
+                f"{root}: --task rerank needs a cross-encoder with one output label (one score per pair); "
+                f"this model has {n} labels (use --task classify)"
+            )
+
+
+def _weights(model_root: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (model_root / name).is_file():
+            return model_root / name
+    if (model_root / "model.safetensors.index.json").is_file() or (
+        model_root / "pytorch_model.bin.index.json"
+    ).is_file():
+        raise UnsupportedModelError(
+            f"{model_root}: sharded checkpoints are not supported; "
+            "supported: one model.safetensors or pytorch_model.bin"
+        )
+    raise MissingFileError(f"{model_root}: no weights; expected model.safetensors (or pytorch_model.bin)")
+
+
+def _tokenizer(root: Path, model_root: Path, family: str) -> Path | None:
+    for where in (root, model_root):
+        if (where / "tokenizer.json").is_file():
+            return where / "tokenizer.json"
+    needed = TOKENIZER_SOURCES[family]
+    for where in (model_root, root):
+        if all((where / n).is_file() for n in needed):
+            return None
+    raise MissingFileError(
+        f"{root}: no tokenizer.json, and not the files a {family} fast tokenizer is built from ({', '.join(needed)})"
+    )
+
+
+def _tokenizer_files(root: Path, model_root: Path, tokenizer_json: Path | None, family: str) -> list[Path]:
+    names = ["tokenizer_config.json", "special_tokens_map.json"]
+    names += ["tokenizer.json"] if tokenizer_json is not None else list(TOKENIZER_SOURCES[family])
+    found: dict[str, Path] = {}
+    for where in (model_root, root):
+        for n in names:
+            if (where / n).is_file():
+                found.setdefault(n, where / n)
+    return list(found.values())
+
+
+def _st_files(root: Path, kinds: list[tuple[str, str]]) -> list[Path]:
+    files = [root / "modules.json", root / "config_sentence_transformers.json"]
+    for kind, path in kinds:
+        folder = root / path
+        files.append(folder / ("sentence_bert_config.json" if kind == "Transformer" else "config.json"))
+    return files
+
+
+def _max_seq_length(model_root: Path, config: dict[str, Any], family: str, st_config: dict[str, Any]) -> int:
+    """sentence_bert_config's max_seq_length, else the tokenizer's model_max_length (where sentence-transformers
+    6 saves it), else the model's positions; never more than the positions allow."""
+    positions = int(config["max_position_embeddings"]) - POSITION_OFFSET.get(family, 0)
+    candidates = [st_config.get("max_seq_length")]
+    tok_config = _optional_json(model_root / "tokenizer_config.json") or {}
+    candidates.append(tok_config.get("model_max_length"))
+    for value in candidates:
+        if isinstance(value, (int, float)) and 0 < value < _UNBOUNDED_LENGTH:
+            return min(int(value), positions)
+    return positions
+
+
+def _embedding_fields(
+    root: Path, kinds: list[tuple[str, str]], config: dict[str, Any], st_meta: dict[str, Any]
+) -> dict[str, Any]:
+    pooling_paths = [p for k, p in kinds if k == "Pooling"]
+    if len(pooling_paths) != 1 or [k for k, _ in kinds[:2]] != ["Transformer", "Pooling"]:
+        order = " -> ".join(k for k, _ in kinds)
+        raise UnsupportedModelError(
+            f"{root / 'modules.json'}: modules {order}; supported: Transformer -> Pooling (-> Normalize)"
+        )
+    pool_path = root / pooling_paths[0] / "config.json"
+    pool = _read_json(pool_path)
+    mode = pool.get("pooling_mode")
+    modes: list[str]
+    if mode is None:
+        modes = [name for key, name in _LEGACY_POOLING_KEYS.items() if pool.get(key)]
+    else:
+        modes = [mode] if isinstance(mode, str) else [str(m) for m in mode]
+    if len(modes) != 1:
+        raise UnsupportedModelError(
+            f"{pool_path}: pooling {' + '.join(modes) or 'none'}; "
+            f"exactly one mode is supported: {', '.join(POOLING_MODES)}"
+        )
+    if modes[0] not in POOLING_MODES:
+        raise UnsupportedModelError(
+            f"{pool_path}: pooling mode {modes[0]!r} is not supported; supported: {', '.join(POOLING_MODES)}"
+        )
+    if pool.get("include_prompt", True) is False:
+        raise UnsupportedModelError(
+            f"{pool_path}: include_prompt=false (prompt tokens left out of pooling) is not supported; "
+            "supported: include_prompt=true"
+        )
+    width = pool.get("embedding_dimension", pool.get("word_embedding_dimension"))
+    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
+    if width is not None and int(width) != hidden:
+        raise SourceError(f"{pool_path}: embedding dimension {width} differs from the model's hidden size {hidden}")
+    prompts = st_meta.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise SourceError(f"{root / 'config_sentence_transformers.json'}: prompts must map names to strings")
+    default_prompt = st_meta.get("default_prompt_name")
+    if default_prompt is not None and default_prompt not in prompts:
+        raise SourceError(
+            f"{root / 'config_sentence_transformers.json'}: default_prompt_name {default_prompt!r} is not among "
+            f"the prompts ({', '.join(prompts) or 'none'})"
+        )
+    return {
+        "pooling": modes[0],
+        "normalize": any(k == "Normalize" for k, _ in kinds),
+        "prompts": {str(k): v for k, v in prompts.items()},
+        "default_prompt_name": default_prompt,
+    }
+
+
+def _labels(model_root: Path, config: dict[str, Any]) -> tuple[str, ...]:
+    id2label = config.get("id2label") or {}
+    n = int(config.get("num_labels") or len(id2label) or 1)
+    try:
+        by_id = {int(k): str(v) for k, v in id2label.items()}
+    except (TypeError, ValueError):
+        raise SourceError(f"{model_root / 'config.json'}: id2label keys must be label ids ({id2label!r})") from None
+    if by_id and sorted(by_id) != list(range(len(by_id))):
+        raise SourceError(f"{model_root / 'config.json'}: id2label ids are not 0..{len(by_id) - 1}")
+    return tuple(by_id[i] for i in range(len(by_id))) if by_id else tuple(f"LABEL_{i}" for i in range(n))
+
+
+def _activation(root: Path, model_root: Path, config: dict[str, Any], st_meta: dict[str, Any], num_labels: int) -> str:
+    """The activation `CrossEncoder.predict` applies: the one the model saved, else sigmoid for one label."""
+    st_block = config.get("sentence_transformers") or {}
+    saved = (
+        st_meta.get("activation_fn")
+        or (st_block.get("activation_fn") if isinstance(st_block, dict) else None)
+        or config.get("sbert_ce_default_activation_function")
+    )
+    if saved is None:
+        return "sigmoid" if num_labels == 1 else "identity"
+    if saved not in ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"{root}: cross-encoder activation {saved!r} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}"
+        )
+    return ACTIVATIONS[str(saved)]
+
+
+def _problem_type(model_root: Path, config: dict[str, Any], num_labels: int) -> str:
+    problem = config.get("problem_type")
+    if problem is None:
+        # transformers' own rule for a missing problem_type at inference: softmax over several labels. One label
+        # alone has nothing to softmax against: its probability is a sigmoid.
+        return "single_label_classification" if num_labels > 1 else "multi_label_classification"
+    if problem not in PROBLEM_TYPES:
+        raise UnsupportedModelError(
+            f"{model_root / 'config.json'}: problem_type {problem!r} is not supported for classify; "
+            f"supported: {', '.join(PROBLEM_TYPES)} (a one-label regression head packs with --task rerank)"
+        )
+    return str(problem)
+
+
+def content_hash(root: Path, files: list[Path]) -> str:
+    """SHA-256 over the files the pack reads (relative names and bytes): the same model gives the same version."""
+    digest = hashlib.sha256()
+    for path in sorted(set(files)):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()

@@ -1,0 +1,430 @@
+"""`warmstart pack --from DIR` (issue 13, pack side): tiny random models of every family and task, packed, and
+the exported graph run with onnxruntime directly against sentence-transformers / transformers on the same
+directory. The run-time side (tasks, torch encoder) is tested with the handler elsewhere."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from infra.pack.hf_pack import pack_from
+from infra.pack.hf_source import MissingFileError, SourceError, UnsupportedModelError, read_source
+from tests.tiny_models import FAMILIES, make_model_dir
+
+# One pooling mode per family, so every mode is exported and checked at least once.
+POOLING = {"bert": "cls", "roberta": "mean", "xlm-roberta": "max", "distilbert": "lasttoken", "mpnet": "mean"}
+TEXTS = [
+    "hello world",
+    "what is the capital of france",
+    "the quick brown fox jumps over the lazy dog " * 12,  # past max_seq_length: truncated
+    "naïve café ünïcödé",
+]
+QUERY = "what is the capital of france"
+DOCUMENTS = ["paris is the capital of france", "berlin", "a lazy dog " * 30, "machine learning model"]
+
+
+def cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.asarray((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+
+
+def read_manifest(packed: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((packed / "manifest.json").read_text())
+    return manifest
+
+
+class Packed:
+    """A packed model run the way the run-time side runs it: tokenizer.json + model.onnx in onnxruntime."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.path = path
+        self.manifest = read_manifest(path)
+        tok = self.manifest["tokenizer"]
+        self.tokenizer = Tokenizer.from_file(str(path / tok["file"]))
+        self.tokenizer.enable_truncation(max_length=tok["truncation"], strategy="longest_first")
+        self.tokenizer.enable_padding(pad_id=tok["pad_id"], pad_token=self.tokenizer.id_to_token(tok["pad_id"]))
+        self.session = ort.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def run(self, inputs: list[Any]) -> npt.NDArray[np.float32]:
+        encodings = self.tokenizer.encode_batch(inputs)
+        arrays = {
+            "input_ids": np.array([e.ids for e in encodings], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], np.int64),
+        }
+        names = [spec["name"] for spec in self.manifest["inputs"]]
+        assert [i.name for i in self.session.get_inputs()] == names
+        out: npt.NDArray[np.float32] = self.session.run(None, {n: arrays[n] for n in names})[0]
+        return out
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
+    """(source directory, packed directory) for a tiny model; each combination built and packed once."""
+    cache: dict[tuple[str, ...], tuple[Path, Path]] = {}
+
+    def make(family: str, kind: str, pack_options: dict[str, Any] | None = None, **options: Any) -> tuple[Path, Path]:
+        key = (family, kind, json.dumps(pack_options, sort_keys=True), json.dumps(options, sort_keys=True))
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"{family}-{kind}")
+            src = make_model_dir(root, family, kind, **options)
+            cache[key] = (src, pack_from(src, root / "packed", **(pack_options or {})))
+        return cache[key]
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------- parity
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_embedding_graph_equals_sentence_transformers(packed: Callable[..., tuple[Path, Path]], family: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    src, out = packed(
+        family,
+        "sentence-transformers",
+        pooling=POOLING[family],
+        normalize=family != "xlm-roberta",
+        prompts={"query": "query: "},
+        max_seq_length=24,
+    )
+    model = Packed(out)
+    got = model.run(["query: " + t for t in TEXTS])
+    want = SentenceTransformer(str(src), local_files_only=True).encode(TEXTS, prompt_name="query")
+    assert got.shape == want.shape == (len(TEXTS), 32)
+    assert cosine(got, want).min() >= 0.9999
+    assert np.abs(got - want).max() <= 1e-4
+    if family != "xlm-roberta":
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rerank_graph_equals_cross_encoder_predict(packed: Callable[..., tuple[Path, Path]], family: str) -> None:
+    from sentence_transformers import CrossEncoder
+
+    src, out = packed(family, "cross-encoder", max_seq_length=20)
+    got = Packed(out).run([(QUERY, d) for d in DOCUMENTS])
+    want = CrossEncoder(str(src), local_files_only=True).predict([(QUERY, d) for d in DOCUMENTS])
+    assert got.shape == (len(DOCUMENTS),)
+    assert np.abs(got - want).max() <= 1e-4
+    assert ((got > 0) & (got < 1)).all()  # the sigmoid is in the graph
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_classify_graph_equals_transformers_logits(packed: Callable[..., tuple[Path, Path]], family: str) -> None:
+    import torch
+    import transformers
+
+    src, out = packed(family, "classifier", labels=["negative", "neutral", "positive"], max_seq_length=20)
+    got = Packed(out).run(TEXTS)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(src), local_files_only=True).eval()
+    with torch.no_grad():
+        want = model(**tokenizer(TEXTS, padding=True, truncation=True, return_tensors="pt")).logits.numpy()
+    assert got.shape == (len(TEXTS), 3)
+    assert np.abs(got - want).max() <= 1e-4
+
+
+def test_sentence_transformers_6_layout_and_identity_activation(tmp_path: Path) -> None:
+    """Directories as sentence-transformers 6's own save() writes them: `pooling_mode`, max length in the
+    tokenizer config, a CrossEncoder's activation in config_sentence_transformers.json."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    src = make_model_dir(tmp_path, "bert", layout="st", pooling="max", max_seq_length=12)
+    out = pack_from(src, tmp_path / "emb", backends=["onnx"])
+    assert read_manifest(out)["max_seq_length"] == 12
+    want = SentenceTransformer(str(src), local_files_only=True).encode(TEXTS)
+    assert cosine(Packed(out).run(TEXTS), want).min() >= 0.9999
+
+    ce = make_model_dir(tmp_path, "bert", "cross-encoder", layout="st", activation="torch.nn.modules.linear.Identity")
+    out = pack_from(ce, tmp_path / "ce", backends=["onnx"])
+    assert read_manifest(out)["activation"] == "identity"
+    got = Packed(out).run([(QUERY, d) for d in DOCUMENTS])
+    want = CrossEncoder(str(ce), local_files_only=True).predict([(QUERY, d) for d in DOCUMENTS])
+    assert np.abs(got - want).max() <= 1e-4
+    assert (got < 0).any() or (got > 1).any()  # raw logits: no sigmoid
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_pytorch_bin_and_vocab_files_only(tmp_path: Path, family: str) -> None:
+    """pytorch_model.bin (read with weights_only=True) and no tokenizer.json: tokenizer.json is built, the
+    packed safetensors keeps Hugging Face's tensor names, and the graph still equals the model."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    src = make_model_dir(tmp_path, family, "classifier", weights="bin", tokenizer_files="vocab")
+    assert not (src / "tokenizer.json").exists() and not (src / "model.safetensors").exists()
+    out = pack_from(src, tmp_path / "packed")
+    state = torch.load(src / "pytorch_model.bin", weights_only=True)
+    packed_weights = load_file(str(out / "model.safetensors"))
+    assert set(packed_weights) == set(state)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(packed_weights[name], tensor.numpy())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    ours = Packed(out)
+    assert [e.ids for e in ours.tokenizer.encode_batch(TEXTS[:2])] == tokenizer(TEXTS[:2], padding=True)["input_ids"]
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(src), local_files_only=True).eval()
+    with torch.no_grad():
+        want = model(**tokenizer(TEXTS, padding=True, truncation=True, return_tensors="pt")).logits.numpy()
+    assert np.abs(ours.run(TEXTS) - want).max() <= 1e-4
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def test_embedding_manifest(packed: Callable[..., tuple[Path, Path]]) -> None:
+    src, out = packed(
+        "bert",
+        "sentence-transformers",
+        pooling=POOLING["bert"],
+        normalize=True,
+        prompts={"query": "query: "},
+        max_seq_length=24,
+    )
+    m = read_manifest(out)
+    assert (m["task"], m["family"], m["default_backend"]) == ("embedding", "bert", "onnx")
+    assert m["id"] == src.name and re.fullmatch(rf"{re.escape(src.name)}-[0-9a-f]{{12}}", m["version"])
+    assert m["source"]["dir"] == src.name and m["source"]["architecture"] == "BertModel"
+    assert m["version"].endswith(m["source"]["content_sha256"][:12])
+    assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask"]
+    assert m["outputs"] == [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 32]}]
+    assert m["pooling"] == {"mode": "cls", "normalize": True, "in_graph": True}
+    assert (m["dimension"], m["max_seq_length"], m["tokenizer"]["truncation"]) == (32, 24, 24)
+    assert m["tokenizer"]["file"] == "tokenizer.json" and m["tokenizer"]["pad_id"] == 0
+    assert m["prompts"] == {"query": "query: "} and m["default_prompt_name"] is None
+    torch_spec = m["backends"]["torch"]
+    assert torch_spec["architecture"] == "hf-encoder" and torch_spec["head"] == "none"
+    assert torch_spec["config"] == json.loads((src / "config.json").read_text())
+    assert m["backends"]["onnx"]["files"] == ["model.onnx", "model.onnx.data"]
+    assert isinstance(m["backends"]["onnx"]["fused"], bool)
+    assert "unsupported_backends" not in m
+    assert m["golden"]["cases"]  # golden answers recorded by the packed model itself
+    assert set(m["files"]) == {"model.onnx", "model.onnx.data", "model.safetensors", "tokenizer.json"}
+
+
+def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]]) -> None:
+    _, bert = packed("bert", "cross-encoder", max_seq_length=20)
+    m = read_manifest(bert)
+    assert (m["task"], m["activation"]) == ("rerank", "sigmoid")
+    assert "labels" not in m and "problem_type" not in m
+    assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert m["outputs"] == [{"name": "scores", "dtype": "float32", "shape": ["batch"]}]
+    assert m["backends"]["torch"]["head"] == "sequence-classification"
+    assert m["source"]["architecture"] == "BertForSequenceClassification"
+    assert "pooling" not in m and "golden" not in m  # golden answers: embedding only (infra.pack.golden)
+
+    _, roberta = packed("roberta", "classifier", labels=["negative", "neutral", "positive"], max_seq_length=20)
+    m = read_manifest(roberta)
+    assert (m["task"], m["family"], m["problem_type"]) == ("classify", "roberta", "single_label_classification")
+    assert m["labels"] == ["negative", "neutral", "positive"]
+    assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask"]  # roberta: no token types
+    assert m["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["batch", 3]}]
+    assert m["tokenizer"]["pad_id"] == 1
+
+
+def test_multi_label_classifier_and_max_seq_from_positions(tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path, "xlm-roberta", "classifier", problem_type="multi_label_classification")
+    m = read_manifest(pack_from(src, tmp_path / "packed", backends=["torch"]))
+    assert m["problem_type"] == "multi_label_classification"
+    assert m["max_seq_length"] == 64  # max_position_embeddings 66 minus xlm-roberta's padding offset
+    assert set(m["backends"]) == {"torch"} and m["default_backend"] == "torch"
+    assert set(m["files"]) == {"model.safetensors", "tokenizer.json"}
+
+
+def test_mpnet_is_onnx_only(packed: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    src, out = packed("mpnet", "cross-encoder", max_seq_length=20)
+    m = read_manifest(out)
+    assert set(m["backends"]) == {"onnx"} and "model.safetensors" not in m["files"]
+    assert "mpnet" in m["unsupported_backends"]["torch"]
+    with pytest.raises(UnsupportedModelError, match="backend torch is not supported for mpnet"):
+        pack_from(src, tmp_path / "torch", backends=["onnx", "torch"])
+    assert not (tmp_path / "torch").exists()
+
+
+def test_version_follows_content(tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path, "distilbert", "classifier")
+    first = read_source(src).content_sha256
+    assert read_source(src).content_sha256 == first
+    (src / "README.md").write_text("not part of the model")
+    assert read_source(src).content_sha256 == first
+    config = json.loads((src / "config.json").read_text())
+    config["id2label"] = {"0": "a", "1": "b", "2": "c"}
+    (src / "config.json").write_text(json.dumps(config))
+    assert read_source(src).content_sha256 != first
+
+
+def test_external_data_is_page_aligned_and_fusion_is_optional(packed: Callable[..., tuple[Path, Path]]) -> None:
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    _, fused = packed("bert", "classifier", max_seq_length=20)
+    _, plain = packed("bert", "classifier", pack_options={"fuse": False}, max_seq_length=20)
+    assert read_manifest(plain)["backends"]["onnx"]["fused"] is False
+    for out in (fused, plain):
+        model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+        external = [t for t in model.graph.initializer if uses_external_data(t)]
+        assert external
+        assert all(ExternalDataInfo(t).offset % 4096 == 0 for t in external)
+    fused_ops = {n.domain for n in onnx.load(str(fused / "model.onnx"), load_external_data=False).graph.node}
+    assert ("com.microsoft" in fused_ops) == read_manifest(fused)["backends"]["onnx"]["fused"]
+    np.testing.assert_allclose(Packed(fused).run(TEXTS), Packed(plain).run(TEXTS), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+DENSE = "sentence_transformers.models.Dense"
+REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[SourceError], str]] = {
+    "architecture": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(model_type="gpt2")),
+        UnsupportedModelError,
+        r"model_type 'gpt2' is not supported; supported families: bert, roberta, xlm-roberta, distilbert, mpnet",
+    ),
+    "pooling": (
+        "sentence-transformers",
+        {"pooling": "weightedmean"},
+        lambda d: None,
+        UnsupportedModelError,
+        r"pooling mode 'weightedmean' is not supported; supported: mean, cls, max, lasttoken",
+    ),
+    "two-poolings": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "1_Pooling" / "config.json", lambda c: c.update(pooling_mode_max_tokens=True)),
+        UnsupportedModelError,
+        r"pooling mean \+ max; exactly one mode",
+    ),
+    "dense-module": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(
+            d / "modules.json",
+            lambda m: m.append({"idx": 3, "name": "3", "path": "3_Dense", "type": DENSE}),
+        ),
+        UnsupportedModelError,
+        r"module Dense is not supported; supported sentence-transformers modules: Transformer, Pooling, Normalize",
+    ),
+    "include-prompt": (
+        "sentence-transformers",
+        {"include_prompt": False},
+        lambda d: None,
+        UnsupportedModelError,
+        r"include_prompt=false",
+    ),
+    "no-weights": (
+        "classifier",
+        {},
+        lambda d: (d / "model.safetensors").unlink(),
+        MissingFileError,
+        r"no weights; expected model.safetensors \(or pytorch_model.bin\)",
+    ),
+    "no-tokenizer": (
+        "classifier",
+        {},
+        lambda d: (d / "tokenizer.json").unlink(),
+        MissingFileError,
+        r"no tokenizer.json, and not the files a bert fast tokenizer is built from \(vocab.txt\)",
+    ),
+    "no-config": ("classifier", {}, lambda d: (d / "config.json").unlink(), MissingFileError, r"config.json: missing"),
+    "plain-encoder": (
+        "sentence-transformers",
+        {},
+        lambda d: (d / "modules.json").unlink(),
+        UnsupportedModelError,
+        r"BertModel is neither a sentence-transformers embedder .* nor a \*ForSequenceClassification model",
+    ),
+    "activation": (
+        "cross-encoder",
+        {"activation": "torch.nn.modules.activation.Tanh"},
+        lambda d: None,
+        UnsupportedModelError,
+        r"activation 'torch.nn.modules.activation.Tanh' is not supported",
+    ),
+    "masked-lm": (
+        "classifier",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(architectures=["BertForMaskedLM"])),
+        UnsupportedModelError,
+        r"BertForMaskedLM is neither a sentence-transformers embedder .* supported: a sentence-transformers model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refused_before_anything_is_written(tmp_path: Path, case: str) -> None:
+    kind, options, damage, error, message = REFUSALS[case]
+    src = make_model_dir(tmp_path / "src", "bert", kind, **options)
+    damage(src)
+    out_parent = tmp_path / "models"
+    out_parent.mkdir()
+    with pytest.raises(error, match=message):
+        pack_from(src, out_parent / "packed")
+    assert list(out_parent.iterdir()) == []  # no output, no temporary sibling
+
+
+@pytest.mark.parametrize(
+    ("kind", "task", "message"),
+    [
+        ("classifier", "rerank", r"--task rerank needs a cross-encoder with one output label .* 3 labels"),
+        ("cross-encoder", "embedding", r"--task embedding needs a sentence-transformers directory"),
+        ("sentence-transformers", "classify", r"--task classify needs a \*ForSequenceClassification model"),
+        ("classifier", "translate", r"task 'translate'; valid: auto, embedding, rerank, classify"),
+    ],
+)
+def test_task_that_does_not_fit_is_refused(tmp_path: Path, kind: str, task: str, message: str) -> None:
+    src = make_model_dir(tmp_path, "bert", kind)
+    with pytest.raises(SourceError, match=message):
+        pack_from(src, tmp_path / "packed", task=task)
+    assert not (tmp_path / "packed").exists()
+
+
+def test_task_auto_detection_and_override(tmp_path: Path) -> None:
+    assert read_source(make_model_dir(tmp_path, "roberta", "sentence-transformers")).task == "embedding"
+    assert read_source(make_model_dir(tmp_path, "roberta", "cross-encoder")).task == "rerank"
+    assert read_source(make_model_dir(tmp_path, "roberta", "cross-encoder", layout="st", name="st")).task == "rerank"
+    assert read_source(make_model_dir(tmp_path, "roberta", "classifier")).task == "classify"
+    one_label = read_source(make_model_dir(tmp_path, "roberta", "cross-encoder", name="one"), task="classify")
+    assert (one_label.task, one_label.problem_type) == ("classify", "multi_label_classification")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_pack_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.cli import main
+
+    src = make_model_dir(tmp_path, "distilbert", "cross-encoder")
+    out = tmp_path / "packed"
+    rc = main(["pack", "--from", str(src), "--out", str(out), "--id", "my-reranker", "--no-fuse", "--backends", "onnx"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["task"] == "rerank" and printed["backends"] == ["onnx"]
+    assert printed["model"].startswith("my-reranker@distilbert-cross-encoder-")
+    assert read_manifest(out)["backends"]["onnx"]["fused"] is False
+
+    assert main(["pack", "--from", str(src), "--out", str(out)]) == 1  # exists, no --force
+    assert "exists" in capsys.readouterr().err
+    (src / "config.json").unlink()
+    assert main(["pack", "--from", str(src), "--out", str(tmp_path / "other")]) == 1
+    assert "config.json: missing" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
