@@ -1,15 +1,16 @@
-"""Hugging Face encoders in plain PyTorch: BERT, RoBERTa, XLM-RoBERTa and DistilBERT, with
+"""Hugging Face encoders in plain PyTorch: BERT, RoBERTa, XLM-RoBERTa, DistilBERT and MPNet, with
 sentence-transformers' pooling (mean | cls | max | lasttoken, then normalize) or each family's
 sequence-classification head (rerank scores with their activation, or classify logits).
 
 Parameter names match Hugging Face's, so `model.safetensors` maps in as saved, with the base model's prefix
-(`bert.`, `roberta.`, `distilbert.`) or without it (`weight_names`). Written here so the torch backend never
+(`bert.`, `roberta.`, `distilbert.`, `mpnet.`) or without it (`weight_names`). Written here so the torch backend never
 imports `transformers` (seconds of imports); built on the meta device by the backend, nothing initialized.
 Only imported by the torch backend, which has already paid for `import torch`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+_FAIRSEQ_POSITIONS = ("roberta", "xlm-roberta", "mpnet")  # positions count from padding_idx + 1
 HEADS = ("none", "sequence-classification")
-PREFIXES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "distilbert": "distilbert."}
+PREFIXES = {
+    "bert": "bert.",
+    "roberta": "roberta.",
+    "xlm-roberta": "roberta.",
+    "distilbert": "distilbert.",
+    "mpnet": "mpnet.",
+}
 _TANH_GELU: Callable[[torch.Tensor], torch.Tensor] = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -47,6 +55,7 @@ class EncoderConfig:
     act: str
     pad_id: int
     num_labels: int
+    buckets: int = 0  # MPNet: rows of the relative attention bias table
 
     @classmethod
     def from_hf(cls, family: str, raw: Mapping[str, Any]) -> EncoderConfig:
@@ -60,7 +69,7 @@ class EncoderConfig:
             fields = (raw["vocab_size"], raw["dim"], raw["n_layers"], raw["n_heads"], raw["hidden_dim"])
             eps, type_vocab = 1e-12, 0  # DistilBERT's LayerNorm eps is fixed in its code, not in the config
         else:
-            kind = raw.get("position_embedding_type", "absolute")
+            kind = "absolute" if family == "mpnet" else raw.get("position_embedding_type", "absolute")
             if kind != "absolute":
                 raise ValueError(f"position_embedding_type {kind!r}; the torch encoder runs: absolute")
             act = raw.get("hidden_act", "gelu")
@@ -71,15 +80,18 @@ class EncoderConfig:
                 raw["num_attention_heads"],
                 raw["intermediate_size"],
             )
-            eps, type_vocab = float(raw.get("layer_norm_eps", 1e-12)), int(raw.get("type_vocab_size", 2))
+            eps = float(raw.get("layer_norm_eps", 1e-12))
+            type_vocab = 0 if family == "mpnet" else int(raw.get("type_vocab_size", 2))
         if act not in ACTIVATIONS:
             raise ValueError(f"activation {act!r}; the torch encoder runs: {', '.join(ACTIVATIONS)}")
         vocab, hidden, layers, heads, intermediate = (int(f) for f in fields)
         pad = raw.get("pad_token_id")
+        if family == "mpnet":
+            pad = 1  # MPNet's embeddings hard-code padding_idx 1, whatever the config says
         return cls(
             family, vocab, hidden, layers, heads, intermediate, int(raw["max_position_embeddings"]),
-            type_vocab, eps, act, int(pad if pad is not None else (1 if family in ("roberta", "xlm-roberta") else 0)),
-            num_labels,
+            type_vocab, eps, act, int(pad if pad is not None else (1 if family in _FAIRSEQ_POSITIONS else 0)),
+            num_labels, int(raw.get("relative_attention_num_buckets", 32)) if family == "mpnet" else 0,
         )  # fmt: skip
 
 
@@ -92,7 +104,7 @@ def _embedding(rows: int, dim: int) -> nn.Embedding:
 class Embeddings(nn.Module):
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
-        self.roberta = c.family in ("roberta", "xlm-roberta")
+        self.fairseq = c.family in _FAIRSEQ_POSITIONS
         self.pad_id = c.pad_id
         self.word_embeddings = _embedding(c.vocab_size, c.hidden)
         self.position_embeddings = _embedding(c.max_positions, c.hidden)
@@ -102,7 +114,7 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         x = self.word_embeddings(ids)
-        if self.roberta:
+        if self.fairseq:
             # fairseq's positions: count non-pad tokens from padding_idx + 1; pads keep padding_idx.
             real = ids.ne(self.pad_id).to(torch.int64)
             x = x + self.position_embeddings(torch.cumsum(real, dim=1) * real + self.pad_id)
@@ -216,6 +228,58 @@ class DistilLayer(nn.Module):
         return self.output_layer_norm(self.ffn(a) + a)  # type: ignore[no-any-return]
 
 
+class MPNetSelfAttention(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.heads = c.heads
+        self.q, self.k = nn.Linear(c.hidden, c.hidden), nn.Linear(c.hidden, c.hidden)
+        self.v, self.o = nn.Linear(c.hidden, c.hidden), nn.Linear(c.hidden, c.hidden)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return self.o(_attend(self.q(x), self.k(x), self.v(x), self.heads, bias))  # type: ignore[no-any-return]
+
+
+class MPNetAttention(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.attn = MPNetSelfAttention(c)
+        self.LayerNorm = nn.LayerNorm(c.hidden, eps=c.eps)
+
+
+class MPNetLayer(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.act = ACTIVATIONS[c.act]
+        self.attention = MPNetAttention(c)
+        self.intermediate = Dense(c.hidden, c.intermediate)
+        self.output = DenseNorm(c, c.intermediate)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        a = self.attention.LayerNorm(self.attention.attn(x, bias) + x)
+        return self.output(self.act(self.intermediate.dense(a)), a)  # type: ignore[no-any-return]
+
+
+class MPNetLayers(Layers):
+    """MPNet's encoder: the layers and one relative attention bias table (T5-style buckets) they share."""
+
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__(c, MPNetLayer)
+        self.relative_attention_bias = _embedding(c.buckets, c.heads)
+
+    def position_bias(self, seq: int, device: torch.device) -> torch.Tensor:
+        """(1, heads, seq, seq), as MPNetEncoder.compute_position_bias: 32 buckets (that method's default,
+        whatever the table's size), exact below 8 tokens apart, logarithmic up to 128, by sign."""
+        positions = torch.arange(seq, dtype=torch.long, device=device)
+        n = -(positions[None, :] - positions[:, None])
+        half = 32 // 2
+        bucket = (n < 0).to(torch.long) * half
+        n = n.abs()
+        exact = half // 2
+        large = exact + (torch.log(n.float() / exact) / math.log(128 / exact) * (half - exact)).to(torch.long)
+        bucket = bucket + torch.where(n < exact, n, torch.clamp(large, max=half - 1))
+        return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)  # type: ignore[no-any-return]
+
+
 class Base(nn.Module):
     """The base model (what `BertModel` & co. hold): embeddings, layers and, for BERT's classifier, the pooler."""
 
@@ -224,6 +288,8 @@ class Base(nn.Module):
         self.embeddings = Embeddings(c)
         if c.family == "distilbert":
             self.transformer = Layers(c, DistilLayer)
+        elif c.family == "mpnet":
+            self.encoder: Layers = MPNetLayers(c)
         else:
             self.encoder = Layers(c, BertLayer)
         if pooler:
@@ -234,6 +300,8 @@ class Base(nn.Module):
         bias = (1.0 - mask.to(torch.float32))[:, None, None, :] * torch.finfo(torch.float32).min
         x: torch.Tensor = self.embeddings(ids, types)
         stack = self.transformer if hasattr(self, "transformer") else self.encoder
+        if isinstance(stack, MPNetLayers):
+            bias = bias + stack.position_bias(ids.shape[1], ids.device)
         for layer in stack.layer:
             x = layer(x, bias)
         return x
@@ -279,7 +347,7 @@ class HFEncoder(nn.Module):
         )  # fmt: skip
         classify = head == "sequence-classification"
         self.base = Base(c, pooler=classify and c.family == "bert")
-        if classify and c.family in ("roberta", "xlm-roberta"):
+        if classify and c.family in _FAIRSEQ_POSITIONS:  # RoBERTa's head, MPNet's is the same
             self.classifier: nn.Module = RobertaHead(c)
         elif classify:
             if c.family == "distilbert":

@@ -1,5 +1,5 @@
 """handler.encoder_torch against `transformers`' own models: tiny random BERT / RoBERTa / XLM-RoBERTa /
-DistilBERT built from their config classes, saved with safetensors, mapped into the plain-torch encoder;
+DistilBERT / MPNet built from their config classes, saved with safetensors, mapped into the plain-torch encoder;
 hidden states, sentence-transformers pooling and classification heads agree within 1e-5. Nothing is
 downloaded."""
 
@@ -27,6 +27,8 @@ def hf_config(family: str, **extra: Any) -> Any:
     common = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
     if family == "bert":
         return transformers.BertConfig(**common, **SMALL, **extra)
+    if family == "mpnet":  # positions from padding_idx + 1 as RoBERTa's; 32 relative-position buckets
+        return transformers.MPNetConfig(**common, vocab_size=99, max_position_embeddings=42, **extra)
     cls = transformers.RobertaConfig if family == "roberta" else transformers.XLMRobertaConfig
     # RoBERTa's positions start at padding_idx + 1, so the table has 2 more rows than the longest input.
     return cls(**common, vocab_size=99, max_position_embeddings=42, pad_token_id=1, type_vocab_size=1, **extra)
@@ -37,6 +39,7 @@ BASE = {
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
     "distilbert": "DistilBertModel",
+    "mpnet": "MPNetModel",
 }
 FAMILIES = list(BASE)
 
@@ -57,7 +60,7 @@ def ours(family: str, raw: dict[str, Any], weights: dict[str, torch.Tensor], **h
 
 def batch(family: str, pairs: bool = False) -> dict[str, torch.Tensor]:
     """Two rows, the second padded (RoBERTa pads with id 1, the others with 0)."""
-    pad = 1 if family in ("roberta", "xlm-roberta") else 0
+    pad = 1 if family in ("roberta", "xlm-roberta", "mpnet") else 0
     ids = torch.tensor([[5, 17, 42, 8, 63, 21, 9], [5, 33, 12, 9, pad, pad, pad]])
     mask = (torch.arange(7)[None, :] < torch.tensor([[7], [4]])).to(torch.int64)
     out = {"input_ids": ids, "attention_mask": mask}
@@ -71,7 +74,7 @@ def test_hidden_states_equal_transformers(tmp_path: Path, family: str) -> None:
     torch.manual_seed(0)
     reference = getattr(transformers, BASE[family])(hf_config(family)).eval()
     raw, weights = save(reference, tmp_path)
-    assert not any(k.startswith(("bert.", "roberta.", "distilbert.")) for k in weights)  # a bare base model
+    assert not any(k.startswith(("bert.", "roberta.", "distilbert.", "mpnet.")) for k in weights)  # a bare base model
     model = ours(family, raw, weights)
     feeds = batch(family)
     with torch.inference_mode():
@@ -79,6 +82,24 @@ def test_hidden_states_equal_transformers(tmp_path: Path, family: str) -> None:
         got = model.base(feeds["input_ids"], feeds["attention_mask"], None)
     mask = feeds["attention_mask"].bool()
     assert (got[mask] - want[mask]).abs().max().item() <= TOL  # padded positions are never read
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_long_padded_inputs_equal_transformers(tmp_path: Path, family: str) -> None:
+    """38 tokens: positions near the table's end, and MPNet's logarithmic relative-position buckets (beyond 8
+    tokens apart), with a row padded from 20."""
+    torch.manual_seed(6)
+    reference = getattr(transformers, BASE[family])(hf_config(family)).eval()
+    raw, weights = save(reference, tmp_path)
+    model = ours(family, raw, weights, pooling="mean", normalize=False)
+    pad = 1 if family in ("roberta", "xlm-roberta", "mpnet") else 0
+    ids = torch.randint(5, 99, (2, 38))
+    mask = torch.ones_like(ids)
+    ids[1, 20:], mask[1, 20:] = pad, 0
+    with torch.inference_mode():
+        want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model.base(ids, mask, None)
+    assert (got[mask.bool()] - want[mask.bool()]).abs().max().item() <= TOL
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -108,6 +129,7 @@ CLASSIFIERS = {
     "roberta": "RobertaForSequenceClassification",
     "xlm-roberta": "XLMRobertaForSequenceClassification",
     "distilbert": "DistilBertForSequenceClassification",
+    "mpnet": "MPNetForSequenceClassification",
 }
 
 
@@ -118,7 +140,7 @@ def test_classification_head_equals_transformers(tmp_path: Path, family: str) ->
     config = hf_config(family, id2label=labels, label2id={v: k for k, v in labels.items()})
     reference = getattr(transformers, CLASSIFIERS[family])(config).eval()
     raw, weights = save(reference, tmp_path)
-    assert any(k.startswith(("bert.", "roberta.", "distilbert.")) for k in weights)  # prefixed base model
+    assert any(k.startswith(("bert.", "roberta.", "distilbert.", "mpnet.")) for k in weights)  # prefixed base model
     model = ours(family, raw, weights, head="sequence-classification")
     feeds = batch(family, pairs=True)
     with torch.inference_mode():
@@ -177,7 +199,7 @@ def test_missing_and_renamed_weights(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("family", "raw", "match"),
     [
-        ("mpnet", {}, "family 'mpnet'; the torch encoder runs: bert, roberta, xlm-roberta, distilbert"),
+        ("gpt2", {}, "family 'gpt2'; the torch encoder runs: bert, roberta, xlm-roberta, distilbert, mpnet"),
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
         ("bert", {"hidden_act": "quick_gelu"}, "activation 'quick_gelu'; the torch encoder runs: gelu"),
     ],
