@@ -1,4 +1,5 @@
-"""Compatible APIs: OpenAI's and text-embeddings-inference's request and answer shapes, mapped onto the tasks.
+"""Compatible APIs: OpenAI's, Cohere's / Jina's rerank and text-embeddings-inference's request and answer
+shapes, mapped onto the tasks.
 
 Each route is two pure functions around the native task: `request` turns the client's body into a native
 request (validating what only that API has), `response` turns the native answer into the client's shape.
@@ -12,6 +13,7 @@ keeps the native answer there.
 | `POST /v1/embeddings` | OpenAI | embedding | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
 | `POST /embed` | TEI | embedding | `{"inputs", "dimensions"?, "prompt_name"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents"}` |
+| `POST /v1/rerank`, `/v2/rerank` | Cohere, Jina | rerank | `{"query", "documents", "top_n"?, "return_documents"?}` |
 | `POST /predict` | TEI | classify | `{"inputs"}` |
 
 `dimensions` (truncate, then renormalize) and `encoding_format: base64` (little-endian float32) are applied
@@ -139,12 +141,7 @@ class OpenAIEmbeddings:
             native["dimensions"] = dimensions
         if encoding == "base64":
             native["encoding_format"] = "base64"
-        name = body.get("model")
-        if isinstance(name, str) and name:
-            key = find(name.split("@", 1)[0])
-            if key is not None:
-                native["model"] = name if "@" in name else key
-        return native
+        return {**native, **_model(body, find)}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
@@ -216,6 +213,47 @@ class TeiRerank:
         return out
 
 
+def _model(body: dict[str, Any], find: Find) -> dict[str, str]:
+    """The native routing field for a client's `"model"`: a model this instance serves (`id` or `id@version`),
+    else nothing (clients always send one; an unknown name means the default model)."""
+    name = body.get("model")
+    if isinstance(name, str) and name:
+        key = find(name.split("@", 1)[0])
+        if key is not None:
+            return {"model": name if "@" in name else key}
+    return {}
+
+
+class Rerank:
+    """`POST /v1/rerank` (Jina, vLLM, Cohere v1) and `/v2/rerank` (Cohere v2): `{"query", "documents": ["..." |
+    {"text"}], "top_n"?, "return_documents"?, "model"?}` → `{"model", "results": [{"index", "relevance_score",
+    "document"?: {"text"}}], "usage": {"total_tokens"}}`, highest score first: the native answer's own shape."""
+
+    task = "rerank"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def request(self, payload: JSON, find: Find) -> JSON:
+        body = _object(payload, "documents")
+        if not isinstance(body.get("query"), str):
+            raise InvalidInputError('"query" must be a string')
+        if body.get("max_tokens_per_doc") is not None or body.get("rank_fields") is not None:
+            raise UnsupportedRequestError(
+                '"max_tokens_per_doc" and "rank_fields" are not served: documents are truncated at the model\'s '
+                'own limit, and are text (or {"text"} objects)'
+            )
+        native: dict[str, Any] = {"query": body["query"], "documents": body["documents"]}
+        if body.get("top_n") is not None:
+            native["top_n"] = body["top_n"]
+        native["return_documents"] = _flag(body, "return_documents", False)
+        return {**native, **_model(body, find)}
+
+    def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        tokens = int((body.get("usage") or {}).get("tokens", 0))
+        return {"model": body.get("model"), "results": body["results"], "usage": {"total_tokens": tokens}}
+
+
 class TeiPredict:
     """`POST /predict`: `{"inputs": "text" | ["text", ...], "raw_scores"?, "truncate"?}` →
     `[{"label", "score"}, ...]` for one text, `[[...], ...]` for a list. Text pairs are not taken: a list
@@ -238,7 +276,18 @@ class TeiPredict:
 
 
 NATIVE = Native()
-ROUTES: dict[str, Route] = {r.path: r for r in (NATIVE, OpenAIEmbeddings(), TeiEmbed(), TeiRerank(), TeiPredict())}
+ROUTES: dict[str, Route] = {
+    r.path: r
+    for r in (
+        NATIVE,
+        OpenAIEmbeddings(),
+        TeiEmbed(),
+        TeiRerank(),
+        TeiPredict(),
+        Rerank("/v1/rerank"),
+        Rerank("/v2/rerank"),
+    )
+}
 # Lambda HTTP events reach the native task on any path (as before); only these paths are mapped. `/embed`
 # is not: it was the native route's path on Lambda before TEI's routes existed.
 LAMBDA_PATHS = frozenset(p for p in ROUTES if p not in (NATIVE.path, TeiEmbed.path))

@@ -234,6 +234,38 @@ def test_tei_rerank_maps_onto_the_rerank_task(runtime: Runtime) -> None:
         assert c.post("/embed", json={"inputs": "x"}).status_code == 400  # not an embedding model
 
 
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_cohere_jina_rerank_maps_onto_the_rerank_task(runtime: Runtime, path: str) -> None:
+    answer = {
+        "results": [{"index": 1, "relevance_score": 0.9, "document": {"text": "b"}}],
+        "usage": {"tokens": 7},
+    }
+    task = FakeTask("rerank", lambda p: answer)
+    with client_for(fake_runtime(runtime, task)) as c:
+        body = {"model": "rerank-v3.5", "query": "q", "documents": ["a", {"text": "b"}], "top_n": 1}
+        r = c.post(path, json=body | {"return_documents": True})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"model": "fake@1", "results": answer["results"], "usage": {"total_tokens": 7}}
+        # An unknown model name means the default model, as for OpenAI's route; documents pass as sent.
+        want = {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}
+        assert task.seen[-1] == want
+        c.post(path, json=body)
+        assert task.seen[-1]["return_documents"] is False
+        for bad, error in [
+            ({"documents": ["a"]}, "InvalidInputError"),
+            ({"query": "q"}, "InvalidInputError"),
+            ({"query": "q", "documents": ["a"], "max_tokens_per_doc": 10}, "UnsupportedRequestError"),
+            ({"query": "q", "documents": ["a"], "return_documents": "yes"}, "InvalidInputError"),
+        ]:
+            r = c.post(path, json=bad)
+            assert r.status_code == 400 and r.json()["error"]["type"] == error, r.text
+
+
+def test_v1_rerank_needs_a_rerank_model(client: TestClient) -> None:
+    r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
+    assert r.status_code == 400 and "rerank model" in r.json()["error"]["message"]
+
+
 def test_tei_predict_maps_onto_the_classify_task(runtime: Runtime) -> None:
     def classify(p: dict[str, Any]) -> dict[str, Any]:
         return {"predictions": [[{"label": "pos", "score": 0.8}, {"label": "neg", "score": 0.2}] for _ in p["inputs"]]}
