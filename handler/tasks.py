@@ -176,6 +176,8 @@ class TensorTask:
                     buf = io.BytesIO()
                     np.save(buf, array, allow_pickle=False)
                     outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
+                elif array.dtype == np.float32:  # float32's shortest text, as every JSON answer
+                    outputs[name] = float_lists(array)
                 else:
                     outputs[name] = array.tolist()
         return {"outputs": outputs, "model": self.model}
