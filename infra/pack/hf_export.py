@@ -60,14 +60,48 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
     cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
+    transformers.AttentionInterface.register(EXPORT_ATTENTION, _export_attention)
     model = cls.from_pretrained(
         str(safetensors_dir),
         local_files_only=True,
         use_safetensors=True,
-        attn_implementation="eager",  # the plain attention math ORT's fusions recognize
+        # MPNet has its own attention (relative position bias), outside transformers' attention interface.
+        attn_implementation="eager" if source.family == "mpnet" else EXPORT_ATTENTION,
         dtype="float32",
     )
     return model.eval()
+
+
+EXPORT_ATTENTION = "warmstart_export"
+
+
+def _export_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """transformers' eager attention, written as BERT's classic graph (scores / sqrt(d) + additive mask) so that
+    ORT's attention fusion recognizes it: transformers 5's eager attention multiplies by the scale, and its
+    `Add(Mul(scores), Mul(mask))` is ambiguous to the fusion's pattern matcher."""
+    import math
+
+    import torch
+
+    head_dim = query.size(-1)
+    scores = torch.matmul(query, key.transpose(2, 3))
+    if scaling is None or math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        scores = scores / math.sqrt(head_dim)
+    else:
+        scores = scores * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = torch.nn.functional.softmax(scores, dim=-1)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
 def build_head(source: HFSource, model: Any) -> Any:
@@ -83,7 +117,10 @@ def build_head(source: HFSource, model: Any) -> Any:
             self.model = model
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
-            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            # The additive 4D mask (0 keep, float32 min drop) is the classic BERT pattern ORT's attention fusion
+            # recognizes; transformers passes a 4D mask through as is (the same scores as its 2D path).
+            additive = (1.0 - attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)) * torch.finfo(torch.float32).min
+            kwargs = {"input_ids": input_ids, "attention_mask": additive}
             if with_types:
                 kwargs["token_type_ids"] = token_type_ids
             out = self.model(**kwargs)

@@ -277,8 +277,10 @@ def test_external_data_is_page_aligned_and_fusion_is_optional(packed: Callable[.
         external = [t for t in model.graph.initializer if uses_external_data(t)]
         assert external
         assert all(ExternalDataInfo(t).offset % 4096 == 0 for t in external)
-    fused_ops = {n.domain for n in onnx.load(str(fused / "model.onnx"), load_external_data=False).graph.node}
-    assert ("com.microsoft" in fused_ops) == read_manifest(fused)["backends"]["onnx"]["fused"]
+    nodes = onnx.load(str(fused / "model.onnx"), load_external_data=False).graph.node
+    assert ("com.microsoft" in {n.domain for n in nodes}) == read_manifest(fused)["backends"]["onnx"]["fused"]
+    # the attention itself fuses (the export writes BERT's classic scores / sqrt(d) + additive mask pattern)
+    assert "Attention" in {n.op_type for n in nodes}
     np.testing.assert_allclose(Packed(fused).run(TEXTS), Packed(plain).run(TEXTS), atol=1e-4)
 
 
