@@ -119,7 +119,8 @@ def build_head(source: HFSource, model: Any) -> Any:
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
             # The additive 4D mask (0 keep, float32 min drop) is the classic BERT pattern ORT's attention fusion
             # recognizes; transformers passes a 4D mask through as is (the same scores as its 2D path).
-            additive = (1.0 - attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)) * torch.finfo(torch.float32).min
+            keep = attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)
+            additive = (1.0 - keep) * torch.finfo(torch.float32).min
             kwargs = {"input_ids": input_ids, "attention_mask": additive}
             if with_types:
                 kwargs["token_type_ids"] = token_type_ids
