@@ -23,8 +23,9 @@ from infra.pack.publish import publish
 
 BACKENDS = ("onnx", "torch")
 # Families warmstart's torch encoder (handler.encoder_torch) does not build: packed onnx-only, and the manifest
-# says why, so selecting torch at run time is a ConfigError with this reason.
-TORCH_UNSUPPORTED = {"mpnet": "mpnet: relative position bias not implemented in warmstart's torch encoder"}
+# says why, so selecting torch at run time is a ConfigError with this reason. Every family of hf_source.FAMILIES
+# has a torch encoder today (MPNet's relative attention bias included); a new family starts here.
+TORCH_UNSUPPORTED: dict[str, str] = {}
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 _ID_CHARS = re.compile(r"[^a-z0-9._-]+")

@@ -243,11 +243,23 @@ def test_multi_label_classifier_and_max_seq_from_positions(tmp_path: Path) -> No
     assert set(m["files"]) == {"model.safetensors", "tokenizer.json"}
 
 
-def test_mpnet_is_onnx_only(packed: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
-    src, out = packed("mpnet", "cross-encoder", max_seq_length=20)
+def test_mpnet_packs_both_backends(packed: Callable[..., tuple[Path, Path]]) -> None:
+    _, out = packed("mpnet", "cross-encoder", max_seq_length=20)
+    m = read_manifest(out)
+    assert set(m["backends"]) == {"onnx", "torch"} and "model.safetensors" in m["files"]
+    assert "unsupported_backends" not in m
+
+
+def test_an_onnx_only_family_says_so_and_refuses_torch(
+    packed: Callable[..., tuple[Path, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infra.pack import hf_pack
+
+    monkeypatch.setitem(hf_pack.TORCH_UNSUPPORTED, "mpnet", "mpnet: no torch encoder (test)")
+    src, out = packed("mpnet", "cross-encoder", max_seq_length=18)  # not the cached pack of the test above
     m = read_manifest(out)
     assert set(m["backends"]) == {"onnx"} and "model.safetensors" not in m["files"]
-    assert "mpnet" in m["unsupported_backends"]["torch"]
+    assert m["unsupported_backends"]["torch"] == "mpnet: no torch encoder (test)"
     with pytest.raises(UnsupportedModelError, match="backend torch is not supported for mpnet"):
         pack_from(src, tmp_path / "torch", backends=["onnx", "torch"])
     assert not (tmp_path / "torch").exists()
