@@ -19,7 +19,7 @@ Options (all keyword):
   normalize (bool), prompts (dict), default_prompt_name, max_seq_length (int or None: the model's positions).
 - num_labels (cross-encoder: 1; classifier: 3), labels (list of names, classifier), problem_type
   ("single_label_classification" | "multi_label_classification"), activation (cross-encoder: None = leave it
-  to the default, or a dotted torch path such as "torch.nn.modules.activation.Identity").
+  to the default, or a dotted torch path such as "torch.nn.modules.linear.Identity").
 - tokenizer_files: "json" (tokenizer.json, default) or "vocab" (vocab.txt, or vocab.json + merges.txt for
   roberta; no tokenizer.json: warmstart must build it). Not available for xlm-roberta (sentencepiece).
 - weights: "safetensors" (default) or "bin" (pytorch_model.bin, a plain state dict saved by torch.save).
