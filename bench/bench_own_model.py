@@ -2,7 +2,9 @@
 
 1. Cold start (process spawn → first answer through the real `awslambdaric`, against the runtime stub of the
    integration tests), embedding task, variants interleaved round by round, medians:
-     warmstart-onnx   handler.app on the packed model, onnx backend
+     warmstart-onnx   handler.app on the packed model (`pack --from` output as is), onnx backend
+     warmstart-onnx+opt  the same after `warmstart optimize` (pre-optimized graph with prepacked weights for
+                      this ORT and CPU, WordPiece shortcut), as `make setup` and the CPU Dockerfile do (--optimize)
      floor-onnx       a tuned minimal ONNX Runtime + tokenizers handler of the same packed graph
                       (bench/handlers/floor_ort.py: EXTENDED graph optimization, intra-op threads from the
                       Lambda memory size, no spinning, external data mapped by ONNX Runtime, tokenizer via
@@ -18,8 +20,9 @@ Models are random (no downloads): tests/tiny_models.py's builders with BERT-base
 fewer words, the rows past it are never looked up), saved the way the hub lays them out, then packed with
 `python -m infra.cli pack --from DIR`. They are built once under --work and reused (--rebuild to redo).
 
-Usage: .venv/bin/python bench/bench_own_model.py [--rounds 5] [--calls 15] [--torch] [--rerank-size base|small]
-       [--skip-naive] [--skip-coldstart] [--skip-rerank] [--work DIR] [--rebuild] [--json out.json]
+Usage: .venv/bin/python bench/bench_own_model.py [--rounds 5] [--calls 15] [--torch] [--optimize] [--warmup]
+       [--rerank-size base|small] [--skip-naive] [--skip-coldstart] [--skip-rerank] [--work DIR] [--rebuild]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +93,20 @@ def pack(source: Path, out: Path, rebuild: bool) -> tuple[Path, float | None]:
     return out, time.perf_counter() - t0
 
 
+def optimized_copy(packed: Path, rebuild: bool) -> Path:
+    """A copy of the packed model with `warmstart optimize` applied (pre-optimized graph, prepacked weights for
+    this ORT and CPU, WordPiece vocabulary shortcut): what `make setup` and the CPU Dockerfile do."""
+    out = packed.with_name(packed.name + "-opt")
+    if (out / "model.opt.onnx").exists() and not rebuild:
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(packed, out)
+    cmd = [sys.executable, "-m", "infra.cli", "optimize", str(out)]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return out
+
+
 def params(source: Path) -> int:
     from safetensors import safe_open
 
@@ -106,9 +124,13 @@ def params(source: Path) -> int:
 # ---- cold start ----------------------------------------------------------------------------------------
 
 
-def coldstart_variants(packed: Path, source: Path) -> dict[str, tuple[str, dict[str, str]]]:
+def coldstart_variants(packed: Path, source: Path, opt: Path | None = None) -> dict[str, tuple[str, dict[str, str]]]:
     return {
         "warmstart-onnx": ("handler.app.lambda_handler", {"WARMSTART_MODEL": str(packed), "WARMSTART_BACKEND": "onnx"}),
+        "warmstart-onnx+opt": (
+            "handler.app.lambda_handler",
+            {"WARMSTART_MODEL": str(opt or packed), "WARMSTART_BACKEND": "onnx"},
+        ),
         "floor-onnx": ("bench.handlers.floor_ort.lambda_handler", {"WARMSTART_MODEL": str(packed)}),
         "naive-st": ("bench.handlers.naive_st.lambda_handler", {"BENCH_ST_MODEL_DIR": str(source)}),
         "warmstart-torch": (
@@ -176,9 +198,11 @@ def cold_one(handler: str, extra: dict[str, str], warmup: bool = False) -> dict[
     }
 
 
-def coldstart(packed: Path, source: Path, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    variants = coldstart_variants(packed, source)
-    names = ["warmstart-onnx", "floor-onnx"]
+def coldstart(
+    packed: Path, source: Path, opt: Path | None, args: argparse.Namespace
+) -> dict[str, list[dict[str, Any]]]:
+    variants = coldstart_variants(packed, source, opt)
+    names = ["warmstart-onnx"] + (["warmstart-onnx+opt"] if opt else []) + ["floor-onnx"]
     names += [] if args.skip_naive else ["naive-st"]
     names += ["warmstart-torch"] if args.torch else []
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -199,7 +223,9 @@ def coldstart(packed: Path, source: Path, args: argparse.Namespace) -> dict[str,
     print()
     for a, b, label in (
         ("naive-st", "warmstart-onnx", "naive-st / warmstart-onnx (target >= 15x)"),
+        ("naive-st", "warmstart-onnx+opt", "naive-st / warmstart-onnx+opt (target >= 15x)"),
         ("warmstart-onnx", "floor-onnx", "warmstart-onnx / floor-onnx (target <= 1.2x)"),
+        ("warmstart-onnx+opt", "floor-onnx", "warmstart-onnx+opt / floor-onnx (target <= 1.2x)"),
         ("warmstart-torch", "floor-onnx", "warmstart-torch / floor-onnx"),
     ):
         if a in med and b in med:
@@ -207,12 +233,13 @@ def coldstart(packed: Path, source: Path, args: argparse.Namespace) -> dict[str,
                 f"{label:46s} first answer {med[a]['first_ms'] / med[b]['first_ms']:6.2f}x   "
                 f"Init {med[a]['init_ms'] / med[b]['init_ms']:6.2f}x"
             )
-    phases = [x["phases_ms"] for x in runs["warmstart-onnx"] if x["phases_ms"]]
-    if phases:
-        print(
-            "warmstart-onnx init phases (median ms): "
-            + ", ".join(f"{k} {statistics.median(p.get(k, 0) for p in phases):.1f}" for k in phases[0])
-        )
+    for n in names:
+        phases = [x["phases_ms"] for x in runs[n] if x["phases_ms"]]
+        if phases:
+            print(
+                f"{n} init phases (median ms): "
+                + ", ".join(f"{k} {statistics.median(p.get(k, 0) for p in phases):.1f}" for k in phases[0])
+            )
     return runs
 
 
@@ -283,6 +310,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="cold-start rounds (each runs every variant once)")
     ap.add_argument("--calls", type=int, default=15, help="rerank calls per variant (interleaved)")
     ap.add_argument("--torch", action="store_true", help="also time warmstart's torch backend's cold start")
+    ap.add_argument(
+        "--optimize",
+        action="store_true",
+        help="also warmstart-onnx+opt: a copy of the packed model after `warmstart optimize` (as make setup does)",
+    )
     ap.add_argument("--warmup", action="store_true", help="warmstart runs its warm-up inference at init")
     ap.add_argument("--skip-naive", action="store_true", help="leave out the sentence-transformers handler")
     ap.add_argument("--skip-coldstart", action="store_true")
@@ -308,7 +340,8 @@ def main() -> int:
             + ", ".join(f"{f} {s:.0f} MB" for f, s in sizes.items())
             + (f"; pack --from took {pack_s:.1f} s" if pack_s else "")
         )
-        result["coldstart"] = coldstart(packed, source, args)
+        opt = optimized_copy(packed, args.rebuild) if args.optimize else None
+        result["coldstart"] = coldstart(packed, source, opt, args)
     if not args.skip_rerank:
         source = build_source(args.work, args.rerank_size, "cross-encoder", args.rebuild)
         packed, pack_s = pack(source, args.work / f"packed-rerank-{args.rerank_size}", args.rebuild)
