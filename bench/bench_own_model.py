@@ -210,14 +210,14 @@ def coldstart(
         for n in names:
             runs[n].append(cold_one(*variants[n], warmup=args.warmup))
             x = runs[n][-1]
-            print(f"round {r + 1}/{args.rounds} {n:16s} first {x['first_ms']:8.0f} ms  init {x['init_ms']:8.0f} ms")
+            print(f"round {r + 1}/{args.rounds} {n:18s} first {x['first_ms']:8.0f} ms  init {x['init_ms']:8.0f} ms")
     med = {n: {k: statistics.median(x[k] for x in runs[n]) for k in ("first_ms", "init_ms", "warm_ms")} for n in names}
     print(f"\ncold start, {args.rounds} interleaved rounds (medians; min-max of first answer)")
-    print(f"{'variant':16s} {'first answer':>13s} {'min':>7s} {'max':>7s} {'Init':>9s} {'warm p50':>9s} {'dim':>4s}")
+    print(f"{'variant':18s} {'first answer':>13s} {'min':>7s} {'max':>7s} {'Init':>9s} {'warm p50':>9s} {'dim':>4s}")
     for n in names:
         firsts = [x["first_ms"] for x in runs[n]]
         print(
-            f"{n:16s} {med[n]['first_ms']:10.0f} ms {min(firsts):7.0f} {max(firsts):7.0f} "
+            f"{n:18s} {med[n]['first_ms']:10.0f} ms {min(firsts):7.0f} {max(firsts):7.0f} "
             f"{med[n]['init_ms']:6.0f} ms {med[n]['warm_ms']:6.1f} ms {runs[n][0]['dim']:4d}"
         )
     print()
@@ -230,7 +230,7 @@ def coldstart(
     ):
         if a in med and b in med:
             print(
-                f"{label:46s} first answer {med[a]['first_ms'] / med[b]['first_ms']:6.2f}x   "
+                f"{label:50s} first answer {med[a]['first_ms'] / med[b]['first_ms']:6.2f}x   "
                 f"Init {med[a]['init_ms'] / med[b]['init_ms']:6.2f}x"
             )
     for n in names:
