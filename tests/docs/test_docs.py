@@ -41,7 +41,7 @@ RUN_BY: dict[str, str] = {
     ),
     "warmstart pack --from bge-small-en-v1.5 --id bge-small --version 1 --out models/bge-small": (
         "tests/docs/test_docs.py::test_pack_from_as_documented — this very line, on a tiny random BERT embedder"
-        " (tests/tiny_models.py) with CLS pooling, normalize and a query prompt, as bge-small's directory has"
+        " (tests/tiny_models.py) with CLS pooling and normalize, as bge-small's directory has"
     ),
     "warmstart local --port 9000 --max-concurrency 4": (
         "tests/integration/test_local_shutdown.py::test_cli_local_and_invoke_then_sigint"
@@ -332,7 +332,6 @@ def test_pack_from_as_documented(tmp_path: Path) -> None:
         name=argv[argv.index("--from") + 1],
         pooling="cls",
         normalize=True,
-        prompts={"query": "Represent this sentence for searching relevant passages: "},
     )
     out = subprocess.run(
         [sys.executable, "-m", "infra.cli", *argv],
@@ -348,7 +347,6 @@ def test_pack_from_as_documented(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / argv[argv.index("--out") + 1] / "manifest.json").read_text())
     assert (manifest["id"], manifest["version"], manifest["task"]) == ("bge-small", "1", "embedding")
     assert manifest["pooling"]["mode"] == "cls" and manifest["pooling"]["normalize"] is True
-    assert "query" in manifest["prompts"]
 
 
 def slug(heading: str) -> str:
