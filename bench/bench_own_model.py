@@ -260,12 +260,14 @@ def rerank_payload(n_docs: int) -> dict[str, Any]:
 def rerank(source: Path, packed: Path, args: argparse.Namespace) -> dict[str, list[float]]:
     import numpy as np
     import torch
+    import transformers
     from sentence_transformers import CrossEncoder
 
     from handler.config import Config
     from handler.loader import load_model
     from handler.report import PhaseTimer
 
+    transformers.logging.disable_progress_bar()  # "Loading weights" bars
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     payload = rerank_payload(32)
