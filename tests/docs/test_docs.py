@@ -39,6 +39,10 @@ RUN_BY: dict[str, str] = {
     "warmstart pack --onnx model.onnx --id my-model --version 3 --out models/my-model": (
         "tests/docs/test_docs.py::test_pack_onnx_as_documented — this very line, on a tiny ONNX model"
     ),
+    "warmstart pack --from bge-small-en-v1.5 --id bge-small --version 1 --out models/bge-small": (
+        "tests/docs/test_docs.py::test_pack_from_as_documented — this very line, on a tiny random BERT embedder"
+        " (tests/tiny_models.py) with CLS pooling and normalize, as bge-small's directory has"
+    ),
     "warmstart local --port 9000 --max-concurrency 4": (
         "tests/integration/test_local_shutdown.py::test_cli_local_and_invoke_then_sigint"
         " — `warmstart local --port 0` with a fixture handler, then SIGINT"
@@ -314,6 +318,35 @@ def test_pack_onnx_as_documented(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     manifest = json.loads((tmp_path / argv[argv.index("--out") + 1] / "manifest.json").read_text())
     assert (manifest["id"], manifest["version"], manifest["task"]) == ("my-model", "3", "tensor")
+
+
+def test_pack_from_as_documented(tmp_path: Path) -> None:
+    from tests.tiny_models import make_model_dir
+
+    documented = next(c for c in commands() if c.text.startswith("warmstart pack --from"))
+    argv = program(documented.text)[1:]
+    make_model_dir(
+        tmp_path,
+        "bert",
+        "sentence-transformers",
+        name=argv[argv.index("--from") + 1],
+        pooling="cls",
+        normalize=True,
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "infra.cli", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    printed = json.loads(out.stdout)
+    assert (printed["model"], printed["task"]) == ("bge-small@1", "embedding")
+    manifest = json.loads((tmp_path / argv[argv.index("--out") + 1] / "manifest.json").read_text())
+    assert (manifest["id"], manifest["version"], manifest["task"]) == ("bge-small", "1", "embedding")
+    assert manifest["pooling"]["mode"] == "cls" and manifest["pooling"]["normalize"] is True
 
 
 def slug(heading: str) -> str:
