@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -141,9 +142,19 @@ def http_closure(dockerfile: Path) -> set[str]:
     return names
 
 
+def http_extra() -> set[str]:
+    """The distributions pyproject's `http` extra names (what the HTTP host imports beyond the zip closure)."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["http"]
+    return {re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].strip().lower() for req in extra}
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_images_carry_the_http_host_and_the_runtime_client(dockerfile: Path) -> None:
     assert {"starlette", "uvicorn", "awslambdaric"} <= http_closure(dockerfile)
+    # every package of the `http` extra: prometheus-client is imported by handler.http at start
+    assert http_extra() <= {name.lower() for name in http_closure(dockerfile)}
 
 
 def test_cpu_image_base_and_task_root() -> None:
