@@ -4,7 +4,7 @@
    integration tests), embedding task, variants interleaved round by round, medians:
      warmstart-onnx   handler.app on the packed model (`pack --from` output as is), onnx backend
      warmstart-onnx+opt  the same after `warmstart optimize` (pre-optimized graph with prepacked weights for
-                      this ORT and CPU, WordPiece shortcut), as `make setup` and the CPU Dockerfile do (--optimize)
+                      this ORT and CPU, WordPiece shortcut), as the CPU Dockerfile does to the default (--optimize)
      floor-onnx       a tuned minimal ONNX Runtime + tokenizers handler of the same packed graph
                       (bench/handlers/floor_ort.py: EXTENDED graph optimization, intra-op threads from the
                       Lambda memory size, no spinning, external data mapped by ONNX Runtime, tokenizer via
@@ -95,7 +95,7 @@ def pack(source: Path, out: Path, rebuild: bool) -> tuple[Path, float | None]:
 
 def optimized_copy(packed: Path, rebuild: bool) -> Path:
     """A copy of the packed model with `warmstart optimize` applied (pre-optimized graph, prepacked weights for
-    this ORT and CPU, WordPiece vocabulary shortcut): what `make setup` and the CPU Dockerfile do."""
+    this ORT and CPU, WordPiece vocabulary shortcut): what the CPU Dockerfile does at build time."""
     out = packed.with_name(packed.name + "-opt")
     if (out / "model.opt.onnx").exists() and not rebuild:
         return out
@@ -315,7 +315,7 @@ def main() -> int:
     ap.add_argument(
         "--optimize",
         action="store_true",
-        help="also warmstart-onnx+opt: a copy of the packed model after `warmstart optimize` (as make setup does)",
+        help="also warmstart-onnx+opt: a copy of the packed model after `warmstart optimize`",
     )
     ap.add_argument("--warmup", action="store_true", help="warmstart runs its warm-up inference at init")
     ap.add_argument("--skip-naive", action="store_true", help="leave out the sentence-transformers handler")
