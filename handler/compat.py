@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from handler.errors import InvalidInputError, UnsupportedRequestError
+from handler.text_io import flag as _flag
 from handler.types import JSON
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
@@ -76,15 +77,6 @@ def _dimensions(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInputError(f'"dimensions" must be a positive integer, got {value!r}')
-    return value
-
-
-def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidInputError(f'"{key}" must be true or false, got {value!r}')
     return value
 
 
