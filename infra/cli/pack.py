@@ -97,7 +97,13 @@ def run(args: argparse.Namespace) -> int:
             if not args.model_id or not args.out:
                 print("warmstart pack --onnx needs --id and --out", file=sys.stderr)
                 return 2
-            out = pack_onnx(args.onnx, args.out, args.model_id, args.version or "1", force=args.force)
+            import onnx
+
+            try:
+                out = pack_onnx(args.onnx, args.out, args.model_id, args.version or "1", force=args.force)
+            except onnx.checker.ValidationError as e:  # a graph ONNX's checker refuses: its message, no traceback
+                print(f"warmstart pack: {args.onnx}: not a valid ONNX graph: {e}", file=sys.stderr)
+                return 1
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"warmstart pack: {e}", file=sys.stderr)
         return 1

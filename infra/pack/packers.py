@@ -104,7 +104,20 @@ def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: b
     """Pack any ONNX model for the generic `tensor` task; I/O spec read from the graph."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=True)
+    model_path = Path(model_path)
+    if model_path.is_dir():
+        hint = (
+            "; it looks like a Hugging Face model directory: use `warmstart pack --from DIR`"
+            if (model_path / "config.json").is_file()
+            else ""
+        )
+        raise ValueError(f"{model_path}: a directory; --onnx takes one .onnx file{hint}")
+    if not model_path.is_file():
+        raise FileNotFoundError(f"{model_path}: no such file")
+    try:
+        model = onnx.load(str(model_path), load_external_data=True)
+    except Exception as e:  # protobuf's DecodeError, a missing external-data file, ...: say which file and why
+        raise ValueError(f"{model_path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
     init_names = {t.name for t in model.graph.initializer}
 
     def spec(values: Iterable[Any]) -> list[dict[str, Any]]:

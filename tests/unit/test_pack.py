@@ -88,3 +88,50 @@ def test_packed_directory_is_readable_by_others(tmp_path: Path) -> None:
     write_tiny_onnx(tmp_path / "src.onnx")
     out = pack_onnx(tmp_path / "src.onnx", tmp_path / "packed", "tiny", "1")
     assert out.stat().st_mode & 0o005 == 0o005
+
+
+def test_cli_refuses_what_is_not_one_onnx_file_without_a_traceback(tmp_path: Path) -> None:
+    """`warmstart pack --onnx` on a directory, a Hugging Face directory, garbage, a graph the checker refuses,
+    or a missing file: exit 1, a message naming the file and the reason, nothing written."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "garbage.onnx").write_bytes(b"not a protobuf")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["x", "undefined"], ["y"])],
+        "bad",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    onnx.save_model(onnx.helper.make_model(graph), str(tmp_path / "invalid.onnx"))
+    cases = {
+        "dir": "a directory; --onnx takes one .onnx file",
+        "hf": "use `warmstart pack --from DIR`",
+        "garbage.onnx": "not a readable ONNX model",
+        "invalid.onnx": "not a valid ONNX graph",
+        "missing.onnx": "no such file",
+    }
+    for name, message in cases.items():
+        out = tmp_path / "out" / name
+        cmd = [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "pack",
+            "--onnx",
+            str(tmp_path / name),
+            "--id",
+            "m",
+            "--out",
+            str(out),
+        ]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 1, (name, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr, (name, done.stderr)
+        assert done.stderr.startswith(f"warmstart pack: {tmp_path / name}"), done.stderr
+        assert not out.exists()
