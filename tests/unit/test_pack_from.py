@@ -396,6 +396,26 @@ def test_refused_before_anything_is_written(tmp_path: Path, case: str) -> None:
     assert list(out_parent.iterdir()) == []  # no output, no temporary sibling
 
 
+def test_refusals_through_the_cli_are_one_message_without_a_traceback(tmp_path: Path) -> None:
+    """What a user sees: `warmstart pack --from` exits 1 with `warmstart pack: <path>: <why; what is
+    supported>` on stderr, no traceback, and no output directory."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    for case, (kind, options, damage, _, message) in sorted(REFUSALS.items()):
+        src = make_model_dir(tmp_path / case, "bert", kind, **options)
+        damage(src)
+        out = tmp_path / "models" / case
+        cmd = [sys.executable, "-m", "infra.cli", "pack", "--from", str(src), "--out", str(out)]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 1, (case, done.stderr)
+        assert "Traceback" not in done.stderr, (case, done.stderr)
+        assert done.stderr.startswith("warmstart pack: ") and re.search(message, done.stderr), (case, done.stderr)
+        assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("kind", "task", "message"),
     [
