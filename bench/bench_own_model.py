@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.runtime_stub import RuntimeStub  # noqa: E402
+from bench.bench_coldstart import cold_start  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     # BERT-base (bert-base-uncased, bge-base, e5-base, ms-marco-electra/bert-base cross-encoders).
@@ -154,47 +154,13 @@ def cold_one(handler: str, extra: dict[str, str], warmup: bool = False) -> dict[
     }
     if warmup and handler.startswith("handler."):
         env["WARMSTART_WARMUP"] = "1"
-    event = {"inputs": [TEXT]}
-    with RuntimeStub() as stub:
-        first_next: list[float] = []
-        handler_cls = stub.server.RequestHandlerClass
-        do_get = handler_cls.do_GET  # type: ignore[attr-defined]
-
-        def timed_get(self: Any) -> None:
-            if not first_next:
-                first_next.append(time.perf_counter())
-            do_get(self)
-
-        handler_cls.do_GET = timed_get  # type: ignore[attr-defined]
-        env["AWS_LAMBDA_RUNTIME_API"] = stub.address
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "awslambdaric", handler],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        outcome = stub.invoke(event, timeout=600)
-        first_ms = (time.perf_counter() - t0) * 1000
-        warm = []
-        for _ in range(5):
-            t1 = time.perf_counter()
-            stub.invoke(event)
-            warm.append((time.perf_counter() - t1) * 1000)
-        proc.kill()
-        logs = proc.communicate()[0].decode(errors="replace")
-    if outcome.kind != "response":
-        raise RuntimeError(f"{handler}: {outcome.body[:500]!r}\n{logs[-2000:]}")
-    dim = len(json.loads(outcome.body)["embeddings"][0])
-    init_ms = (first_next[0] - t0) * 1000 if first_next else float("nan")
-    init = next((json.loads(line) for line in logs.splitlines() if line.startswith('{"warmstart":"init"')), None)
+    run = cold_start(handler, env, {"inputs": [TEXT]}, warm_calls=5, timeout=600)
     return {
-        "first_ms": first_ms,
-        "init_ms": init_ms,
-        "warm_ms": statistics.median(warm),
-        "dim": dim,
-        "phases_ms": (init or {}).get("phases_ms"),
+        "first_ms": run["first_ms"],
+        "init_ms": run["init_ms"],
+        "warm_ms": run["warm_ms"],
+        "dim": len(json.loads(run["body"])["embeddings"][0]),
+        "phases_ms": (run["init"] or {}).get("phases_ms"),
     }
 
 
