@@ -20,9 +20,9 @@ import numpy.typing as npt
 import pytest
 
 from handler.errors import ConfigError, InvalidInputError
-from handler.runtime import Runtime
 from infra.pack.hf_pack import pack_from
 from tests.conftest import ROOT, start
+from tests.test_parity import cosine
 from tests.tiny_models import FAMILIES, make_model_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
@@ -67,14 +67,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
     yield make
 
 
-def serve(packed: Path, backend: str) -> Runtime:
-    return start(packed, backend)
-
-
-def cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
-    return np.asarray((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
-
-
 # ---------------------------------------------------------------------------------------------- embedding
 
 
@@ -87,7 +79,7 @@ def test_embeddings_equal_sentence_transformers(
 
     options = EMBEDDERS[family]
     src, packed = built(family, "sentence-transformers", **options)
-    runtime = serve(packed, backend)
+    runtime = start(packed, backend)
     reference = SentenceTransformer(str(src), device="cpu")
     asks: list[dict[str, Any]] = [{}]
     asks += [{"prompt_name": name} for name in options.get("prompts", {})]
@@ -108,7 +100,7 @@ def test_embeddings_equal_sentence_transformers(
 
 def test_dimensions_and_base64_match_the_full_vector(built: Callable[..., tuple[Path, Path]]) -> None:
     _, packed = built("bert", "sentence-transformers", **EMBEDDERS["bert"])
-    runtime = serve(packed, "onnx")
+    runtime = start(packed, "onnx")
     full = np.asarray(runtime.handle({"inputs": TEXTS}, None)["embeddings"], np.float32)
     k = full.shape[1] // 2
     short = np.asarray(runtime.handle({"inputs": TEXTS, "dimensions": k}, None)["embeddings"], np.float32)
@@ -130,7 +122,7 @@ def test_rerank_equals_cross_encoder(built: Callable[..., tuple[Path, Path]], fa
     from sentence_transformers import CrossEncoder
 
     src, packed = built(family, "cross-encoder")
-    runtime = serve(packed, backend)
+    runtime = start(packed, backend)
     want = CrossEncoder(str(src), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
     body = runtime.handle({"query": QUERY, "documents": DOCUMENTS, "return_documents": True}, None)
     results = body["results"]
@@ -166,7 +158,7 @@ def test_classify_equals_transformers_pipeline(
 ) -> None:
     labels = ["negative", "neutral", "positive"]
     src, packed = built(family, "classifier", labels=labels, problem_type=problem_type)
-    runtime = serve(packed, backend)
+    runtime = start(packed, backend)
     body = runtime.handle({"inputs": TEXTS}, None)
     got = np.array(
         [[next(p["score"] for p in row if p["label"] == label) for label in labels] for row in body["predictions"]]
@@ -188,7 +180,7 @@ def test_classify_equals_transformers_pipeline(
 
 def test_bad_requests_are_typed_and_the_model_keeps_serving(built: Callable[..., tuple[Path, Path]]) -> None:
     _, packed = built("bert", "cross-encoder")
-    runtime = serve(packed, "onnx")
+    runtime = start(packed, "onnx")
     good = {"query": QUERY, "documents": DOCUMENTS}
     first = runtime.handle(good, None)
     for bad, message in [
@@ -202,11 +194,11 @@ def test_bad_requests_are_typed_and_the_model_keeps_serving(built: Callable[...,
     assert runtime.handle(good, None) == first
     _, embedder = built("bert", "sentence-transformers", **EMBEDDERS["bert"])
     with pytest.raises(InvalidInputError, match="valid: passage, query"):
-        serve(embedder, "onnx").handle({"inputs": ["x"], "prompt_name": "nope"}, None)
+        start(embedder, "onnx").handle({"inputs": ["x"], "prompt_name": "nope"}, None)
 
 
 def test_torch_on_an_onnx_only_pack_is_a_config_error(built: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
     src, _ = built("distilbert", "cross-encoder")
     packed = pack_from(src, tmp_path / "onnx-only", backends=["onnx"])
     with pytest.raises(ConfigError, match="torch"):
-        serve(packed, "torch")
+        start(packed, "torch")
