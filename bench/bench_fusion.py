@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SESSION_PROBE = """
 import json, sys
-from handler.runtime import Runtime
-from handler.config import Config
+from handler.runtime.invocation import Runtime
+from handler.core.config import Config
 from pathlib import Path
 rt = Runtime.start(Config(model_dir=Path(sys.argv[1]), backend="onnx", warmup=False), environ={}, emit=None)
 print(json.dumps(rt.init_report["phases_ms"]))

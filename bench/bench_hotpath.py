@@ -38,8 +38,8 @@ BATCH32 = [
 
 
 def start_runtime() -> Any:
-    from handler.config import Config
-    from handler.runtime import Runtime
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
 
     return Runtime.start(Config(model_dir=MODEL, backend="onnx"), environ={}, emit=None)
 
@@ -146,7 +146,7 @@ def serve(port: int) -> None:
     from starlette.routing import Mount, Route
     from tokenizers import Tokenizer
 
-    from handler.http import Host, create_app
+    from handler.http_host.routes import Host, create_app
 
     rt = start_runtime()
     host = Host(lambda: rt)

@@ -44,7 +44,7 @@ class Context:
 
 
 def emitter_us(calls: int) -> float:
-    from handler import logs, metrics
+    from handler.observability import logs, metrics
 
     rec = metrics.Emf.from_environ(LAMBDA_ENV, "all-minilm-l6-v2@0.1.0", "onnx")
     inv = logs.Invocation(
@@ -86,8 +86,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
 
-    from handler.config import Config
-    from handler.runtime import Runtime
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
 
     os.environ["_X_AMZN_TRACE_ID"] = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
     config = Config(model_dir=MODEL, backend="onnx", threads=1)

@@ -229,9 +229,9 @@ def rerank(source: Path, packed: Path, args: argparse.Namespace) -> dict[str, li
     import transformers
     from sentence_transformers import CrossEncoder
 
-    from handler.config import Config
-    from handler.loader import load_model
-    from handler.report import PhaseTimer
+    from handler.core.config import Config
+    from handler.models.loader import load_model
+    from handler.observability.report import PhaseTimer
 
     transformers.logging.disable_progress_bar()  # "Loading weights" bars
     threads = len(os.sched_getaffinity(0))

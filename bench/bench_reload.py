@@ -31,9 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handler.config import Config  # noqa: E402
-from handler.report import memory_mb  # noqa: E402
-from handler.runtime import Runtime  # noqa: E402
+from handler.core.config import Config  # noqa: E402
+from handler.observability.report import memory_mb  # noqa: E402
+from handler.runtime.invocation import Runtime  # noqa: E402
 from tests.model_versions import write_version  # noqa: E402
 
 MODEL = ROOT / "models" / "default"

@@ -36,9 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handler.manifest import load_manifest  # noqa: E402
-from handler.runtime import Runtime  # noqa: E402
-from handler.s3fetch import drop_clients, fetch_model  # noqa: E402
+from handler.core.manifest import load_manifest  # noqa: E402
+from handler.models.s3fetch import drop_clients, fetch_model  # noqa: E402
+from handler.runtime.invocation import Runtime  # noqa: E402
 
 MODEL = ROOT / "models" / "default"
 BUCKET = "warmstart-bench"

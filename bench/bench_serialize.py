@@ -3,8 +3,8 @@
 - float64 text: `json.dumps` of `array.tolist()` (what the embedding task answered before: a float32 printed
   through Python's float64 repr, up to 17 significant digits)
 - float32 text, naive: `float(str(np.float32(v)))` per value, then `json.dumps`
-- float32 text: `handler.text_io.float_lists` (vectorized shortest float32 text), then `json.dumps`
-- base64: `handler.text_io.base64_rows` (little-endian float32 bytes), then `json.dumps`
+- float32 text: `handler.tasks.text.float_lists` (vectorized shortest float32 text), then `json.dumps`
+- base64: `handler.tasks.text.base64_rows` (little-endian float32 bytes), then `json.dumps`
 
 Vectors are the default model's real embeddings of 256 distinct texts (`--synthetic`: normal(0, 0.05),
 L2-normalized, no model needed). Times are medians of `--repeat` runs, each the whole conversion + dumps.
@@ -29,14 +29,14 @@ import numpy.typing as npt
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handler.text_io import base64_rows, float_lists  # noqa: E402
+from handler.tasks.text import base64_rows, float_lists  # noqa: E402
 
 ROWS, DIM = 256, 384
 
 
 def real_vectors() -> npt.NDArray[np.float32]:
-    from handler.config import Config
-    from handler.runtime import Runtime
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
 
     runtime = Runtime.start(Config(model_dir=ROOT / "models" / "default", backend="onnx"), environ={}, emit=None)
     texts = [f"passage {i}: serverless inference keeps model {i % 7} warm, " + "more " * (i % 13) for i in range(ROWS)]

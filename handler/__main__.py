@@ -2,7 +2,7 @@
 
 - `AWS_LAMBDA_RUNTIME_API` set (Lambda, or its Runtime Interface Emulator): the runtime client runs
   `MODULE.FUNCTION` (default `handler.app.lambda_handler`; an image's CMD names it), in this process;
-- `serve` (SageMaker starts containers with it), or no runtime API: the HTTP host (`handler.serve`).
+- `serve` (SageMaker starts containers with it), or no runtime API: the HTTP host (`handler.http_host.server`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         runtime_client(["awslambdaric", args[0] if args else HANDLER])
         return
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
-    from handler.serve import serve_http
+    from handler.http_host.server import serve_http
 
     serve_http(sagemaker=serve)
 

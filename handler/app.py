@@ -8,20 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from handler import prefetch
+from handler.runtime import prefetch
 
 # First, before the imports below take the CPU: the kernel reads the libraries and model files meanwhile.
 prefetch.start()
 
-from handler.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
-from handler.runtime import Runtime  # noqa: E402
-from handler.types import JSON, Event  # noqa: E402
+from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
+from handler.core.types import JSON, Event  # noqa: E402
+from handler.runtime.invocation import Runtime  # noqa: E402
 
 runtime = Runtime.start()
 if snapshot_mode() is not None:
     # SnapStart (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start): awslambdaric runs these around the snapshot.
     # Deferred: an on-demand start never imports the hooks (snapshot_restore_py, uuid, random).
-    from handler import snapshot
+    from handler.runtime import snapshot
 
     snapshot.register(runtime)
 

@@ -208,7 +208,7 @@ def build(
     code: Path = ROOT / "handler",
 ) -> list[Artifact]:
     """Build all three zips into `out`; raises LayerSizeError (writing nothing) when over `limit`."""
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
 
     manifest = load_manifest(model)  # a broken model fails here, not at the first cold start
     with tempfile.TemporaryDirectory(prefix="warmstart-layers-") as tmp:
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--optimize", action="store_true", help="default model: add the pre-optimized ONNX model (prepacked weights)"
     )
     args = p.parse_args(argv)
-    from handler.errors import ModelLoadError
+    from handler.core.errors import ModelLoadError
 
     model = args.model or default_model(ROOT / "build", optimize=args.optimize, requirements=args.requirements)
     try:

@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from handler.config import Config
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.runtime.invocation import Runtime
 from infra.pack import pack_default, pack_onnx
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from handler.manifest import MANIFEST_NAME, sha256_file
+from handler.core.manifest import MANIFEST_NAME, sha256_file
 
 
 def write_version(src: Path, dst: Path, version: str, *, negate: bool = False, model_id: str | None = None) -> Path:

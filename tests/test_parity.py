@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from handler.runtime import Runtime
+from handler.runtime.invocation import Runtime
 
 TEXTS = [
     "hello world",

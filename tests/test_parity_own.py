@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from handler.runtime import Runtime
+from handler.runtime.invocation import Runtime
 from tests.conftest import ROOT, start
 from tests.test_parity import TEXTS, cosine, embed
 

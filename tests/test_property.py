@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handler.errors import RequestError
-from handler.runtime import Runtime
-from handler.sources import infer_source
+from handler.api.sources import infer_source
+from handler.core.errors import RequestError
+from handler.runtime.invocation import Runtime
 from tests.conftest import DIM, start
 
 MAX_INPUTS, MAX_CHARS = 4, 64

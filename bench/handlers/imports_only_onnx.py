@@ -6,7 +6,7 @@ import numpy  # noqa: F401
 import onnxruntime  # noqa: F401
 import tokenizers  # noqa: F401
 
-import handler.runtime  # noqa: F401
+import handler.runtime.invocation  # noqa: F401
 
 
 def lambda_handler(event: Any, context: Any) -> Any:

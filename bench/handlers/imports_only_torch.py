@@ -6,8 +6,8 @@ import numpy  # noqa: F401
 import tokenizers  # noqa: F401
 import torch  # noqa: F401
 
-import handler.bert_torch
-import handler.runtime  # noqa: F401
+import handler.backends.bert_torch
+import handler.runtime.invocation  # noqa: F401
 
 
 def lambda_handler(event: Any, context: Any) -> Any:

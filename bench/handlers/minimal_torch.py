@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from handler.bert_torch import BertConfig, BertMeanPooled
+from handler.backends.bert_torch import BertConfig, BertMeanPooled
 
 _root = os.environ["WARMSTART_MODEL"]
 tok = Tokenizer.from_file(f"{_root}/tokenizer.json")

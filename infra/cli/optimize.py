@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx) load only here, never in the function.
-    from handler.errors import ModelLoadError
+    from handler.core.errors import ModelLoadError
     from infra.pack.optimize import OptimizeError, optimize, remove
     from infra.pack.wordpiece import NotPlainBert, prove
 

@@ -69,7 +69,7 @@ def _backends(raw: str | None) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx, safetensors, torch, transformers, the model package) load only here, never in the
     # function.
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
     from infra.pack import pack_default, pack_onnx
 
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from handler.cpu import LAMBDA_MB_PER_VCPU
+from handler.core.cpu import LAMBDA_MB_PER_VCPU
 from infra.local.cgroups import vcpus_for
 from infra.local.config import LocalLambdaConfig
 

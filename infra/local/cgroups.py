@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 # One rule for both sides: the quota given here is what the handler's thread sizing reads back.
-from handler.cpu import LAMBDA_MB_PER_VCPU
+from handler.core.cpu import LAMBDA_MB_PER_VCPU
 
 Mode = Literal["v2", "v1", "none"]
 Want = Literal["auto", "v2", "v1", "off"]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handler.manifest import MANIFEST_NAME
+from handler.core.manifest import MANIFEST_NAME
 from warmers.golden import TOLERANCE
 
 # Short, long (past the 256-token truncation), non-ASCII: the shapes that break first.
@@ -52,8 +52,8 @@ def record(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
     from infra.pack.publish import file_entries  # the same entries publish writes
 
     (model_dir / MANIFEST_NAME).write_text(json.dumps({**manifest, "files": file_entries(model_dir)}))
-    from handler.config import Config
-    from handler.runtime import Runtime
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
 
     runtime = Runtime.start(Config(model_dir=model_dir, backend=None, warmup=False), environ={}, emit=None)
     recorded = []

@@ -15,14 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from handler.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
 from infra.pack.hf_source import HFSource, SourceError, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import publish
 
 BACKENDS = ("onnx", "torch")
-# Families warmstart's torch encoder (handler.encoder_torch) does not build: packed onnx-only, and the manifest
+# Families warmstart's torch encoder (handler.backends.encoder_torch) does not build: packed onnx-only, and the manifest
 # says why, so selecting torch at run time is a ConfigError with this reason. Every family of hf_source.FAMILIES
 # has a torch encoder today (MPNet's relative attention bias included); a new family starts here.
 TORCH_UNSUPPORTED: dict[str, str] = {}

@@ -4,7 +4,7 @@ ONNX Runtime spends most of session creation on graph optimization and on prepac
 MLAS's blocked layout (a second copy in memory). Done once here and saved (`optimized_model_filepath` +
 `session.save_external_prepacked_constant_initializers`), a cold start maps both instead: measured in
 docs/coldstart.md. The prepacked layout depends on the ORT version and the CPU features MLAS dispatches on,
-so both are recorded in the manifest and checked at load (handler.backend_onnx.optimized_model): any mismatch
+so both are recorded in the manifest and checked at load (handler.backends.ort.optimized_model): any mismatch
 serves the portable model, with the reason in the init report. Run this where the function runs (the image
 build, `layers.build` for its target), with the runtime's pinned onnxruntime.
 
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from handler.fingerprint import cpu_fingerprint
-from handler.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from handler.backends.fingerprint import cpu_fingerprint
+from handler.core.manifest import MANIFEST_NAME, load_manifest, sha256_file
 
 OPT_FILE, OPT_DATA = "model.opt.onnx", "model.opt.onnx.data"
 PAGE = 4096
@@ -42,7 +42,7 @@ class OptimizeError(ValueError):
 
 
 def _options(ort: Any, preoptimized: bool) -> Any:
-    # The runtime's settings (handler.backend_onnx), one thread: the saved model must be what init would build.
+    # The runtime's settings (handler.backends.ort), one thread: the saved model must be what init would build.
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -56,7 +56,7 @@ def probe_feeds(manifest: Any, session: Any) -> list[dict[str, npt.NDArray[Any]]
     """Inputs to compare the two models on: tokenized sentences for a text model, seeded random arrays else."""
     names = [i.name for i in session.get_inputs()]
     if manifest.task == "embedding" and manifest.tokenizer.get("file"):
-        from handler.tokens import TextEncoder
+        from handler.tasks.tokens import TextEncoder
 
         encoder = TextEncoder(manifest.path(manifest.tokenizer["file"]), int(manifest.tokenizer["truncation"]))
         feeds: list[dict[str, npt.NDArray[Any]]] = []

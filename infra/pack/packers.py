@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from handler.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.bert_graph import build_bert_graph
 from infra.pack.golden import with_golden
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, onnx_dtype_name, save_onnx

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handler.manifest import MANIFEST_NAME, load_manifest, replace_dir, sha256_file
+from handler.core.manifest import MANIFEST_NAME, load_manifest, replace_dir, sha256_file
 
 
 def file_entries(root: Path) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Prove at pack time that a model's tokenizer.json is plain BERT WordPiece, so init may build the tokenizer
-from the vocabulary alone (handler.tokens.bert_wordpiece: about half the time of parsing the JSON).
+from the vocabulary alone (handler.tasks.tokens.bert_wordpiece: about half the time of parsing the JSON).
 
 Two checks, both recorded in the manifest (`tokenizer.shortcut`): the JSON's pipeline is exactly the BERT one
 (normalizer, pre-tokenizer, model, post-processor, special tokens: nothing the shortcut would drop), and on
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from handler.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from handler.core.manifest import MANIFEST_NAME, load_manifest, sha256_file
 
 VOCAB = "vocab.txt"
 HARD_CASES = [
@@ -131,7 +131,7 @@ def prove(model_dir: Path) -> dict[str, Any]:
     Raises NotPlainBert (nothing written) when the tokenizer is not plain BERT or any id differs."""
     from tokenizers import Tokenizer, __version__
 
-    from handler.tokens import TextEncoder
+    from handler.tasks.tokens import TextEncoder
 
     model_dir = model_dir.resolve()
     manifest = load_manifest(model_dir)
@@ -147,7 +147,7 @@ def prove(model_dir: Path) -> dict[str, Any]:
     try:
         max_length, pad_id = int(spec.get("truncation") or 512), int(spec.get("pad_id", 0))
         reference = TextEncoder(path, max_length, pad_id)
-        # The runtime's own construction (TextEncoder → handler.tokens.bert_wordpiece), so the proof covers it.
+        # The runtime's own construction (TextEncoder → handler.tasks.tokens.bert_wordpiece), so the proof covers it.
         shortcut = TextEncoder(path, max_length, pad_id, shortcut=(tmp, settings))
         if shortcut._tok.get_vocab_size() != Tokenizer.from_str(json.dumps(raw)).get_vocab_size():
             raise NotPlainBert("vocabulary sizes differ")

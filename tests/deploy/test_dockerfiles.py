@@ -153,7 +153,7 @@ def http_extra() -> set[str]:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_images_carry_the_http_host_and_the_runtime_client(dockerfile: Path) -> None:
     assert {"starlette", "uvicorn", "awslambdaric"} <= http_closure(dockerfile)
-    # every package of the `http` extra: prometheus-client is imported by handler.http at start
+    # every package of the `http` extra: prometheus-client is imported by handler.http_host.routes at start
     assert http_extra() <= {name.lower() for name in http_closure(dockerfile)}
 
 

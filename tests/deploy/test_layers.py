@@ -75,7 +75,7 @@ def test_build_is_reproducible_pruned_and_fits(
     assert {i.external_attr >> 16 for i in deps.infolist()} <= {0o100644, 0o100755}
 
     # The model layer is the packed model as the handler finds it at /opt/models/default: manifest + its files.
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
 
     manifest = load_manifest(model_dir)
     model = zipfile.ZipFile(tmp_path / "a" / "model.zip")

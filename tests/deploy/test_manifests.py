@@ -18,7 +18,7 @@ import yaml
 from cfnlint.api import lint_file
 from referencing import Registry, Resource
 
-from handler.hosts import DEFAULT_DRAIN_S, HostSettings
+from handler.http_host.settings import DEFAULT_DRAIN_S, HostSettings
 from tests.deploy.sam import ROOT
 
 DEPLOY = ROOT / "infra" / "deploy"

@@ -12,7 +12,7 @@ import pytest
 from moto.codedeploy.models import codedeploy_backends
 from moto.core import DEFAULT_ACCOUNT_ID
 
-from handler import metrics
+from handler.observability import metrics
 from tests.deploy.sam import REGION, load_template, package, sam_transform
 
 BUCKET = "warmstart-deploy-test"

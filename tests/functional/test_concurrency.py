@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from handler.runtime import Runtime
-from handler.workers import Sizing, WorkerPool
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
 
 TEXTS = [f"request number {i}: " + "word " * (i % 13) + ("a question?" if i % 2 else "a statement.") for i in range(48)]
 
@@ -110,14 +110,14 @@ def test_status_reports_counts_pool_threads_and_tracemalloc(new_runtime: Callabl
 
 
 def test_status_rejects_a_bad_top(onnx_runtime: Runtime) -> None:
-    from handler.errors import InvalidInputError
+    from handler.core.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError):
         onnx_runtime.handle({"warmstart": "status", "tracemalloc": True, "top": 0}, None)
 
 
 def test_managed_instances_mode_uses_workers_and_splits_threads(model_dir: object) -> None:
-    from handler.config import Config
+    from handler.core.config import Config
 
     env = {"AWS_LAMBDA_MAX_CONCURRENCY": "2"}
     rt = Runtime.start(Config(model_dir=model_dir, backend="onnx", warmup=False), environ=env, emit=None)  # type: ignore[arg-type]

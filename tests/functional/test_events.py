@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from handler.config import LAMBDA_PAYLOAD_LIMIT
-from handler.errors import RequestError
-from handler.runtime import Runtime
+from handler.core.config import LAMBDA_PAYLOAD_LIMIT
+from handler.core.errors import RequestError
+from handler.runtime.invocation import Runtime
 from tests.conftest import DIM, MODEL_KEY, event_names
 
 HTTP_OK = [

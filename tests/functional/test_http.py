@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from handler.config import LAMBDA_PAYLOAD_LIMIT
-from handler.http import Host, create_app
-from handler.runtime import Runtime
-from handler.workers import Sizing, WorkerPool
+from handler.core.config import LAMBDA_PAYLOAD_LIMIT
+from handler.http_host.routes import Host, create_app
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from handler.config import Config
-from handler.hosts import HostSettings
-from handler.http import Host, create_app
-from handler.runtime import Runtime
-from handler.workers import Sizing, WorkerPool
+from handler.core.config import Config
+from handler.http_host.routes import Host, create_app
+from handler.http_host.settings import HostSettings
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
 from tests.conftest import DIM, MODEL_KEY
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "a third, longer sentence so the batch pads"]

@@ -9,11 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from handler import logs
-from handler.http import Host, create_app
-from handler.metrics import PROMETHEUS
-from handler.runtime import Runtime
-from handler.workers import Sizing, WorkerPool
+from handler.http_host.routes import Host, create_app
+from handler.observability import logs
+from handler.observability.metrics import PROMETHEUS
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
 
 PARENT = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"
 ROOT = "1-5759e988-bd862e3fe1be46a994272793"

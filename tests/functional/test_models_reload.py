@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler.config import Config
-from handler.errors import ModelLoadError
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.core.errors import ModelLoadError
+from handler.runtime.invocation import Runtime
 from tests.conftest import MODEL_KEY
 from tests.model_versions import flip_byte, truncate, write_version
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler.config import Config
-from handler.registry import UnknownModelError
-from handler.reload import AdminNotAllowedError
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.models.registry import UnknownModelError
+from handler.models.reloader import AdminNotAllowedError
+from handler.runtime.invocation import Runtime
 from tests.conftest import MODEL_KEY
 from tests.model_versions import write_version
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from handler.errors import ConfigError, InvalidInputError
+from handler.core.errors import ConfigError, InvalidInputError
 from infra.pack.hf_pack import pack_from
 from tests.conftest import ROOT, start
 from tests.test_parity import cosine

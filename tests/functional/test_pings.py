@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from handler.errors import RequestError
-from handler.runtime import Runtime
+from handler.core.errors import RequestError
+from handler.runtime.invocation import Runtime
 from tests.conftest import MODEL_KEY, FakeContext, start
 
 PINGS = ["warmer.json", "serverless_plugin_warmup.json", "eventbridge_scheduled.json"]

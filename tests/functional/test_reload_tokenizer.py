@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from handler.config import Config
-from handler.manifest import MANIFEST_NAME, sha256_file
-from handler.runtime import Runtime
-from handler.tokens import TextEncoder, shared_encoder
+from handler.core.config import Config
+from handler.core.manifest import MANIFEST_NAME, sha256_file
+from handler.runtime.invocation import Runtime
+from handler.tasks.tokens import TextEncoder, shared_encoder
 from tests.model_versions import write_version
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from handler.errors import RequestError
+from handler.core.errors import RequestError
 from tests.conftest import TinyModel
 
 X = [[1.0, 2.0, 3.0], [-0.5, 0.25, 4.0]]
@@ -188,9 +188,9 @@ def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A model with one input per dtype a manifest allows, each passed through by Identity."""
     from onnx import helper, save_model
 
-    from handler.config import Config
-    from handler.manifest import DTYPES
-    from handler.runtime import Runtime
+    from handler.core.config import Config
+    from handler.core.manifest import DTYPES
+    from handler.runtime.invocation import Runtime
     from infra.pack import pack_onnx
 
     tmp = tmp_path_factory.mktemp("dtypes")
@@ -209,8 +209,8 @@ def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_in_range_lists_convert_to_every_dtype(every_dtype: Any) -> None:
-    from handler.arrays import int_range
-    from handler.manifest import DTYPES
+    from handler.core.manifest import DTYPES
+    from handler.tasks.arrays import int_range
 
     inputs: dict[str, Any] = {}
     for d in DTYPES:

@@ -16,9 +16,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from handler.arrays import NPY_MAGIC, from_list, from_npy, int_range
-from handler.errors import InvalidInputError
-from handler.manifest import DTYPES
+from handler.core.errors import InvalidInputError
+from handler.core.manifest import DTYPES
+from handler.tasks.arrays import NPY_MAGIC, from_list, from_npy, int_range
 
 LIMIT = 1 << 24
 NUMERIC = [d for d in DTYPES if d != "bool"]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from handler.backends import create_backend
-from handler.errors import ConfigError
-from handler.manifest import load_manifest
+from handler.backends.contract import create_backend
+from handler.core.errors import ConfigError
+from handler.core.manifest import load_manifest
 from infra.pack import pack_onnx
 from tests.conftest import start, write_tiny_onnx
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler import prefetch
-from handler.config import Config
-from handler.fingerprint import cpu_fingerprint, cpu_flags
-from handler.runtime import Runtime
+from handler.backends.fingerprint import cpu_fingerprint, cpu_flags
+from handler.core.config import Config
+from handler.runtime import prefetch
+from handler.runtime.invocation import Runtime
 from infra.pack.optimize import OPT_DATA, OPT_FILE, OptimizeError, optimize, remove
 from tests.conftest import ROOT, write_tiny_onnx
 
@@ -72,7 +72,14 @@ def test_numpy_imported_first_is_reported_as_too_late() -> None:
 
 # -- the import chain --------------------------------------------------------------------------------------
 
-DEFERRED = {"handler.reload", "handler.status", "handler.workers", "handler.snapshot", "hashlib", "shutil"}
+DEFERRED = {
+    "handler.models.reloader",
+    "handler.runtime.status",
+    "handler.runtime.workers",
+    "handler.runtime.snapshot",
+    "hashlib",
+    "shutil",
+}
 
 
 def test_single_model_init_imports_no_deferred_module(model_dir: Path) -> None:
@@ -104,6 +111,17 @@ def test_prefetch_plan_reads_libraries_first_then_the_model_in_touch_order(model
     assert all(p.is_file() for p in paths)
     model_only = prefetch.plan({"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"}, libs=False)
     assert all(p.parent == model_dir for p, _ in model_only)
+
+
+def test_prefetch_finds_the_embedded_default_model_where_init_does() -> None:
+    # prefetch cannot import handler.core.config (it runs before any import): its copy of the rule must agree,
+    # or a start without WARMSTART_MODEL silently prefetches no model (it did when the modules moved a level down).
+    from handler.core.config import DEFAULT_MODEL_DIRS
+
+    expected = next((d for d in DEFAULT_MODEL_DIRS if d.is_dir()), None)
+    assert expected is not None, "make setup packs models/default"
+    assert prefetch._model_dir({}) == expected
+    assert any(p.parent == expected for p, _ in prefetch.plan({"WARMSTART_BACKEND": "onnx"}, libs=False))
 
 
 def test_prefetch_takes_the_optimized_files_only_when_they_fit_this_cpu(optimized_dir: Path) -> None:
@@ -208,7 +226,7 @@ def test_a_mismatch_falls_back_to_the_portable_model_with_a_report_line(
 
 
 def test_optimize_refuses_outputs_that_differ_and_remove_undoes_it(tmp_path: Path, monkeypatch: Any) -> None:
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
     from infra.pack import optimize as module
     from infra.pack import pack_onnx
 
@@ -259,8 +277,8 @@ def proved_dir(optimized_dir: Path) -> Path:
 
 
 def test_the_tokenizer_shortcut_gives_the_json_tokenizers_ids_on_hard_cases(proved_dir: Path) -> None:
-    from handler.manifest import load_manifest
-    from handler.tokens import TextEncoder, usable_shortcut
+    from handler.core.manifest import load_manifest
+    from handler.tasks.tokens import TextEncoder, usable_shortcut
     from infra.pack.wordpiece import HARD_CASES
 
     manifest = load_manifest(proved_dir)
@@ -285,8 +303,8 @@ def test_init_uses_the_shortcut_and_the_switch_turns_it_off(proved_dir: Path) ->
 
 
 def test_a_proof_for_another_tokenizer_file_is_not_used(proved_dir: Path) -> None:
-    from handler.manifest import load_manifest
-    from handler.tokens import usable_shortcut
+    from handler.core.manifest import load_manifest
+    from handler.tasks.tokens import usable_shortcut
 
     manifest = load_manifest(proved_dir)
     stale = {**manifest.tokenizer, "shortcut": {**manifest.tokenizer["shortcut"], "proof": {"tokenizer_sha256": "0"}}}
@@ -325,7 +343,7 @@ def test_the_proof_catches_ids_that_differ(proved_dir: Path, tmp_path: Path, mon
 def test_layers_build_optimizes_only_for_the_pinned_onnxruntime(tmp_path: Path) -> None:
     import onnxruntime
 
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
     from infra.pack import pack_onnx
     from layers.build import optimize_for_layer
 

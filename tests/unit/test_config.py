@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.config import DEFAULT_MODEL_DIRS, Config
-from handler.errors import ConfigError
+from handler.core.config import DEFAULT_MODEL_DIRS, Config
+from handler.core.errors import ConfigError
 
 
 def test_defaults_from_an_empty_environment() -> None:

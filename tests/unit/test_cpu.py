@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.cpu import cpu_budget
+from handler.core.cpu import cpu_budget
 
 
 @pytest.fixture

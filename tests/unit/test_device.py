@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from handler.device import probe_cuda
+from handler.backends.device import probe_cuda
 
 
 def test_cpu_mode_is_not_usable_and_says_why() -> None:

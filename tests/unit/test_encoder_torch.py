@@ -1,4 +1,4 @@
-"""handler.encoder_torch against `transformers`' own models: tiny random BERT / RoBERTa / XLM-RoBERTa /
+"""handler.backends.encoder_torch against `transformers`' own models: tiny random BERT / RoBERTa / XLM-RoBERTa /
 DistilBERT / MPNet built from their config classes, saved with safetensors, mapped into the plain-torch encoder;
 hidden states, sentence-transformers pooling and classification heads agree within 1e-5. Nothing is
 downloaded."""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from handler.encoder_torch import EncoderConfig, HFEncoder, weight_names
-from handler.weights import mmap_safetensors
+from handler.backends.encoder_torch import EncoderConfig, HFEncoder, weight_names
+from handler.backends.weights import mmap_safetensors
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import awslambdaric.__main__ as ric
 import pytest
 
 from handler import __main__ as entry
-from handler import serve
+from handler.http_host import server as serve
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from handler import config as config_module
-from handler.config import Config
-from handler.errors import ConfigError
-from handler.hosts import DEFAULT_DRAIN_S, MB, HostSettings, detect_host
+from handler.core import config as config_module
+from handler.core.config import Config
+from handler.core.errors import ConfigError
+from handler.http_host.settings import DEFAULT_DRAIN_S, MB, HostSettings, detect_host
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from handler import report
-from handler.config import Config
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.observability import report
+from handler.runtime.invocation import Runtime
 from tests.conftest import MODEL_KEY
 
 KEYS = {

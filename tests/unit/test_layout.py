@@ -33,7 +33,7 @@ def test_every_handler_module_imports_without_pack_time_packages(model_dir: Path
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "handler.app" in result["imported"] and "handler.backend_torch" in result["imported"]
+    assert "handler.app" in result["imported"] and "handler.backends.pytorch" in result["imported"]
     assert not set(result["top"]) & PACK_TIME, sorted(set(result["top"]) & PACK_TIME)
 
 
@@ -128,7 +128,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles() -> None:
     graph = module_graph()
-    assert "handler.runtime" in graph and "infra.local.server" in graph
+    assert "handler.runtime.invocation" in graph and "infra.local.server" in graph
     assert cycles(graph) == []
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from handler import logs, metrics, trace
-from handler.runtime import Runtime
+from handler.observability import logs, metrics, trace
+from handler.runtime.invocation import Runtime
 
 ROOT = "1-5759e988-bd862e3fe1be46a994272793"
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.errors import ModelLoadError
-from handler.manifest import load_manifest, verify_sha256
-from handler.runtime import Runtime
+from handler.core.errors import ModelLoadError
+from handler.core.manifest import load_manifest, verify_sha256
+from handler.runtime.invocation import Runtime
 from infra.pack import pack_onnx
 from tests.conftest import MODEL_KEY, start, write_tiny_onnx
 

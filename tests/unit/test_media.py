@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from handler.media import (
+from handler.api.media import (
     NotAcceptableError,
     UnsupportedMediaTypeError,
     npy_answer,

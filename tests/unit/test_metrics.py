@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from handler import logs, metrics
-from handler.errors import ConfigError
+from handler.core.errors import ConfigError
+from handler.observability import logs, metrics
 
 LAMBDA = {"AWS_LAMBDA_FUNCTION_NAME": "fn", "AWS_LAMBDA_FUNCTION_VERSION": "7"}
 MODEL = "m@1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from handler.config import DEFAULT_MODEL_DIRS, Config
-from handler.errors import ConfigError
+from handler.core.config import DEFAULT_MODEL_DIRS, Config
+from handler.core.errors import ConfigError
 
 
 def test_defaults_leave_a_single_local_model() -> None:

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from handler.manifest import load_manifest, sha256_file
+from handler.core.manifest import load_manifest, sha256_file
 from infra.pack import PAGE, pack_onnx
 from tests.conftest import write_tiny_onnx
 

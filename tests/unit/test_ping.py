@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from handler.errors import InvalidInputError
-from handler.ping import hold_ms, is_ping
+from handler.api.ping import hold_ms, is_ping
+from handler.core.errors import InvalidInputError
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler.pool import MIN_CLASS, BufferPool, PoolError, current_arena, size_class
+from handler.backends.pool import MIN_CLASS, BufferPool, PoolError, current_arena, size_class
 
 
 def test_size_classes_are_powers_of_two_from_one_page() -> None:

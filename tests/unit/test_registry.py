@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from handler.errors import ConfigError, InvalidInputError
-from handler.loader import Loaded
-from handler.manifest import load_manifest
-from handler.pool import BufferPool
-from handler.registry import MB, ModelBudgetError, Registry, UnknownModelError, requested_model, weights_bytes
+from handler.backends.pool import BufferPool
+from handler.core.errors import ConfigError, InvalidInputError
+from handler.core.manifest import load_manifest
+from handler.models.loader import Loaded
+from handler.models.registry import MB, ModelBudgetError, Registry, UnknownModelError, requested_model, weights_bytes
 
 
 class Clock:

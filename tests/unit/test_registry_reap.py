@@ -9,7 +9,7 @@ import time
 import weakref
 from pathlib import Path
 
-from handler.registry import Registry
+from handler.models.registry import Registry
 from tests.unit.test_registry import Clock, fake_load, fake_model
 
 

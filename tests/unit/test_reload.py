@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler.config import Config
-from handler.errors import ModelLoadError
-from handler.reload import ReloadInProgressError, Sources, Watcher
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.core.errors import ModelLoadError
+from handler.models.reloader import ReloadInProgressError, Sources, Watcher
+from handler.runtime.invocation import Runtime
 from tests.conftest import write_tiny_onnx
 from tests.model_versions import flip_byte, truncate
 
@@ -132,7 +132,7 @@ def test_a_damaged_version_is_refused_and_the_old_one_keeps_serving(
 
 
 def test_a_bad_admin_event_is_an_invalid_input(versions: dict[str, Version]) -> None:
-    from handler.errors import InvalidInputError
+    from handler.core.errors import InvalidInputError
 
     rt = start(versions["1.0"].dir)
     with pytest.raises(InvalidInputError, match='needs "model"'):
@@ -311,7 +311,7 @@ def test_s3_pointer_reload_with_moto(
 ) -> None:
     boto3 = pytest.importorskip("boto3")
     moto = pytest.importorskip("moto")
-    from handler import s3fetch
+    from handler.models import s3fetch
 
     for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
@@ -357,7 +357,7 @@ def test_s3_reloads_prune_the_cache_to_what_is_served(
     go on indefinitely, the cache holds what is served, and status says so."""
     boto3 = pytest.importorskip("boto3")
     moto = pytest.importorskip("moto")
-    from handler import s3fetch
+    from handler.models import s3fetch
 
     for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
@@ -397,7 +397,7 @@ def test_s3_reloads_prune_the_cache_to_what_is_served(
 
 
 def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
-    from handler.registry import ModelBudgetError
+    from handler.models.registry import ModelBudgetError
     from infra.pack import pack_onnx
 
     dirs = []
@@ -415,8 +415,8 @@ def test_a_reload_that_cannot_fit_the_budget_is_refused(tmp_path: Path) -> None:
 def test_a_paced_hash_steps_aside_while_requests_run_and_still_catches_corruption(
     versions: dict[str, Version], tmp_path: Path
 ) -> None:
-    from handler.loader import verify_paced
-    from handler.manifest import load_manifest
+    from handler.core.manifest import load_manifest
+    from handler.models.loader import verify_paced
 
     bad = versions["2.0"].copy(tmp_path / "bad")
     manifest = load_manifest(bad)

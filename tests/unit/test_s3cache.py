@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from handler import s3cache
-from handler.s3cache import MARKER, describe, flock, hold, prune
+from handler.models import s3cache
+from handler.models.s3cache import MARKER, describe, flock, hold, prune
 
 
 def published(cache: Path, name: str, fetched_at: float, mb: int = 1) -> Path:

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from handler import s3fetch
-from handler.errors import ConfigError, InsufficientStorageError, ModelFetchError, ModelLoadError
-from handler.manifest import load_manifest, sha256_file
-from handler.runtime import Runtime
-from handler.s3fetch import drop_clients, fetch_model, parse_s3_uri, read_pointer
+from handler.core.errors import ConfigError, InsufficientStorageError, ModelFetchError, ModelLoadError
+from handler.core.manifest import load_manifest, sha256_file
+from handler.models import s3fetch
+from handler.models.s3fetch import drop_clients, fetch_model, parse_s3_uri, read_pointer
+from handler.runtime.invocation import Runtime
 from tests.conftest import DEFAULT_MODEL, ROOT
 
 BUCKET = "warmstart-models"
@@ -54,11 +54,11 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 @pytest.fixture(scope="module", autouse=True)
 def forget_s3fetch_afterwards() -> Iterator[None]:
-    """Leave no `handler.s3fetch` in sys.modules for the tests after these: the runtime's snapshot hook
+    """Leave no `handler.models.s3fetch` in sys.modules for the tests after these: the runtime's snapshot hook
     treats "imported" as "a model came from S3" (tests/unit/test_snapshot.py counts what it released)."""
     yield
     drop_clients()
-    sys.modules.pop("handler.s3fetch", None)
+    sys.modules.pop("handler.models.s3fetch", None)
     vars(sys.modules["handler"]).pop("s3fetch", None)
 
 
@@ -442,7 +442,7 @@ def test_the_client_is_built_lazily_cached_and_dropped(tiny: Model, tmp_path: Pa
 
 
 def test_importing_s3fetch_does_not_import_boto3() -> None:
-    probe = "import sys, handler.s3fetch; print(sorted(m for m in ('boto3', 'botocore') if m in sys.modules))"
+    probe = "import sys, handler.models.s3fetch; print(sorted(m for m in ('boto3', 'botocore') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler import snapshot
-from handler.config import Config
-from handler.device import CudaProbe
-from handler.errors import ConfigError
-from handler.runtime import Runtime
-from handler.snapshot import SnapshotHooks, reseed, snapshot_mode
+from handler.backends.device import CudaProbe
+from handler.core.config import Config
+from handler.core.errors import ConfigError
+from handler.runtime import snapshot
+from handler.runtime.invocation import Runtime
+from handler.runtime.snapshot import SnapshotHooks, reseed, snapshot_mode
 
 SNAP = {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from handler.config import LAMBDA_PAYLOAD_LIMIT
-from handler.errors import (
+from handler.api.sources import Direct, decode_body, infer_source, unsupported_source
+from handler.core.config import LAMBDA_PAYLOAD_LIMIT
+from handler.core.errors import (
     InvalidEncodingError,
     InvalidJSONError,
     PayloadTooLargeError,
     UnsupportedEventSourceError,
 )
-from handler.sources import Direct, decode_body, infer_source, unsupported_source
 from tests.conftest import event_names
 
 EXPECTED = {

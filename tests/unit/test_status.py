@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from handler import status
-from handler.config import Config
-from handler.errors import ConfigError, InvalidInputError
-from handler.runtime import Runtime
+from handler.core.config import Config
+from handler.core.errors import ConfigError, InvalidInputError
+from handler.runtime import status
+from handler.runtime.invocation import Runtime
 
 
 @pytest.fixture(autouse=True)

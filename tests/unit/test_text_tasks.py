@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.backends import create_backend
-from handler.config import Config
-from handler.errors import (
+from handler.backends.contract import create_backend
+from handler.core.config import Config
+from handler.core.errors import (
     ConfigError,
     InputTooLongError,
     InvalidEncodingError,
@@ -26,12 +26,12 @@ from handler.errors import (
     ModelLoadError,
     TooManyInputsError,
 )
-from handler.manifest import Manifest, load_manifest
-from handler.scoring import softmax
-from handler.tasks import TASKS, EmbeddingTask
-from handler.text_io import float_lists, shortest_floats
-from handler.text_tasks import ClassifyTask, RerankTask
-from handler.types import Arrays
+from handler.core.manifest import Manifest, load_manifest
+from handler.core.types import Arrays
+from handler.tasks.catalog import TASKS, EmbeddingTask
+from handler.tasks.scored import ClassifyTask, RerankTask
+from handler.tasks.scoring import softmax
+from handler.tasks.text import float_lists, shortest_floats
 
 WORDS = "the quick brown fox jumps over lazy dog query passage a b c d e f g h".split()  # noqa: SIM905
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", ":", *WORDS]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from handler.errors import ModelLoadError
-from handler.weights import mmap_safetensors
+from handler.backends.weights import mmap_safetensors
+from handler.core.errors import ModelLoadError
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from handler.errors import ServiceBusyError
-from handler.workers import Sizing, WorkerPool, decide, sizing_from_environ
+from handler.core.errors import ServiceBusyError
+from handler.runtime.workers import Sizing, WorkerPool, decide, sizing_from_environ
 
 
 def test_grows_only_after_a_sustained_backlog_with_cpu_to_spare() -> None:

@@ -1,0 +1,1 @@
+"""The backend contract and its engines (ONNX Runtime, PyTorch): weights, device, buffers."""

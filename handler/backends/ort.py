@@ -1,0 +1,212 @@
+"""ONNX Runtime backend (the `onnxruntime-gpu` package): CUDA provider when a device is usable, CPU otherwise."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from handler.backends.contract import BackendSettings
+from handler.backends.fingerprint import cpu_fingerprint
+from handler.backends.pool import current_arena
+from handler.core.errors import ModelLoadError
+from handler.core.manifest import Manifest
+from handler.core.types import Arrays, BackendName
+from handler.observability.report import PhaseTimer
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+_CUDA_OPTIONS = {
+    # EXHAUSTIVE (the default) benchmarks every conv algorithm on first run: seconds of first-call latency.
+    "cudnn_conv_algo_search": "DEFAULT",
+    "arena_extend_strategy": "kSameAsRequested",
+}
+_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+# (name, dtype, dims): each dim an int, or the name of an input's symbolic dim to take from the feeds.
+OutputSpec = tuple[str, Any, list[int | str]]
+
+
+class OnnxBackend:
+    name: BackendName = "onnx"
+
+    def __init__(self) -> None:
+        self.session: ort.InferenceSession | None = None
+        self.providers: list[str] = []
+        self.device_reason = ""
+        self.threads = 0
+        # Whether the pre-optimized, prepacked model was used, or why not: the init report's "coldstart".
+        self.optimized: dict[str, Any] = {"used": False, "reason": "not packed"}
+        self._outputs: list[str] = []
+        self._bound: list[OutputSpec] | None = None  # None: some output's shape is unknowable before the run
+        self._symbols: list[tuple[str, int, str]] = []  # (input, axis, symbol) to read dims off the feeds
+        self._bindings: list[Any] = []  # idle IOBinding objects: one per in-flight run, reused
+        # Binding outputs pays where ORT would otherwise copy device → fresh host memory (CUDA). On CPU with
+        # small outputs (MiniLM: 1.5 KB a vector) the Python binding calls cost ~100 us a run measured here,
+        # ~3% of a batch-1 call, for nothing: plain `run` there unless WARMSTART_ORT_IOBINDING=1.
+        self.bind_outputs = False
+        self._lock = threading.Lock()
+
+    def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
+        path = manifest.path(manifest.backends["onnx"]["model"])
+        optimized, self.optimized = optimized_model(manifest, settings)
+        if optimized is not None:
+            try:
+                self._create(optimized, settings, timer, preoptimized=True)
+                return
+            except ModelLoadError as e:  # never a failed start over a speed-up: the portable model follows
+                self.optimized = {"used": False, "reason": f"load failed: {e}"}
+        self._create(path, settings, timer, preoptimized=False)
+
+    def _create(self, path: Path, settings: BackendSettings, timer: PhaseTimer, preoptimized: bool) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = settings.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # EXTENDED fuses LayerNorm/GELU/attention patterns; ALL adds CPU-layout transforms that did not pay here.
+        # A pre-optimized model was saved after EXTENDED at pack time: running the passes again finds nothing.
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            if preoptimized
+            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        )
+        options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
+        if not settings.prepack:
+            # Prepacking copies MatMul weights into a packed layout: ~30 ms at init and a second copy in
+            # memory, for ~2x faster short-sequence inference. Off only when asked (WARMSTART_ORT_PREPACK=0).
+            options.add_session_config_entry("session.disable_prepacking", "1")
+        wanted = [(CUDA, _CUDA_OPTIONS), CPU] if settings.cuda.usable else [CPU]
+        self.device_reason = settings.cuda.reason
+        with timer.phase("session"):
+            try:
+                self.session = ort.InferenceSession(str(path), options, providers=wanted)
+            except Exception as e:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
+                raise ModelLoadError(f"{path}: ONNX Runtime could not load it: {e}") from None
+        # Trust what the session got, not what was available: a missing CUDA library falls back silently.
+        self.providers = self.session.get_providers()
+        if settings.cuda.usable and CUDA not in self.providers:
+            self.device_reason = f"{settings.cuda.reason}, but the CUDA provider failed to load (CUDA/cuDNN libraries?)"
+        self.threads = settings.threads
+        self._outputs = [o.name for o in self.session.get_outputs()]
+        self._plan_bound_outputs()
+        self.bind_outputs = CUDA in self.providers or os.environ.get("WARMSTART_ORT_IOBINDING") == "1"
+
+    def _plan_bound_outputs(self) -> None:
+        """Outputs whose every dim is fixed or named after an input's dim can be preallocated and bound."""
+        assert self.session is not None
+        self._symbols = [
+            (i.name, axis, d) for i in self.session.get_inputs() for axis, d in enumerate(i.shape) if isinstance(d, str)
+        ]
+        symbols = {s for _, _, s in self._symbols}
+        plan: list[OutputSpec] = []
+        for o in self.session.get_outputs():
+            dtype = _DTYPES.get(o.type)
+            if dtype is None or not all(isinstance(d, int) or d in symbols for d in o.shape):
+                self._bound = None
+                return
+            plan.append((o.name, dtype, list(o.shape)))
+        self._bound = plan
+
+    def warm_device(self) -> dict[str, Any]:
+        if CUDA not in self.providers:
+            return {"cuda": False, "reason": self.device_reason}
+        # The warm-up inference that follows runs real kernels on the device; here we only make sure the
+        # context and the arena exist before it, so its time is inference, not setup.
+        assert self.session is not None
+        value = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, 8), np.float32), "cuda", 0)
+        return {"cuda": True, "reason": self.device_reason, "allocated_on": value.device_name()}
+
+    def run(self, feeds: Arrays) -> Arrays:
+        """Inside a request's arena, outputs go into pooled buffers through IOBinding (valid until the arena
+        closes); otherwise, or when an output's shape is unknowable in advance, a plain `session.run`."""
+        assert self.session is not None
+        arena = current_arena()
+        if arena is None or self._bound is None or not self.bind_outputs:
+            return self._plain(feeds)
+        dims = {s: feeds[name].shape[axis] for name, axis, s in self._symbols}
+        outputs = {
+            name: arena.take(tuple(d if isinstance(d, int) else dims[d] for d in shape), dtype)
+            for name, dtype, shape in self._bound
+        }
+        with self._lock:
+            binding = self._bindings.pop() if self._bindings else self.session.io_binding()
+        try:
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            for name, array in outputs.items():
+                binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            self.session.run_with_iobinding(binding)
+        except Exception:
+            # A graph whose output dims are named like its inputs' but mean something else: fall back for good.
+            result = self._plain(feeds)
+            self._bound = None
+            return result
+        finally:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+            with self._lock:
+                self._bindings.append(binding)
+        return outputs
+
+    def _plain(self, feeds: Arrays) -> Arrays:
+        assert self.session is not None
+        results = self.session.run(self._outputs, feeds)
+        return dict(zip(self._outputs, results, strict=True))
+
+    def set_threads(self, threads: int) -> int:
+        # ORT builds its intra-op pool with the session and cannot resize it; rebuilding the session would
+        # unshare its prepacked weights from the template's pages. The session keeps what it was built with.
+        return self.threads
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "providers": self.providers,
+            "device": "cuda" if CUDA in self.providers else "cpu",
+            "device_reason": self.device_reason,
+            "threads": self.threads,
+            "onnxruntime": ort.__version__,
+        }
+
+
+def optimized_model(manifest: Manifest, settings: BackendSettings) -> tuple[Path | None, dict[str, Any]]:
+    """The pre-optimized model's path when it may be used here, and the report's line either way.
+
+    Its prepacked weights are in MLAS's layout for the ORT version and CPU features they were made with;
+    anything else would read them wrongly, so any difference means the portable model (never a wrong answer).
+    """
+    spec = manifest.backends["onnx"].get("optimized")
+    if not spec:
+        return None, {"used": False, "reason": "not packed (warmstart optimize)"}
+    if not settings.optimized:
+        return None, {"used": False, "reason": "off (WARMSTART_ORT_OPTIMIZED=0)"}
+    if settings.cuda.usable:
+        return None, {"used": False, "reason": "CUDA: prepacked weights are for the CPU provider"}
+    if not settings.prepack:
+        return None, {"used": False, "reason": "prepacking off (WARMSTART_ORT_PREPACK=0)"}
+    made_for = {"onnxruntime": spec.get("onnxruntime"), **{k: spec.get(k) for k in ("arch", "cpu_features")}}
+    here = {"onnxruntime": ort.__version__, **cpu_fingerprint()}
+    differs = [f"{k} {here[k]} != {made_for[k]}" for k in here if here[k] != made_for[k]]
+    if differs:
+        return None, {"used": False, "reason": "made for another target: " + "; ".join(differs), "made_for": made_for}
+    missing = [n for n in spec.get("files", []) if n not in manifest.files]
+    if missing or spec.get("model") not in manifest.files:
+        return None, {"used": False, "reason": f"files not in this copy of the model: {missing or spec.get('model')}"}
+    return manifest.path(spec["model"]), {"used": True, "model": spec["model"], "made_for": made_for}
+
+
+def create() -> OnnxBackend:
+    return OnnxBackend()

@@ -1,0 +1,280 @@
+"""The packed-model manifest: what a packed model directory holds and how to check it at init."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from handler.core.errors import ModelLoadError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "warmstart-packed-model"
+FORMAT_VERSION = 1
+TASKS = ("embedding", "rerank", "classify", "tensor")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]  # a str is a symbolic (free) dimension
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> TensorSpec:
+        try:
+            name, dtype, shape = raw["name"], raw["dtype"], raw["shape"]
+        except (TypeError, KeyError) as e:
+            raise ValueError(f"{where}: a tensor spec needs name, dtype and shape ({e})") from None
+        if dtype not in DTYPES:
+            raise ValueError(f"{where}: dtype {dtype!r} of {name!r}; valid: {', '.join(DTYPES)}")
+        return cls(str(name), dtype, tuple(d if isinstance(d, int) else str(d) for d in shape))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    id: str
+    version: str
+    task: str
+    default_backend: str
+    files: dict[str, FileEntry]
+    backends: dict[str, dict[str, Any]]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    pooling: dict[str, Any] = field(default_factory=dict)
+    max_seq_length: int | None = None
+    family: str | None = None
+    dimension: int | None = None  # embedding: the output width
+    prompts: dict[str, str] = field(default_factory=dict)  # embedding: prompt name → text prepended
+    default_prompt_name: str | None = None
+    activation: str | None = None  # rerank
+    labels: tuple[str, ...] = ()  # classify: id2label in id order
+    problem_type: str | None = None  # classify
+    unsupported_backends: dict[str, str] = field(default_factory=dict)  # backend → why it cannot run this model
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.id}@{self.version}"
+
+    def files_for(self, backend: str) -> list[str]:
+        """The files one backend needs (its weights, the tokenizer): what init checks and maps."""
+        names = list(self.backends[backend].get("files", []))
+        if self.tokenizer.get("file"):
+            names.append(self.tokenizer["file"])
+        return [n for n in names if n in self.files]
+
+    def path(self, name: str) -> Path:
+        if name not in self.files:
+            raise ModelLoadError(f"{self.root / MANIFEST_NAME}: file {name!r} is used but not listed in 'files'")
+        return self.root / name
+
+
+def load_manifest(root: Path) -> Manifest:
+    """Read and check a manifest: structure, and that every listed file exists with its listed size.
+
+    Sizes are cheap (one stat each) and catch truncated copies; SHA-256 is `verify_sha256`'s job.
+    """
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise ModelLoadError(
+            f"model directory {root} does not exist (set WARMSTART_MODEL or run `warmstart pack --default`)"
+        )
+    try:
+        raw = parse_json(path.read_bytes())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    try:
+        manifest = _parse(root, raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{path}: invalid manifest: {e}") from None
+    for name, entry in manifest.files.items():
+        file = root / name
+        try:
+            info = file.stat()
+        except FileNotFoundError:
+            raise ModelLoadError(f"{file}: listed in the manifest but missing") from None
+        except OSError as e:  # a parent that is a file (NotADirectoryError), no permission, a name too long
+            raise ModelLoadError(f"{file}: listed in the manifest as {name!r} but unreadable: {e.strerror}") from None
+        if not stat.S_ISREG(info.st_mode):  # a directory, or a FIFO that would block the first read forever
+            raise ModelLoadError(f"{file}: listed in the manifest as {name!r} but not a regular file")
+        size = info.st_size
+        if size != entry.size:
+            raise ModelLoadError(f"{file}: size {size} bytes, manifest says {entry.size} (truncated or replaced)")
+    return manifest
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object (JSON would keep only the last)")
+        out[key] = value
+    return out
+
+
+def parse_json(data: bytes | str) -> Any:
+    """A manifest's JSON, with a key given twice refused: `json.loads` would silently keep the last entry,
+    and two `files` entries for one name would check one size and SHA-256 and skip the other."""
+    return json.loads(data, object_pairs_hook=_no_duplicates)
+
+
+def check_file_name(name: str) -> None:
+    """A `files` name must be a canonical relative POSIX path inside the model directory: not empty, no NUL,
+    not absolute, no `..` or `.` parts, no `//` or trailing `/` (so two spellings never name one file)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"files entry {name!r}: an empty file name")
+    if "\0" in name:
+        raise ValueError(f"files entry {name!r}: the name holds a NUL byte")
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts:
+        raise ValueError(f"files entry {name!r}: must be relative and stay inside the model directory")
+    if PurePosixPath(name).as_posix() != name or not parts or "." in name.split("/"):
+        raise ValueError(f"files entry {name!r}: not a canonical relative path (no '.', '//' or trailing '/')")
+
+
+def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
+    if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"format must be {FORMAT!r} version {FORMAT_VERSION}")
+    task = raw["task"]
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}; valid tasks: {', '.join(TASKS)}")
+    files = {}
+    for name, entry in raw["files"].items():
+        check_file_name(name)
+        size, digest = entry["size"], entry["sha256"]
+        if type(size) is not int or size < 0:
+            raise ValueError(f"files entry {name!r}: size {size!r} is not a non-negative integer")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ValueError(f"files entry {name!r}: sha256 {digest!r} is not 64 lowercase hex digits")
+        files[name] = FileEntry(size, digest)
+    backends = {str(k): dict(v) for k, v in raw["backends"].items()}
+    if raw["default_backend"] not in backends:
+        raise ValueError(f"default_backend {raw['default_backend']!r} is not among backends {sorted(backends)}")
+    unsupported = raw.get("unsupported_backends") or {}
+    if not isinstance(unsupported, dict) or not all(isinstance(v, str) for v in unsupported.values()):
+        raise ValueError("unsupported_backends must be an object of backend name → reason (a string)")
+    if set(unsupported) & set(backends):
+        raise ValueError(f"backends {sorted(set(unsupported) & set(backends))} are both packed and unsupported")
+    return Manifest(
+        root=root,
+        id=str(raw["id"]),
+        version=str(raw["version"]),
+        task=task,
+        default_backend=str(raw["default_backend"]),
+        files=files,
+        backends=backends,
+        inputs=tuple(TensorSpec.parse(t, "inputs") for t in raw["inputs"]),
+        outputs=tuple(TensorSpec.parse(t, "outputs") for t in raw["outputs"]),
+        tokenizer=dict(raw.get("tokenizer") or {}),
+        pooling=dict(raw.get("pooling") or {}),
+        max_seq_length=raw.get("max_seq_length"),
+        family=_choice(raw, "family", FAMILIES),
+        dimension=_positive(raw, "dimension"),
+        unsupported_backends={str(k): v for k, v in unsupported.items()},
+        raw=raw,
+        **_task_fields(task, raw),
+    )
+
+
+def _choice(raw: dict[str, Any], key: str, valid: tuple[str, ...]) -> str | None:
+    value = raw.get(key)
+    if value is not None and value not in valid:
+        raise ValueError(f"{key} {value!r}; valid: {', '.join(valid)}")
+    return value
+
+
+def _positive(raw: dict[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{key} {value!r} is not a positive integer")
+    return value
+
+
+def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields only some tasks read, checked where that task needs them (a task's absent field is an error,
+    another task's is ignored)."""
+    out: dict[str, Any] = {}
+    if task == "embedding":
+        mode = (raw.get("pooling") or {}).get("mode")
+        if mode is not None and mode not in POOLING_MODES:
+            raise ValueError(f"pooling mode {mode!r}; valid: {', '.join(POOLING_MODES)}")
+        prompts = raw.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+        ):
+            raise ValueError("prompts must be an object of prompt name → text")
+        default = raw.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise ValueError(f"default_prompt_name {default!r} is not among prompts {sorted(prompts)}")
+        out.update(prompts=dict(prompts), default_prompt_name=default)
+    elif task == "rerank":
+        if raw.get("activation") is None:
+            raise ValueError(f"a rerank model needs 'activation'; valid: {', '.join(ACTIVATIONS)}")
+        out["activation"] = _choice(raw, "activation", ACTIVATIONS)
+    elif task == "classify":
+        labels = raw.get("labels")
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise ValueError("a classify model needs 'labels': a non-empty list of label names in id order")
+        out["labels"] = tuple(labels)
+        out["problem_type"] = _choice(raw, "problem_type", PROBLEM_TYPES) or PROBLEM_TYPES[0]
+    return out
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    import hashlib  # deferred: loads libcrypto (4.5 MB), and plain init hashes nothing (docs/coldstart.md)
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
+    """Hash the listed files (or `names`) and compare; reads every byte, so it is opt-in at init."""
+    for name in names if names is not None else list(manifest.files):
+        actual = sha256_file(manifest.root / name)
+        if actual != manifest.files[name].sha256:
+            raise ModelLoadError(
+                f"{manifest.root / name}: SHA-256 {actual[:16]}… does not match the manifest's "
+                f"{manifest.files[name].sha256[:16]}… (corrupt or replaced)"
+            )
+
+
+def replace_dir(staging: Path, out: Path) -> None:
+    """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
+    directory or the new one, never a mix (two renames; the old one is removed afterwards)."""
+    import shutil  # deferred: never needed by a plain init
+
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, out)

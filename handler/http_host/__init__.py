@@ -1,0 +1,1 @@
+"""The HTTP host (SageMaker, Cloud Run, Knative): routes, server, host settings, the drain."""

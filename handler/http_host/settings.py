@@ -1,0 +1,103 @@
+"""Which host runs this process, and what follows from it: the payload limit, the drain time, the port.
+
+One image serves every host (`python -m handler`), so the host is detected from what each platform sets:
+
+| host | detected by | payload limit |
+|---|---|---|
+| `lambda` | `AWS_LAMBDA_RUNTIME_API` | 6 MB (synchronous invoke) |
+| `sagemaker` | the `serve` argument, `SAGEMAKER_BIND_TO_PORT`, `SAGEMAKER_SAFE_PORT_RANGE` | 6 MB (real-time) |
+| `sagemaker-serverless` | only `WARMSTART_HOST` (the container cannot tell) | 4 MB |
+| `cloud-run` | `K_SERVICE` without `KUBERNETES_SERVICE_HOST` | 32 MB (HTTP/1) |
+| `knative` | `K_SERVICE` with `KUBERNETES_SERVICE_HOST` | 32 MB |
+| `kubernetes` | `KUBERNETES_SERVICE_HOST` | 32 MB |
+| `generic` | nothing of the above (a laptop, CI) | 6 MB (Lambda's, so local runs refuse what Lambda would) |
+
+`WARMSTART_HOST` names the host outright; `WARMSTART_MAX_PAYLOAD_BYTES` sets the limit whatever the host.
+The platform enforces its own limit before a request reaches us; ours is the backstop that keeps a body
+we would refuse anyway from being buffered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from handler.core.config import LAMBDA_PAYLOAD_LIMIT, env_int
+from handler.core.errors import ConfigError
+
+HostName = Literal["lambda", "sagemaker", "sagemaker-serverless", "cloud-run", "knative", "kubernetes", "generic"]
+HOST_NAMES: tuple[HostName, ...] = (
+    "lambda",
+    "sagemaker",
+    "sagemaker-serverless",
+    "cloud-run",
+    "knative",
+    "kubernetes",
+    "generic",
+)
+MB = 1024 * 1024
+PAYLOAD_LIMITS: dict[HostName, int] = {
+    "lambda": LAMBDA_PAYLOAD_LIMIT,
+    "sagemaker": 6 * MB,
+    "sagemaker-serverless": 4 * MB,
+    "cloud-run": 32 * MB,
+    "knative": 32 * MB,
+    "kubernetes": 32 * MB,
+    "generic": LAMBDA_PAYLOAD_LIMIT,
+}
+# Below every platform's kill deadline after SIGTERM: Cloud Run's 10 s (the tightest), Kubernetes' default
+# terminationGracePeriodSeconds of 30 s. A longer drain on Kubernetes needs a longer grace period too.
+DEFAULT_DRAIN_S = 8
+DEFAULT_PORT = 8080
+_SAGEMAKER_HINTS = ("SAGEMAKER_BIND_TO_PORT", "SAGEMAKER_SAFE_PORT_RANGE")
+
+
+def parse_host(value: str) -> HostName:
+    for name in HOST_NAMES:
+        if value == name:
+            return name
+    raise ConfigError(f"WARMSTART_HOST={value!r}; valid values: {', '.join(HOST_NAMES)}")
+
+
+def detect_host(environ: Mapping[str, str] | None = None, serve: bool = False) -> HostName:
+    env = os.environ if environ is None else environ
+    named = env.get("WARMSTART_HOST", "").strip()
+    if named:
+        return parse_host(named)
+    if env.get("AWS_LAMBDA_RUNTIME_API"):
+        return "lambda"
+    if serve or any(env.get(k) for k in _SAGEMAKER_HINTS):
+        return "sagemaker"
+    if env.get("K_SERVICE"):
+        return "knative" if env.get("KUBERNETES_SERVICE_HOST") else "cloud-run"
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return "kubernetes"
+    return "generic"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What the HTTP host needs to know about where it runs; `from_environ` reads it once at startup."""
+
+    name: HostName = "generic"
+    payload_limit: int = LAMBDA_PAYLOAD_LIMIT
+    drain_s: int = DEFAULT_DRAIN_S
+    port: int = DEFAULT_PORT
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None, serve: bool = False) -> HostSettings:
+        env = os.environ if environ is None else environ
+        name = detect_host(env, serve)
+        # SageMaker names the port in multi-container endpoints; every other host uses PORT.
+        port_key = "SAGEMAKER_BIND_TO_PORT" if env.get("SAGEMAKER_BIND_TO_PORT", "").strip() else "PORT"
+        return cls(
+            name=name,
+            payload_limit=env_int(env, "WARMSTART_MAX_PAYLOAD_BYTES", PAYLOAD_LIMITS[name], 1, 1 << 31),
+            drain_s=env_int(env, "WARMSTART_DRAIN_S", DEFAULT_DRAIN_S, 0, 3600),
+            port=env_int(env, port_key, DEFAULT_PORT, 1, 65535),
+        )
+
+    def describe_limit(self) -> str:
+        return f"{self.payload_limit} bytes ({self.name})"

@@ -1,0 +1,1 @@
+"""The model lifecycle: loader, registry, reload (admin, sources, watcher), S3 fetch and cache."""

@@ -1,0 +1,172 @@
+"""Load one packed model and make it ready to serve: the one code path of the init phase and of reloads.
+
+manifest → backend import → SHA-256 (when asked) → session with the threads the CPU quota allows → device
+warm-up → task → warm-up inference. `Runtime.start` runs it once for the default model; the registry runs it
+for extra models and the reloader for a standby version, so all of them are built exactly alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handler.backends.contract import Backend, BackendSettings, create_backend
+from handler.backends.device import probe_cuda
+from handler.backends.pool import BufferPool
+from handler.core.config import Config
+from handler.core.cpu import cpu_budget
+from handler.core.errors import ModelLoadError
+from handler.core.manifest import Manifest, load_manifest, verify_sha256
+from handler.observability.report import PhaseTimer
+from handler.tasks.catalog import TASKS, Task
+
+
+@dataclass
+class Loaded:
+    """A model ready to serve: what a request needs (task), and the facts status and reports show."""
+
+    manifest: Manifest
+    backend: Backend
+    task: Task
+    pool: BufferPool
+    cpus: int  # the CPU budget it was sized for (the worker pool is sized from it too)
+    facts: dict[str, Any]  # backend, providers, threads, device warm-up: the init report's middle part
+    weights_bytes: int  # the backend's files as the manifest lists them: what the memory budget counts
+    verified_files: int = 0  # files whose SHA-256 was checked while loading
+    warmup_error: str | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    # Which cold-start savings this load used, or why not (the init report's "coldstart").
+    coldstart: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.manifest.key
+
+
+def verify_paced(
+    manifest: Manifest, names: list[str], busy: Callable[[], bool], chunk: int = 1 << 20, pause_s: float = 0.004
+) -> None:
+    """`verify_sha256` that steps aside for requests: after each 1 MB (~1 ms of hashing) it sleeps 4 ms
+    while a request is running, so at most ~20% of a core goes to the hash then, and all of it when idle.
+    Bounded: a model of 90 MB takes at most ~0.45 s more under continuous load. (Lowering the thread's
+    priority instead, nice 10 or 19, starved the hash under saturating load: reloads of 4-7 s.)"""
+    import hashlib  # deferred: a plain init hashes nothing
+
+    for name in names:
+        path = manifest.root / name
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(chunk):
+                digest.update(block)
+                if busy():
+                    time.sleep(pause_s)
+        actual, expected = digest.hexdigest(), manifest.files[name].sha256
+        if actual != expected:
+            raise ModelLoadError(
+                f"{path}: SHA-256 {actual[:16]}… does not match the manifest's {expected[:16]}… (corrupt or replaced)"
+            )
+
+
+def max_concurrency(env: Mapping[str, str]) -> int:
+    raw = env.get("AWS_LAMBDA_MAX_CONCURRENCY", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def load_model(
+    model_dir: Path,
+    config: Config,
+    env: Mapping[str, str],
+    timer: PhaseTimer,
+    *,
+    pool: BufferPool | None = None,
+    verify_all: bool = False,
+    warmup: bool | None = None,
+    threads: int | None = None,
+    bound_by: str | None = None,
+    busy: Callable[[], bool] | None = None,
+) -> Loaded:
+    """Build and warm the model in `model_dir`; phases are recorded on `timer`.
+
+    `verify_all` hashes every file the manifest lists (a reload always does: the files just arrived);
+    otherwise the backend's files are hashed only when `config.verify_sha256`. `warmup=None` follows
+    `config.warmup`. `pool`: share one buffer pool across models (None: a new one for this device).
+    `threads`/`bound_by`: an intra-op thread count decided by the caller (a fork snapshot's template runs
+    one), instead of the CPU quota's. `busy`: is a request running now? When given (a reload beside live
+    requests), the hash is paced by it (`verify_paced`).
+    """
+    with timer.phase("manifest"):
+        manifest = load_manifest(model_dir)
+    name = config.backend or manifest.default_backend
+    with timer.phase("imports"):
+        backend = create_backend(name, manifest)
+    files = manifest.files_for(name)
+    verified = 0
+    if verify_all or config.verify_sha256:
+        checked = list(manifest.files) if verify_all else files
+        with timer.phase("sha256"):
+            if busy is None:
+                verify_sha256(manifest, checked)
+            else:
+                verify_paced(manifest, checked, busy)
+        verified = len(checked)
+    budget = cpu_budget(env)
+    # Lambda Managed Instances: awslambdaric forks one process per concurrency slot, each with its own
+    # session; their intra-op threads share the CPUs, so each gets its share instead of all of them.
+    slots = max_concurrency(env)
+    threads = threads or config.threads or max(1, budget.cpus // slots)
+    on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
+    cuda = probe_cuda(config.device)
+    settings = BackendSettings(
+        threads=threads,
+        cuda=cuda,
+        spin=not on_lambda and threads > 1,
+        prepack=env.get("WARMSTART_ORT_PREPACK", "1") != "0",
+        optimized=env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0",
+    )
+    backend.initialize(manifest, settings, timer)
+    with timer.phase("device"):
+        device = backend.warm_device()
+    with timer.phase("task"):
+        # Pinned host buffers only where a device will copy from them.
+        pool = pool or BufferPool.for_device(cuda.usable)
+        task: Task = TASKS[manifest.task](manifest, backend, config, pool)
+    warmup_error = None
+    if config.warmup if warmup is None else warmup:
+        with timer.phase("warmup"):
+            try:
+                task.warmup()
+            except Exception as e:
+                if manifest.task != "tensor":
+                    raise  # a text task warms up on real text: failing there, it would fail every request
+                # A generic model may reject all-zero inputs; that is not a reason to refuse to serve.
+                warmup_error = f"{type(e).__name__}: {e}"
+    facts = {
+        **backend.describe(),
+        "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": bound_by or budget.source, **budget.detail},
+        "device_warmup": device,
+    }
+    return Loaded(
+        manifest=manifest,
+        backend=backend,
+        task=task,
+        pool=pool,
+        cpus=budget.cpus,
+        facts=facts,
+        weights_bytes=sum(manifest.files[n].size for n in files),
+        verified_files=verified,
+        warmup_error=warmup_error,
+        phases_ms=dict(timer.phases),
+        coldstart={
+            k: v
+            for k, v in (("onnx_optimized", getattr(backend, "optimized", None)), ("tokenizer", _tokenizer(task)))
+            if v is not None
+        },
+    )
+
+
+def _tokenizer(task: Task) -> dict[str, Any] | None:
+    encoder = getattr(task, "encoder", None)
+    return getattr(encoder, "coldstart", None)

@@ -1,0 +1,1 @@
+"""What an instance says about itself: logs, metrics (EMF, Prometheus), traces, the init report."""

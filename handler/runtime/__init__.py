@@ -1,0 +1,1 @@
+"""One function instance: init, invocation, control replies, workers, snapshot hooks, prefetch."""

@@ -1,0 +1,174 @@
+"""Overlap init's disk reads with its CPU work: started at the first line of init, a thread asks the kernel to
+read (`posix_fadvise(WILLNEED)`: asynchronous readahead into the page cache) the files init will touch, in the
+order it touches them: the shared libraries of numpy, ONNX Runtime and tokenizers (imported first), then the
+packed model's files (the session maps the weights, the tokenizer file is read last).
+
+On a warm page cache this costs ~1 ms of a background thread. On a cold one (a new Lambda container reads its
+image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
+for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
+
+Stdlib only and no handler imports beyond `fingerprint`: it runs before numpy is imported. Switch:
+WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+MODES = ("all", "model", "off")
+# The shared libraries each backend's imports load, in import order, as globs under site-packages (targeted:
+# walking numpy's whole tree would cost the CPU this is meant to save). CUDA/TensorRT providers load only with
+# a device (and are hundreds of MB), so they are never prefetched.
+_NUMPY = ("numpy", ("numpy.libs/*.so*", "numpy/_core/_multiarray_umath*.so", "numpy/linalg/_umath_linalg*.so"))
+_TOKENIZERS = ("tokenizers", ("tokenizers/*.so",))
+_LIBS = {
+    # The Python module embeds the runtime: libonnxruntime.so (the C API's copy, 28 MB) is never loaded.
+    "onnx": (
+        _NUMPY,
+        ("onnxruntime", ("onnxruntime/capi/*pybind11_state*.so", "onnxruntime/capi/*_shared.so")),
+        _TOKENIZERS,
+    ),
+    "torch": (_NUMPY, _TOKENIZERS),
+}
+_SKIP = ("providers_cuda", "providers_tensorrt")
+
+_started: Prefetch | None = None
+
+
+# A file and the [offset, length] ranges to read from it (None: all of it).
+Item = tuple[Path, "list[list[int]] | None"]
+
+
+class Prefetch:
+    def __init__(self, files: list[Item], mode: str) -> None:
+        self.files = files
+        self.mode = mode
+        self.bytes = 0
+        self.issued_ms = 0.0
+        self.error: str | None = None
+        self.t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="warmstart-prefetch", daemon=True)
+
+    def _run(self) -> None:
+        for path, ranges in self.files:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # a file the manifest names but that is absent: init reports it, not us
+            try:
+                # The kernel queues the reads and returns; the I/O completes in the background.
+                if ranges is None:
+                    self.bytes += os.fstat(fd).st_size
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                for offset, length in ranges or ():
+                    self.bytes += length
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            except OSError as e:
+                self.error = f"{path.name}: {e}"
+            finally:
+                os.close(fd)
+        self.issued_ms = round((time.perf_counter() - self.t0) * 1000, 3)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "files": len(self.files),
+            "mb": round(self.bytes / 2**20, 1),
+            "issued_ms": self.issued_ms,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+def start(environ: Mapping[str, str] | None = None) -> Prefetch | None:
+    """Start the prefetch thread once per process (None: switched off, or nothing to read)."""
+    global _started
+    if _started is not None:
+        return _started
+    env = os.environ if environ is None else environ
+    mode = (env.get("WARMSTART_PREFETCH") or "all").strip()
+    if mode not in MODES:
+        mode = "all"  # never fail init over a hint; `report()` shows what ran
+    if mode == "off" or not hasattr(os, "posix_fadvise"):
+        return None
+    try:
+        files = plan(env, libs=mode == "all")
+    except Exception:  # a missing or broken manifest is init's error to report, with its own message
+        return None
+    if not files:
+        return None
+    _started = Prefetch(files, mode)
+    _started._thread.start()
+    return _started
+
+
+def report() -> dict[str, Any]:
+    return _started.report() if _started is not None else {"mode": "off"}
+
+
+def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
+    """The files (and for the pre-optimized data, the ranges the session reads), in the order init touches
+    them."""
+    model_dir = _model_dir(env)
+    if model_dir is None:
+        return []
+    raw = json.loads((model_dir / "manifest.json").read_bytes())
+    backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
+    spec = raw["backends"].get(backend)
+    if spec is None:
+        return []
+    files: list[Item] = [(p, None) for p in _libraries(backend)] if libs else []
+    names = list(spec.get("files", []))
+    ranges: dict[str, list[list[int]]] = {}
+    optimized = spec.get("optimized")
+    if optimized and _fits(optimized) and env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0":
+        names = list(optimized.get("files", [])) or names  # the session will open these instead
+        ranges = optimized.get("touched_ranges") or {}
+    tokenizer = raw.get("tokenizer") or {}
+    shortcut = tokenizer.get("shortcut") or {}
+    shortcut_on = env.get("WARMSTART_TOKENIZER_SHORTCUT", "1") not in ("0", "false", "no", "off")
+    if shortcut.get("vocab") in raw.get("files", {}) and shortcut_on:
+        names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
+    elif tokenizer.get("file"):
+        names.append(tokenizer["file"])
+    return files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
+
+
+def _fits(optimized: Mapping[str, Any]) -> bool:
+    from handler.backends.fingerprint import cpu_fingerprint
+
+    fp = cpu_fingerprint()
+    return bool(optimized.get("arch") == fp["arch"] and optimized.get("cpu_features") == fp["cpu_features"])
+
+
+def _model_dir(env: Mapping[str, str]) -> Path | None:
+    # The same rule as handler.core.config (a local WARMSTART_MODEL, else the embedded default), without importing
+    # it here; an s3:// model is fetched by init, nothing to prefetch before that.
+    raw = env.get("WARMSTART_MODEL", "").strip()
+    if "://" in raw:
+        return None
+    if raw:
+        return Path(raw)
+    root = Path(__file__).resolve().parents[2]  # handler/runtime/prefetch.py → the code root
+    for candidate in (root / "models" / "default", Path("/opt/models/default")):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _libraries(backend: str) -> list[Path]:
+    out: list[Path] = []
+    for package, patterns in _LIBS.get(backend, ()):
+        spec = find_spec(package)  # locates the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        site = Path(next(iter(spec.submodule_search_locations))).parent
+        for pattern in patterns:
+            out += [p for p in sorted(site.glob(pattern)) if not any(s in p.name for s in _SKIP)]
+    return out

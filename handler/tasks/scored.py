@@ -1,0 +1,97 @@
+"""The scoring text tasks: rerank (a cross-encoder) and classify (a sequence classifier).
+
+`rerank`:   {"query", "documents": ["...", ...], "top_n"?, "return_documents"?}
+            → {"results": [{"index", "relevance_score", "document"?: {"text"}}], "model", "usage"}, highest
+            score first (Cohere's, Jina's and vLLM's shape); the scores are the model's own output, activation
+            included, as `CrossEncoder.predict` gives them.
+`classify`: {"inputs": [...], "top_k"?} → {"predictions": [[{"label", "score"}, ...], ...], "model", "usage"},
+            softmax (single label) or sigmoid (multi label) over the logits, as `transformers`' pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from handler.backends.contract import Backend
+from handler.backends.pool import BufferPool
+from handler.core.config import Config
+from handler.core.errors import InvalidInputError, TooManyInputsError
+from handler.core.manifest import Manifest
+from handler.core.types import JSON
+from handler.tasks.scoring import rank, sigmoid, softmax
+from handler.tasks.text import TextModel, check_text, check_texts, flag, float_lists, positive_int, require_object
+
+
+class RerankTask(TextModel):
+    name = "rerank"
+
+    def documents(self, body: dict[str, Any]) -> list[str]:
+        """Strings, or Cohere's `{"text": "..."}` objects; WARMSTART_MAX_INPUTS counts documents."""
+        docs = require_object(body, "documents")["documents"]
+        if not isinstance(docs, list):
+            raise InvalidInputError(f'"documents" must be a list of strings, got {type(docs).__name__}')
+        if not docs:
+            raise InvalidInputError('"documents" is empty; send at least one string')
+        if len(docs) > self.max_inputs:
+            raise TooManyInputsError(
+                f"{len(docs)} documents; at most {self.max_inputs} per request (WARMSTART_MAX_INPUTS)"
+            )
+        return [
+            check_text(d["text"] if isinstance(d, dict) and "text" in d else d, f"documents[{i}]", self.max_chars)
+            for i, d in enumerate(docs)
+        ]
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        body = require_object(payload, "query")
+        query = check_text(body["query"], "query", self.max_chars)
+        docs = self.documents(body)
+        top_n = positive_int(body, "top_n")  # more than there are documents: all of them
+        with_docs = flag(body, "return_documents")
+        scores, tokens = self.run_copy([(query, doc) for doc in docs])
+        scores = scores.reshape(len(docs))
+        order = rank(scores, top_n)
+        values = float_lists(scores[order])
+        results: list[dict[str, Any]] = []
+        for i, score in zip(order.tolist(), values, strict=True):
+            item: dict[str, Any] = {"index": i, "relevance_score": score}
+            if with_docs:
+                item["document"] = {"text": docs[i]}
+            results.append(item)
+        return {"results": results, "model": self.model, "usage": {"tokens": tokens}}
+
+    def warmup(self) -> None:
+        # One pair, then a padded batch of two: both shapes a first real request takes.
+        self.run_copy([("warm-up query", "warm-up")])
+        self.run_copy([("warm-up query", "a"), ("warm-up query", "a slightly longer warm-up passage, so it pads")])
+
+
+class ClassifyTask(TextModel):
+    name = "classify"
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
+        super().__init__(manifest, backend, config, pool)
+        self.labels = manifest.labels
+        self.multi_label = manifest.problem_type == "multi_label_classification"
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        body = require_object(payload, "inputs")
+        texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
+        top_k = positive_int(body, "top_k")  # more than there are labels: all of them
+        logits, tokens = self.run_copy(texts)
+        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+            raise RuntimeError(f"the model gave logits of shape {list(logits.shape)} for {len(self.labels)} labels")
+        probs = (sigmoid(logits) if self.multi_label else softmax(logits)).astype(np.float32)
+        predictions = []
+        for row in probs:
+            order = rank(row, top_k)
+            scores = float_lists(row[order])
+            predictions.append(
+                [{"label": self.labels[j], "score": s} for j, s in zip(order.tolist(), scores, strict=True)]
+            )
+        return {"predictions": predictions, "model": self.model, "usage": {"tokens": tokens}}
+
+    def warmup(self) -> None:
+        self.run_copy(["warm-up"])
+        self.run_copy(["warm-up", "a slightly longer warm-up passage, so the batch needs padding"])

@@ -1,0 +1,215 @@
+"""What the text tasks share: request checks (texts, limits, options), the tokenizer and feeds, and compact
+float serialization.
+
+Floats: a float32 printed through Python's float64 `repr` takes up to 17 significant digits
+(`0.03929934650659561`) where 9 at most name it exactly (`0.039299347`). `shortest_floats` returns, for
+each float32, the float64 nearest to the float32's shortest round-tripping decimal, so any JSON encoder
+(ours, awslambdaric's) writes the short text, and reading it back as float32 gives the same float32.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from handler.backends.contract import Backend
+from handler.backends.pool import BufferPool, current_arena
+from handler.core.config import Config
+from handler.core.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
+from handler.core.manifest import Manifest
+from handler.core.types import JSON
+from handler.tasks.tokens import TextEncoder, shared_encoder, usable_shortcut
+
+ENCODING_FORMATS = ("float", "base64")
+Text = str | tuple[str, str]  # one text, or a (query, document) pair
+
+
+def require_object(payload: JSON, required: str = "inputs") -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise InvalidInputError(f'request must be a JSON object with "{required}", got {type(payload).__name__}')
+    if required not in payload:
+        raise InvalidInputError(f'request has no "{required}" field')
+    return payload
+
+
+def check_text(text: Any, where: str, max_chars: int) -> str:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{where} must be a string, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise InputTooLongError(f"{where} has {len(text)} characters; at most {max_chars} (WARMSTART_MAX_CHARS)")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate from a JSON escape such as "\ud800"
+            raise InvalidEncodingError(f"{where} is not valid Unicode: {e.reason} at {e.start}") from None
+    return text
+
+
+def check_texts(value: Any, field: str, max_inputs: int, max_chars: int, single: bool = True) -> list[str]:
+    """A list of strings (or one string, where `single`), non-empty, within the count and length limits."""
+    if single and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise InvalidInputError(f'"{field}" must be a list of strings, got {type(value).__name__}')
+    if not value:
+        raise InvalidInputError(f'"{field}" is empty; send at least one string')
+    if len(value) > max_inputs:
+        raise TooManyInputsError(f"{len(value)} {field}; at most {max_inputs} per request (WARMSTART_MAX_INPUTS)")
+    return [check_text(text, f"{field}[{i}]", max_chars) for i, text in enumerate(value)]
+
+
+def positive_int(body: dict[str, Any], key: str, most: int | None = None) -> int | None:
+    """An optional integer option in 1..most (no upper bound when `most` is None); None when absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    valid = f"1 to {most}" if most is not None else "1 or more"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most is not None and value > most):
+        raise InvalidInputError(f'"{key}" is {value!r}; valid: an integer, {valid}')
+    return value
+
+
+def flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidInputError(f'"{key}" must be true or false, got {value!r}')
+    return value
+
+
+def encoding_format(body: dict[str, Any]) -> str:
+    value = body.get("encoding_format") or "float"
+    if value not in ENCODING_FORMATS:
+        raise InvalidInputError(f'"encoding_format" is {value!r}; valid: {", ".join(ENCODING_FORMATS)}')
+    return str(value)
+
+
+def prompt_for(body: dict[str, Any], prompts: dict[str, str], default_name: str | None) -> str:
+    """sentence-transformers' rule: an explicit `prompt` wins, else `prompt_name`'s text, else the model's
+    default prompt (none for most models). Both given is ambiguous, so refused."""
+    prompt, name = body.get("prompt"), body.get("prompt_name")
+    if prompt is not None and name is not None:
+        raise InvalidInputError('send "prompt" or "prompt_name", not both')
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise InvalidInputError(f'"prompt" must be a string, got {type(prompt).__name__}')
+        return prompt
+    if name is None:
+        return prompts[default_name] if default_name is not None else ""
+    if name not in prompts:
+        valid = ", ".join(sorted(prompts)) if prompts else "none (this model has no prompts)"
+        raise InvalidInputError(f'"prompt_name" {name!r} is not one of this model\'s prompts; valid: {valid}')
+    return prompts[name]
+
+
+def _exact_scale(values: npt.NDArray[np.float64], places: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """values * 10^places rounded to integers, then scaled back: one correctly rounded division (or product)
+    of two exact numbers, so the result is the float64 nearest to the decimal (10^|p| is exact up to 22)."""
+    scale = 10.0 ** np.abs(places)
+    up = places >= 0
+    digits = np.where(up, np.round(values * scale), np.round(values / scale))
+    return np.where(up, digits / scale, digits * scale)
+
+
+_MIDPOINT_MASK, _MIDPOINT = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
+
+
+def shortest_floats(array: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """float32 values as the float64s their shortest round-tripping decimals parse to (same shape).
+
+    Vectorized: for k = 1..9 significant digits, the nearest k-digit decimal is kept where it reads back as
+    the same float32 (the nearest is the first to fit when any k-digit decimal does). A candidate lying
+    exactly on a float32 rounding midpoint is skipped, so a parser reading the text straight to float32
+    agrees with one going through float64. Magnitudes outside 1e-13..1e13 (where 10^p may be inexact;
+    never an embedding's or a score's) and anything left go through numpy's shortest repr, one at a time.
+    """
+    src = np.asarray(array, dtype=np.float32)
+    out = src.astype(np.float64)
+    flat = out.reshape(-1)
+    magnitude = np.abs(flat)
+    # 0, inf and nan print the same either way; 1e-13..1e13 keeps every 10^p below exact (|p| <= 21).
+    todo = np.flatnonzero((magnitude >= 1e-13) & (magnitude < 1e13))
+    rest = np.flatnonzero(np.isfinite(flat) & (flat != 0) & ((magnitude < 1e-13) | (magnitude >= 1e13)))
+    want = src.reshape(-1)[todo]
+    values = flat[todo]
+    exponent = np.floor(np.log10(np.abs(values))).astype(np.int64)
+    for k in range(1, 10):
+        if not todo.size:
+            break
+        candidate = _exact_scale(values, (k - 1) - exponent)
+        fits = candidate.astype(np.float32) == want
+        fits &= (candidate.view(np.uint64) & _MIDPOINT_MASK) != _MIDPOINT
+        flat[todo[fits]] = candidate[fits]
+        keep = ~fits
+        todo, want, values, exponent = todo[keep], want[keep], values[keep], exponent[keep]
+    for i in np.concatenate([todo, rest]).tolist():
+        flat[i] = float(str(src.reshape(-1)[i]))  # str: numpy 2's repr says "np.float32(...)"
+    return out
+
+
+def float_lists(array: npt.NDArray[np.float32]) -> Any:
+    """Nested lists of Python floats whose JSON is float32's shortest text."""
+    return shortest_floats(array).tolist()
+
+
+def base64_rows(array: npt.NDArray[np.float32]) -> list[str]:
+    """Each row as base64 of its little-endian float32 bytes (OpenAI's `encoding_format: "base64"`)."""
+    rows = np.ascontiguousarray(array, dtype="<f4")
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
+
+
+class TextModel:
+    """A text model's tokenizer and backend: texts (or pairs) → feeds in pooled buffers → named outputs.
+
+    `token_type_ids` is fed only when the model's inputs list it (BERT-style pair models); the tokenizer's
+    type ids mark the second text of a pair."""
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
+        tok = manifest.tokenizer
+        max_length = int(tok.get("truncation") or manifest.max_seq_length or 512)
+        name = tok.get("file", "tokenizer.json")
+        entry = manifest.files.get(name)
+        # Shared with a loaded version whose tokenizer file has the same SHA-256 and settings: a reload to
+        # such a version neither parses nor drops a tokenizer (each holds the GIL for milliseconds).
+        # A WordPiece tokenizer built from the vocabulary, where a pack-time proof says it is the same (faster).
+        vocab, why = usable_shortcut(manifest.root, tok, manifest.files)
+        shortcut = (vocab, tok["shortcut"]["settings"]) if vocab and config.tokenizer_shortcut else None
+        self.encoder: TextEncoder = shared_encoder(
+            manifest.path(name), max_length, int(tok.get("pad_id", 0)), entry.sha256 if entry else None, shortcut
+        )
+        if shortcut is None and not self.encoder.coldstart.get("shortcut"):
+            self.encoder.coldstart["reason"] = (
+                why if config.tokenizer_shortcut else "off (WARMSTART_TOKENIZER_SHORTCUT=0)"
+            )
+        self.backend = backend
+        self.model = manifest.key
+        self.output = manifest.outputs[0].name
+        self.type_ids = any(spec.name == "token_type_ids" for spec in manifest.inputs)
+        self.max_inputs = config.max_inputs
+        self.max_chars = config.max_chars
+        self.pool = pool or BufferPool()
+
+    def _run(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
+        """Token ids and mask in pooled buffers, outputs bound to pooled buffers; the caller holds the arena."""
+        encodings = self.encoder.tokenize(texts)
+        arena = current_arena()
+        assert arena is not None
+        shape = (len(encodings), len(encodings[0].ids))
+        ids, mask = arena.take(shape, np.int64), arena.take(shape, np.int64)
+        self.encoder.fill(encodings, ids, mask)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if self.type_ids:
+            feeds["token_type_ids"] = types = arena.take(shape, np.int64)
+            self.encoder.fill_type_ids(encodings, types)
+        out = self.backend.run(feeds)[self.output]
+        return out, int(mask.sum())
+
+    def run_copy(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
+        with self.pool.request():
+            out, tokens = self._run(texts)
+            return out.copy(), tokens  # a copy: the pooled buffer goes back when the arena closes
