@@ -146,11 +146,12 @@ def serve(port: int) -> None:
     from starlette.routing import Mount, Route
     from tokenizers import Tokenizer
 
-    from handler.http_host.routes import Host, create_app
+    from handler.http_host.host import Host
+    from handler.http_host.routes import create_app
 
     rt = start_runtime()
     host = Host(lambda: rt)
-    host.runtime  # noqa: B018  (init before serving: a mounted app's lifespan does not run)
+    host.start()  # init before serving: a mounted app's lifespan does not run
     session = rt.backend.session
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     tok.enable_truncation(256)

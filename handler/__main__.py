@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from handler.runtime.invocation import Runtime
 
 HANDLER = "handler.app.lambda_handler"
 USAGE = "usage: python -m handler [serve | MODULE.FUNCTION]"
+
+
+def lambda_runtime() -> Runtime:
+    """The process's one runtime: importing `handler.app` is the init phase, exactly as on Lambda."""
+    from handler import app  # deferred: the import runs init (seconds), when the host starts
+
+    return app.runtime
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
     from handler.http_host.server import serve_http
 
-    serve_http(sagemaker=serve)
+    serve_http(lambda_runtime, sagemaker=serve)
 
 
 if __name__ == "__main__":

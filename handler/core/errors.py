@@ -4,6 +4,16 @@ invokes, and HTTP sources put it in `{"error": {"type": ...}}`."""
 from __future__ import annotations
 
 
+def error_body(type_name: str, message: str) -> dict[str, dict[str, str]]:
+    """The one error body every HTTP answer carries: `{"error": {"type", "message"}}`."""
+    return {"error": {"type": type_name, "message": message}}
+
+
+def internal_error_body(error: BaseException) -> dict[str, dict[str, str]]:
+    """A fault of ours (not the request's), as the body of a 500: the class and message, never a traceback."""
+    return error_body("InternalError", f"{type(error).__name__}: {error}")
+
+
 class WarmstartError(Exception):
     """Base of every error warmstart raises on purpose."""
 
@@ -14,7 +24,7 @@ class RequestError(WarmstartError):
     status = 400
 
     def to_body(self) -> dict[str, dict[str, str]]:
-        return {"error": {"type": type(self).__name__, "message": str(self)}}
+        return error_body(type(self).__name__, str(self))
 
 
 class InvalidJSONError(RequestError):

@@ -4,8 +4,8 @@ Compatible APIs (`handler.api.compat`): OpenAI `POST /v1/embeddings`; text-embed
 `/rerank`, `/predict`, `GET /info`, `/health`. Every answer is JSON (or .npy when asked), 404 and 405 too.
 Graceful shutdown on SIGTERM: `handler.http_host.drain`.
 
-Same runtime as Lambda: by default the instance `handler.app` builds on import, so the init phase runs once
-per process (at startup, before the port accepts connections), and the same task and error contract
+Same runtime as Lambda: `python -m handler` starts it by importing `handler.app`, so the init phase runs once
+per process (at startup, before the port accepts connections), with the same task and error contract
 (`{"error": {"type", "message"}}` with 400/405/413; 503 when the queue is full). Inference runs on the
 bounded worker pool; pings, health and status are answered on the event loop, never queued behind it.
 
@@ -18,7 +18,6 @@ Only this module (and `python -m handler` in HTTP mode) imports starlette: it is
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -31,64 +30,21 @@ from starlette.routing import Route
 from handler.api import compat
 from handler.api.media import request_kind, response_kind
 from handler.api.sources import MethodNotAllowedError
-from handler.core.cpu import cpu_budget
-from handler.core.errors import PayloadTooLargeError, RequestError, ServiceBusyError, UnsupportedRequestError
-from handler.http_host.drain import Drain
-from handler.http_host.settings import HostSettings
-from handler.models.reloader import AdminNotAllowedError
+from handler.core.errors import (
+    PayloadTooLargeError,
+    RequestError,
+    ServiceBusyError,
+    UnsupportedRequestError,
+    error_body,
+    internal_error_body,
+)
+from handler.http_host.host import Host
+from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
-from handler.observability.prometheus import CONTENT_TYPE_LATEST, Prometheus
-from handler.runtime.invocation import Runtime
-from handler.runtime.workers import WorkerPool, sizing_from_environ
+from handler.observability.prometheus import CONTENT_TYPE_LATEST
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
-def lambda_runtime() -> Runtime:
-    """The process's one runtime: importing `handler.app` is the init phase, exactly as on Lambda."""
-    from handler import app  # deferred: the import runs init (seconds), at startup and not at import of this module
-
-    return app.runtime
-
-
-class Host:
-    """Owns the runtime and its worker pool; both are made once, on first need."""
-
-    def __init__(
-        self,
-        start: Callable[[], Runtime] = lambda_runtime,
-        workers: WorkerPool | None = None,
-        settings: HostSettings | None = None,
-    ) -> None:
-        self._start = start
-        self._runtime: Runtime | None = None
-        self._workers = workers
-        self.settings = settings or HostSettings()
-        self.drain = Drain(self.settings.drain_s)
-        self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
-
-    @property
-    def runtime(self) -> Runtime:
-        if self._runtime is None:
-            self._runtime = self._start()
-            if self._workers is None:
-                cpus = cpu_budget(os.environ).cpus
-                self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
-            self._runtime.workers = self._workers
-            self.prometheus = Prometheus(self._runtime.backend.name)
-            self.prometheus.init_report(self._runtime.init_report)
-            self._runtime.metrics = self.prometheus
-        return self._runtime
-
-    @property
-    def workers(self) -> WorkerPool:
-        self.runtime  # noqa: B018  (makes both)
-        assert self._workers is not None
-        return self._workers
-
-    def close(self) -> None:
-        if self._workers is not None:
-            self._workers.shutdown()
+TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
 
 
 class NotFoundError(UnsupportedRequestError):
@@ -116,63 +72,65 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(host: Host | None = None) -> Starlette:
-    host = host or Host()
-    drain = host.drain
+class Routes:
+    """The host's route handlers, one named method each; `create_app` maps paths onto them."""
 
-    def inference(route: compat.Route) -> Callable[[Request], Awaitable[Response]]:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.drain = host.drain
+
+    def inference(self, route: compat.Route) -> Callable[[Request], Awaitable[Response]]:
+        """The handler for one inference route (native `/invocations` or a compatible API's path)."""
+
         async def endpoint(request: Request) -> Response:
-            try:
-                if request.method != "POST":
-                    raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
-                drain.check()
-                content = request_kind(request.headers.get("content-type"))
-                accept = response_kind(request.headers.get("accept"))
-                # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
-                trace_id, echo = trace.from_headers(request.headers)
-                raw = await _read_body(request, host.settings.payload_limit)
-                drain.check()  # the body may have taken a while
-                runtime, limit, request_id = (
-                    host.runtime,
-                    host.settings.payload_limit,
-                    request.headers.get("x-request-id"),
-                )
-                future = host.workers.submit(
-                    runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id
-                )
-                status, body, media = await drain.track(future)
-            except RequestError as e:
-                host.runtime.count("rejected")
-                return _error(e)
-            return Response(body, status, headers=echo, media_type=media)
+            return await self.infer(route, request)
 
         return endpoint
 
-    def healthy() -> Response | None:
+    async def infer(self, route: compat.Route, request: Request) -> Response:
+        host, drain = self.host, self.drain
+        try:
+            if request.method != "POST":
+                raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
+            drain.check()
+            content = request_kind(request.headers.get("content-type"))
+            accept = response_kind(request.headers.get("accept"))
+            # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
+            trace_id, echo = trace.from_headers(request.headers)
+            raw = await _read_body(request, host.settings.payload_limit)
+            drain.check()  # the body may have taken a while
+            runtime, limit, request_id = host.runtime, host.settings.payload_limit, request.headers.get("x-request-id")
+            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id)
+            status, body, media = await drain.track(future)
+        except RequestError as e:
+            host.runtime.count("rejected")
+            return _error(e)
+        return Response(body, status, headers=echo, media_type=media)
+
+    def healthy(self) -> Response | None:
         """None while serving; a 503 once draining (the platform then stops sending requests here)."""
-        if drain.draining:
-            return JSONResponse({"status": "draining", "instance_id": host.runtime.instance_id}, 503)
+        if self.drain.draining:
+            return JSONResponse({"status": "draining", "instance_id": self.host.runtime.instance_id}, 503)
         return None
 
-    async def ping(request: Request) -> Response:
+    async def ping(self, request: Request) -> Response:
         # SageMaker marks the container healthy on 200; answered here, on the loop, without the model.
-        runtime = host.runtime
+        runtime = self.host.runtime
         runtime.count("ping")
-        if host.prometheus is not None:
-            host.prometheus.ping(runtime.manifest.key)
-        return healthy() or JSONResponse(
+        if self.host.prometheus is not None:
+            self.host.prometheus.ping(runtime.manifest.key)
+        return self.healthy() or JSONResponse(
             {"status": "ok", "instance_id": runtime.instance_id, "model": runtime.manifest.key}
         )
 
-    async def healthz(request: Request) -> Response:
-        return healthy() or JSONResponse({"ok": True})
+    async def healthz(self, request: Request) -> Response:
+        return self.healthy() or JSONResponse({"ok": True})
 
-    async def info(request: Request) -> Response:
+    async def info(self, request: Request) -> Response:
         """text-embeddings-inference's `GET /info`, from what this instance knows."""
-        runtime = host.runtime
-        manifest, workers = runtime.manifest, host.workers
-        kinds = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}
-        kind = kinds.get(manifest.task, manifest.task)
+        runtime, workers = self.host.runtime, self.host.workers
+        manifest = runtime.manifest
+        kind = TASK_KINDS.get(manifest.task, manifest.task)
         return JSONResponse(
             {
                 "model_id": manifest.id,
@@ -187,8 +145,8 @@ def create_app(host: Host | None = None) -> Starlette:
             }
         )
 
-    async def status(request: Request) -> Response:
-        runtime = host.runtime
+    async def status(self, request: Request) -> Response:
+        runtime = self.host.runtime
         if "tracemalloc" in request.query_params:
             # Tracing slows every allocation in the process: the operator starts it, not whoever reaches the port.
             runtime.count("rejected")
@@ -202,26 +160,29 @@ def create_app(host: Host | None = None) -> Starlette:
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
         return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
 
-    async def metrics(request: Request) -> Response:
-        host.runtime  # noqa: B018  (makes the registry)
-        assert host.prometheus is not None
-        return Response(host.prometheus.exposition(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response:
+        self.host.start()  # the registry is made with the runtime
+        assert self.host.prometheus is not None
+        return Response(self.host.prometheus.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        host.runtime  # noqa: B018  (init now, before the port serves requests)
-        drain.bind(asyncio.get_running_loop(), host.workers)
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.host.start()  # init now, before the port serves requests
+        self.drain.bind(asyncio.get_running_loop(), self.host.workers)
         yield
-        host.close()
+        self.host.close()
 
-    routes = [Route(r.path, inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
+
+def create_app(host: Host) -> Starlette:
+    handlers = Routes(host)
+    routes = [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
     routes += [
-        Route("/ping", ping, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/health", healthz, methods=["GET"]),  # text-embeddings-inference's name for it
-        Route("/info", info, methods=["GET"]),
-        Route("/status", status, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/ping", handlers.ping, methods=["GET"]),
+        Route("/healthz", handlers.healthz, methods=["GET"]),
+        Route("/health", handlers.healthz, methods=["GET"]),  # text-embeddings-inference's name for it
+        Route("/info", handlers.info, methods=["GET"]),
+        Route("/status", handlers.status, methods=["GET"]),
+        Route("/metrics", handlers.metrics, methods=["GET"]),
     ]
     paths = ", ".join(sorted(r.path for r in routes))
 
@@ -231,16 +192,14 @@ def create_app(host: Host | None = None) -> Starlette:
             return _error(NotFoundError(f"no route {request.url.path}; routes: {paths}"))
         if exc.status_code == 405:
             return _error(MethodNotAllowedError(f"method {request.method} is not allowed on {request.url.path}"))
-        body = {"error": {"type": "HTTPError", "message": str(exc.detail)}}
-        return JSONResponse(body, exc.status_code, headers=exc.headers)
+        return JSONResponse(error_body("HTTPError", str(exc.detail)), exc.status_code, headers=exc.headers)
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Never starlette's plain-text 500: the same JSON error contract as every other answer.
-        body = {"error": {"type": "InternalError", "message": f"{type(exc).__name__}: {exc}"}}
-        return JSONResponse(body, 500)
+        return JSONResponse(internal_error_body(exc), 500)
 
     return Starlette(
         routes=routes,
-        lifespan=lifespan,
+        lifespan=handlers.lifespan,
         exception_handlers={HTTPException: http_error, Exception: internal_error},
     )

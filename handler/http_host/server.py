@@ -6,14 +6,16 @@ Only `python -m handler` in HTTP mode imports this module (uvicorn is never on L
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 import uvicorn
 
 from handler.http_host.drain import Drain
-from handler.http_host.routes import Host, create_app
+from handler.http_host.host import Host
+from handler.http_host.routes import create_app
 from handler.http_host.settings import HostSettings
+from handler.runtime.invocation import Runtime
 
 
 class DrainingServer(uvicorn.Server):
@@ -29,10 +31,13 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def server(environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> DrainingServer:
+def server(
+    start: Callable[[], Runtime], environ: Mapping[str, str] | None = None, sagemaker: bool = False
+) -> DrainingServer:
+    """uvicorn serving the host's app; `start` builds the runtime (the entry point's: importing handler.app)."""
     env = os.environ if environ is None else environ
     settings = HostSettings.from_environ(env, serve=sagemaker)
-    host = Host(settings=settings)
+    host = Host(start, settings=settings)
     config = uvicorn.Config(
         create_app(host),
         # All interfaces by default, on purpose: in a container (SageMaker, Cloud Run, Knative) requests arrive
@@ -51,5 +56,5 @@ def server(environ: Mapping[str, str] | None = None, sagemaker: bool = False) ->
     return DrainingServer(config, host.drain)
 
 
-def serve_http(environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> None:
-    server(environ, sagemaker).run()
+def serve_http(start: Callable[[], Runtime], environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> None:
+    server(start, environ, sagemaker).run()

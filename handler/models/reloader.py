@@ -22,153 +22,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from handler.core.config import Config, is_s3
-from handler.core.errors import InvalidInputError, RequestError, WarmstartError
+from handler.core.config import Config
+from handler.core.errors import InvalidInputError, WarmstartError, error_body
 from handler.core.manifest import load_manifest
-from handler.core.types import JSON
+from handler.models.admin import ReloadInProgressError
 from handler.models.loader import Loaded, load_model, verify_paced
+from handler.models.origins import ModelSources
 from handler.models.registry import Registry, release_memory, weights_bytes
 from handler.observability.report import PhaseTimer
 
 log = logging.getLogger("warmstart")
 
-ADMIN_ACTIONS = ("reload", "models")
 # How long freeing a replaced version waits for a moment with no request in flight before it goes ahead.
 IDLE_WAIT_S = 0.5
-Fetch = Callable[..., Path]  # handler.models.s3fetch.fetch_model's shape: (uri, *, environ=..., backend=...) -> Path
-ReadPointer = Callable[[str], tuple[str, str]]  # (pointer uri) -> (model uri, ETag)
-
-
-class AdminNotAllowedError(RequestError):
-    """An admin event (`{"warmstart": "reload" | "models"}`) arrived through an HTTP source; only direct
-    invokes (which need `lambda:InvokeFunction` on the function) may manage models."""
-
-    status = 403
-
-
-class ReloadInProgressError(RequestError):
-    """Another reload is still running; one at a time (each holds a second copy of a model in memory)."""
-
-    status = 409
-
-
-def admin_action(payload: JSON) -> str | None:
-    if not isinstance(payload, dict):
-        return None
-    action = payload.get("warmstart")
-    return action if action in ADMIN_ACTIONS else None
-
-
-def _s3fetch() -> Any:
-    # Deferred: boto3 is imported only when an s3:// source is used, never on the plain init path.
-    from handler.models import s3fetch
-
-    return s3fetch
-
-
-class Sources:
-    """Where models come from: a local packed-model directory as it is, an `s3://` URI fetched (and
-    verified) into the local cache by part A's `fetch_model`. Both callables may be injected (tests)."""
-
-    def __init__(
-        self,
-        fetch: Fetch | None = None,
-        read_pointer: ReadPointer | None = None,
-        environ: Mapping[str, str] | None = None,
-        backend: str | None = None,
-    ) -> None:
-        self._fetch = fetch
-        self._read_pointer = read_pointer
-        self._env = environ
-        self._backend = backend
-        # The S3 cache (handler.models.s3cache): what the registry serves (`attach`), what was fetched and not yet
-        # handed to it (a reload between its fetch and its swap), the cache directories used, what was pruned.
-        self._held: Callable[[], Iterable[Path]] = tuple
-        self._pending: set[Path] = set()
-        self._cache_dirs: set[Path] = set()
-        self._lock = threading.Lock()
-        self.pruned: list[str] = []  # the last 20 directories removed
-        self.pruned_count = 0
-
-    def resolve(self, source: str) -> Path:
-        if not is_s3(source):
-            return Path(source)
-        if self._fetch is not None:
-            return self._fetch(source, environ=self._env, backend=self._backend or "default")
-        # Only the files the chosen backend maps ("default": the manifest's): half the download and /tmp
-        # for a model packed for both onnx and torch.
-        path: Path = _s3fetch().fetch_model(
-            source, environ=self._env, backend=self._backend or "default", keep=self.keep
-        )
-        with self._lock:
-            self._pending.add(path)
-            self._cache_dirs.add(path.parent)
-        return path
-
-    # -- the S3 cache --------------------------------------------------------------------------------------
-
-    def attach(self, held: Callable[[], Iterable[Path]]) -> None:
-        """What the registry serves or may load (`Registry.paths`): never pruned."""
-        self._held = held
-
-    def keep(self) -> set[Path]:
-        with self._lock:
-            pending = set(self._pending)
-        return {*self._held(), *pending}
-
-    def settle(self) -> None:
-        """The registry now knows every fetched directory it uses (after init, after a reload's swap or
-        failure): fetched-but-unused ones become prunable."""
-        with self._lock:
-            self._pending.clear()
-
-    def prune(self) -> list[str]:
-        """Remove from the cache what no process of the instance serves or is about to (no-op without S3)."""
-        if not self._cache_dirs:
-            return []
-        from handler.models import s3cache  # deferred: only instances that fetched from S3 come here
-
-        removed = [name for root in sorted(self._cache_dirs) for name in s3cache.prune(root, self.keep())]
-        if removed:
-            with self._lock:
-                self.pruned = [*self.pruned, *removed][-20:]
-                self.pruned_count += len(removed)
-            log.warning("model cache: removed %s (nothing serves them)", ", ".join(removed))
-        return removed
-
-    def describe_cache(self) -> list[dict[str, Any]] | None:
-        """What each cache directory holds, for status; None when no model came from S3."""
-        if not self._cache_dirs:
-            return None
-        from handler.models import s3cache
-
-        keep = self.keep()
-        return [
-            {**s3cache.describe(root, keep), "pruned": self.pruned_count, "last_pruned": list(self.pruned)}
-            for root in sorted(self._cache_dirs)
-        ]
-
-    def read_pointer(self, uri: str) -> tuple[str, str]:
-        if self._read_pointer is not None:
-            return self._read_pointer(uri)
-        pointer: tuple[str, str] = _s3fetch().read_pointer(uri, environ=self._env)
-        return pointer
-
-
-def initial_source(config: Config, env: Mapping[str, str], sources: Sources) -> tuple[str, str | None]:
-    """The default model's source at init, and the pointer's ETag when the pointer chose it: an explicit
-    WARMSTART_MODEL wins; else the pointer (read once, here: the instance starts on the current version);
-    else the embedded default directory."""
-    if config.model_uri:
-        return config.model_uri, None
-    if config.model_pointer and not env.get("WARMSTART_MODEL", "").strip():
-        uri, etag = sources.read_pointer(config.model_pointer)
-        return uri, etag
-    return str(config.model_dir), None
 
 
 class Reloader:
@@ -177,13 +47,13 @@ class Reloader:
         registry: Registry,
         config: Config,
         env: Mapping[str, str],
-        sources: Sources | None = None,
+        sources: ModelSources | None = None,
         pointer_etag: str | None = None,
     ) -> None:
         self.registry = registry
         self.config = config
         self.env = env
-        self.sources = sources or Sources(environ=env, backend=config.backend)
+        self.sources = sources or ModelSources(environ=env, backend=config.backend)
         self._busy = threading.Lock()
         self._running: str | None = None
         self.last: dict[str, Any] | None = None  # the last reload's result or failure (status shows it)
@@ -277,7 +147,7 @@ class Reloader:
             self.last = {
                 "ok": False,
                 "source": source,
-                "error": {"type": type(e).__name__, "message": str(e)},
+                **error_body(type(e).__name__, str(e)),
                 "serving": self.registry.default_key,
                 "phases_ms": dict(timer.phases),
                 "at": time.time(),
@@ -409,70 +279,3 @@ def _with_serving(error: Exception, serving: str) -> Exception:
         except TypeError:
             pass
     return error
-
-
-class Watcher:
-    """The timer thread: idle unload and the pointer check. Started only when either is configured.
-
-    For SnapStart: `before_snapshot()` stops it (a snapshot must not capture a thread in the middle of an
-    S3 read) and `after_restore()` starts it again with a pointer check at once: a snapshot may be restored
-    long after it was taken, and the pointer may have moved since."""
-
-    def __init__(self, reloader: Reloader, interval_s: float | None = None) -> None:
-        self.reloader = reloader
-        config = reloader.config
-        intervals = [float(config.pointer_check_s)] if config.model_pointer else []
-        if config.idle_unload_s:
-            intervals.append(max(1.0, config.idle_unload_s / 4))
-        self.interval_s = interval_s or min(intervals, default=60.0)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._next_pointer = time.monotonic() + (config.pointer_check_s if reloader.pointer_etag else 0)
-        self.errors = 0
-
-    @staticmethod
-    def wanted(config: Config) -> bool:
-        return bool(config.model_pointer or config.idle_unload_s)
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="warmstart-models", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def before_snapshot(self) -> list[str]:
-        # S3 clients are dropped by Runtime.release_for_snapshot, watcher or not.
-        self.stop()
-        return ["models-watcher"]
-
-    def after_restore(self) -> list[str]:
-        self._next_pointer = 0.0
-        self.start()
-        return ["models-watcher"]
-
-    def tick(self, check_pointer: bool = False) -> None:
-        """One round: idle unload, and the pointer when it is due (or `check_pointer`). The thread's body;
-        tests call it directly."""
-        if self.reloader.registry.sweep_idle() or self.reloader.registry.reap():
-            release_memory()
-        config = self.reloader.config
-        if config.model_pointer and (check_pointer or time.monotonic() >= self._next_pointer):
-            self._next_pointer = time.monotonic() + config.pointer_check_s
-            try:
-                self.reloader.check_pointer()
-            except Exception as e:  # a failed read or reload is in status; the thread goes on
-                self.errors += 1
-                log.warning("model pointer check failed: %s: %s", type(e).__name__, e)
-
-    def _loop(self) -> None:
-        while True:
-            self.tick()
-            if self._stop.wait(self.interval_s):
-                return

@@ -17,7 +17,10 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the optional dependency, for its types only
+    from opentelemetry.trace import Span, Tracer
 
 ENV = "_X_AMZN_TRACE_ID"
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -70,7 +73,7 @@ def from_headers(headers: Mapping[str, str]) -> tuple[str | None, dict[str, str]
 # -- OpenTelemetry (optional) ------------------------------------------------------------------------------
 
 
-def otel_tracer(environ: Mapping[str, str] | None = None) -> Any:
+def otel_tracer(environ: Mapping[str, str] | None = None) -> Tracer | None:
     """An OpenTelemetry tracer if OpenTelemetry is in use, else None (and nothing imported)."""
     env = os.environ if environ is None else environ
     wanted = env.get("WARMSTART_OTEL", "").strip().lower()
@@ -85,7 +88,9 @@ def otel_tracer(environ: Mapping[str, str] | None = None) -> Any:
     return trace.get_tracer("warmstart")
 
 
-def init_spans(tracer: Any, phases_ms: Mapping[str, float], total_ms: float, attributes: Mapping[str, Any]) -> None:
+def init_spans(
+    tracer: Tracer | None, phases_ms: Mapping[str, float], total_ms: float, attributes: Mapping[str, Any]
+) -> None:
     """The init phase as one span with a child per phase, laid end to end back from now (phases run in turn)."""
     if tracer is None:
         return
@@ -104,7 +109,7 @@ def init_spans(tracer: Any, phases_ms: Mapping[str, float], total_ms: float, att
 
 
 @contextmanager
-def span(tracer: Any, name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+def span(tracer: Tracer | None, name: str, attributes: Mapping[str, Any]) -> Iterator[Span | None]:
     if tracer is None:
         yield None
         return

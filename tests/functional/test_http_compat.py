@@ -17,7 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from handler.core.config import Config
-from handler.http_host.routes import Host, create_app
+from handler.http_host.host import Host
+from handler.http_host.routes import create_app
 from handler.http_host.settings import HostSettings
 from handler.runtime.invocation import Runtime
 from handler.runtime.workers import Sizing, WorkerPool

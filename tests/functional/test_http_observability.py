@@ -9,7 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from handler.http_host.routes import Host, create_app
+from handler.http_host.host import Host
+from handler.http_host.routes import create_app
 from handler.observability import logs
 from handler.observability.metrics import PROMETHEUS
 from handler.runtime.invocation import Runtime

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from handler.core.config import Config
+from handler.models.admin import AdminNotAllowedError
 from handler.models.registry import UnknownModelError
-from handler.models.reloader import AdminNotAllowedError
 from handler.runtime.invocation import Runtime
 from tests.conftest import MODEL_KEY
 from tests.model_versions import write_version

@@ -74,6 +74,8 @@ def test_numpy_imported_first_is_reported_as_too_late() -> None:
 
 DEFERRED = {
     "handler.models.reloader",
+    "handler.models.watcher",
+    "handler.models.origins",
     "handler.runtime.status",
     "handler.runtime.workers",
     "handler.runtime.snapshot",

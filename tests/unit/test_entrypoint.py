@@ -10,14 +10,19 @@ import awslambdaric.__main__ as ric
 import pytest
 
 from handler import __main__ as entry
-from handler.http_host import server as serve
+from handler.http_host import server as http_server
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
     monkeypatch.setattr(ric, "main", lambda argv: seen.append(("lambda", argv)))
-    monkeypatch.setattr(serve, "serve_http", lambda sagemaker=False: seen.append(("http", sagemaker)))
+
+    def serve_http(start: Any, sagemaker: bool = False) -> None:
+        assert start is entry.lambda_runtime  # the entry point owns init: the HTTP host never imports handler.app
+        seen.append(("http", sagemaker))
+
+    monkeypatch.setattr(http_server, "serve_http", serve_http)
     monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API", raising=False)
     return seen
 
@@ -55,14 +60,14 @@ def test_unknown_arguments_exit_with_usage(calls: list[Any], argv: list[str]) ->
 
 def test_server_takes_port_and_drain_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"SAGEMAKER_BIND_TO_PORT": "9081", "PORT": "8080", "WARMSTART_DRAIN_S": "3", "HOST": "127.0.0.1"}
-    server = serve.server(env, sagemaker=True)
+    server = http_server.server(entry.lambda_runtime, env, sagemaker=True)
     assert (server.config.port, server.config.host, server.config.workers) == (9081, "127.0.0.1", 1)
     assert server.config.timeout_graceful_shutdown == 4  # the drain answers by 3 s; uvicorn's is the backstop
     assert server.drain.drain_s == 3
 
 
 def test_signal_starts_the_drain_before_uvicorn_notices(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = serve.server({"PORT": "8123"})
+    server = http_server.server(entry.lambda_runtime, {"PORT": "8123"})
     begun: list[int] = []
     monkeypatch.setattr(server.drain, "begin_threadsafe", lambda: begun.append(1))
     server.handle_exit(15, None)

@@ -144,6 +144,72 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
     assert cycles(module_graph(tmp_path)) == [["handler.a", "handler.b"]]
 
 
+# handler/'s packages, bottom first: a module imports only its own package and those below it (deferred and
+# TYPE_CHECKING imports count). `models` and `api` share a rank and do not import each other. The root package
+# (`handler/__init__.py`, the BLAS pin that must run before numpy) imports nothing and is below everything; the
+# entry points (`handler.app`, `python -m handler`) are above everything and imported by nothing in handler.
+ENTRY_POINTS = {"app", "__main__"}
+LAYERS: dict[str, int] = {
+    "handler": -1,
+    "core": 0,
+    "observability": 1,
+    "backends": 2,
+    "tasks": 3,
+    "models": 4,
+    "api": 4,
+    "runtime": 5,
+    "http_host": 6,
+    "app": 7,
+    "__main__": 7,
+}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else parts[0]
+
+    found = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("handler"):
+            continue
+        for target in sorted(t for t in imported if t.startswith("handler")):
+            mine, theirs = package(module), package(target)
+            if mine != theirs and LAYERS[theirs] >= LAYERS[mine] and mine not in ENTRY_POINTS:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_handler_module_lives_in_a_known_package() -> None:
+    outside = sorted(m for m in module_graph() if m.startswith("handler.") and m.split(".")[1] not in LAYERS)
+    assert outside == [], f"each module belongs in one of the packages (or LAYERS names a new one): {outside}"
+
+
+def test_imports_between_handler_packages_go_one_way() -> None:
+    assert layer_violations(module_graph()) == []
+
+
+def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    for sub in ("core", "runtime", "models", "api"):
+        (tmp_path / "handler" / sub).mkdir()
+        (tmp_path / "handler" / sub / "__init__.py").write_text("")
+    (tmp_path / "handler" / "__init__.py").write_text("")
+    (tmp_path / "handler" / "app.py").write_text("")
+    (tmp_path / "handler" / "core" / "errors.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from handler.runtime import state\n"
+    )
+    (tmp_path / "handler" / "runtime" / "state.py").write_text("def f():\n    from handler import app\n")
+    (tmp_path / "handler" / "models" / "a.py").write_text("from handler.api import b\n")
+    (tmp_path / "handler" / "api" / "b.py").write_text("from handler.core import errors\n")
+    assert layer_violations(module_graph(tmp_path)) == [
+        "handler.core.errors -> handler.runtime.state",
+        "handler.models.a -> handler.api.b",
+        "handler.runtime.state -> handler.app",
+    ]
+
+
 def test_local_lambda_task_root_is_the_repository() -> None:
     # Moving the local Lambda one folder down once pointed its task root (and the demo's model) at infra/.
     from infra.local.config import REPO_ROOT, LocalLambdaConfig

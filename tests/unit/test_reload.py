@@ -17,7 +17,9 @@ import pytest
 
 from handler.core.config import Config
 from handler.core.errors import ModelLoadError
-from handler.models.reloader import ReloadInProgressError, Sources, Watcher
+from handler.models.admin import ReloadInProgressError
+from handler.models.origins import ModelSources
+from handler.models.watcher import Watcher
 from handler.runtime.invocation import Runtime
 from tests.conftest import write_tiny_onnx
 from tests.model_versions import flip_byte, truncate
@@ -56,7 +58,7 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Version]:
     return {v: Version(root, v, seed) for v, seed in (("1.0", 0), ("2.0", 1), ("3.0", 2))}
 
 
-def start(model: Path, env: dict[str, str] | None = None, sources: Sources | None = None) -> Runtime:
+def start(model: Path, env: dict[str, str] | None = None, sources: ModelSources | None = None) -> Runtime:
     env = {"WARMSTART_MODEL": str(model), **(env or {})}
     return Runtime.start(Config.from_environ(env), environ=env, emit=None, sources=sources)
 
@@ -160,7 +162,7 @@ class GatedFetch:
 
 def test_one_reload_at_a_time_and_wait_false_answers_at_once(versions: dict[str, Version]) -> None:
     fetch = GatedFetch({"s3://b/slow/": versions["2.0"].dir})
-    rt = start(versions["1.0"].dir, sources=Sources(fetch=fetch))
+    rt = start(versions["1.0"].dir, sources=ModelSources(fetch=fetch))
     accepted = rt.handle({"warmstart": "reload", "model": "s3://b/slow/", "wait": False})
     assert accepted == {"warmstart": "reload", "accepted": True, "source": "s3://b/slow/", "serving": "tiny@1.0"}
     assert fetch.entered.wait(10)
@@ -178,7 +180,7 @@ def test_one_reload_at_a_time_and_wait_false_answers_at_once(versions: dict[str,
 
 def test_an_expired_wait_answers_pending_and_the_reload_goes_on(versions: dict[str, Version]) -> None:
     fetch = GatedFetch({"s3://b/slow/": versions["2.0"].dir})
-    rt = start(versions["1.0"].dir, sources=Sources(fetch=fetch))
+    rt = start(versions["1.0"].dir, sources=ModelSources(fetch=fetch))
     reply = rt.reloader.reload("s3://b/slow/", wait=True, timeout=0.05)
     assert reply["pending"] is True and reply["serving"] == "tiny@1.0"
     fetch.gate.set()
@@ -207,7 +209,7 @@ def pointed(versions: dict[str, Version], tmp_path: Path) -> Iterator[tuple[Runt
     dirs = {f"s3://b/tiny/{v}/": versions[v].dir for v in versions} | {"s3://b/tiny/bad/": bad}
     fetch, pointer = GatedFetch(dirs), FakePointer("s3://b/tiny/1.0/")
     env = {"WARMSTART_MODEL_POINTER": "s3://b/tiny/CURRENT", "WARMSTART_POINTER_CHECK_S": "3600"}
-    rt = Runtime.start(Config.from_environ(env), environ=env, emit=None, sources=Sources(fetch, pointer))
+    rt = Runtime.start(Config.from_environ(env), environ=env, emit=None, sources=ModelSources(fetch, pointer))
     assert rt.watcher is not None
     yield rt, pointer, fetch
     rt.watcher.stop()
@@ -272,7 +274,7 @@ def test_an_explicit_model_wins_over_the_pointer_which_is_then_watched(versions:
     fetch = GatedFetch({"s3://b/tiny/2.0/": versions["2.0"].dir})
     pointer = FakePointer("s3://b/tiny/2.0/")
     env = {"WARMSTART_MODEL_POINTER": "s3://b/tiny/CURRENT", "WARMSTART_POINTER_CHECK_S": "3600"}
-    rt = start(versions["1.0"].dir, env, Sources(fetch, pointer))
+    rt = start(versions["1.0"].dir, env, ModelSources(fetch, pointer))
     assert rt.watcher is not None
     try:
         deadline = time.monotonic() + 30  # the first check runs on the thread at once: the pointer differs

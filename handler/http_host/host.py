@@ -1,0 +1,62 @@
+"""What one HTTP host process owns: the runtime, its worker pool, the drain and `/metrics`' registry."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from handler.core.cpu import cpu_budget
+from handler.http_host.drain import Drain
+from handler.http_host.settings import HostSettings
+from handler.observability.prometheus import Prometheus
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import WorkerPool, sizing_from_environ
+
+
+class Host:
+    """The runtime and its worker pool, both made once by `start()` (at startup, or on first need).
+
+    `start` builds the runtime: the entry point passes one that imports `handler.app`, so the init phase runs
+    exactly as on Lambda and once per process; tests pass a prepared runtime.
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], Runtime],
+        workers: WorkerPool | None = None,
+        settings: HostSettings | None = None,
+    ) -> None:
+        self._make_runtime = start
+        self._runtime: Runtime | None = None
+        self._workers = workers
+        self.settings = settings or HostSettings()
+        self.drain = Drain(self.settings.drain_s)
+        self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
+
+    def start(self) -> Runtime:
+        """The runtime, its worker pool and the Prometheus registry: made on the first call, then the same."""
+        if self._runtime is None:
+            runtime = self._make_runtime()
+            if self._workers is None:
+                cpus = cpu_budget(os.environ).cpus
+                self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
+            runtime.workers = self._workers
+            self.prometheus = Prometheus(runtime.backend.name)
+            self.prometheus.init_report(runtime.init_report)
+            runtime.metrics = self.prometheus
+            self._runtime = runtime
+        return self._runtime
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.start()
+
+    @property
+    def workers(self) -> WorkerPool:
+        self.start()
+        assert self._workers is not None
+        return self._workers
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown()
