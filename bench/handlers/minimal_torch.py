@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from handler.backends.bert_torch import BertConfig, BertMeanPooled
+from handler.backends.encoder_torch import EncoderConfig, HFEncoder, weight_names
 
 _root = os.environ["WARMSTART_MODEL"]
 tok = Tokenizer.from_file(f"{_root}/tokenizer.json")
@@ -24,9 +24,10 @@ _config = {
     "layer_norm_eps": 1e-12,
 }
 with torch.device("meta"):
-    model = BertMeanPooled(BertConfig.from_dict(_config))
+    model = HFEncoder(EncoderConfig.from_hf("bert", _config))
 _weights = load_file(f"{_root}/model.safetensors")
-model.load_state_dict({k: _weights[k] for k in model.state_dict()}, assign=True)
+_names, _ = weight_names(model, "bert", set(_weights))
+model.load_state_dict({k: _weights[n] for k, n in _names.items()}, assign=True)
 model.eval()
 
 

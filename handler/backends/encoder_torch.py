@@ -97,7 +97,7 @@ class EncoderConfig:
 
 def _embedding(rows: int, dim: int) -> nn.Embedding:
     # Passing the (empty) weight skips reset_parameters: normal_() on the meta device goes through torch's
-    # Python decompositions (1.7 s on first use, handler/backends/bert_torch.py), for values replaced anyway.
+    # Python decompositions (1.7 s on first use, measured here), for values replaced anyway.
     return nn.Embedding(rows, dim, _weight=torch.empty((rows, dim)))
 
 

@@ -1,8 +1,8 @@
 """PyTorch backend: the encoder built on the meta device, safetensors weights mapped in with `assign=True`.
 
-No `torch.load`: nothing is ever unpickled. Architectures: "bert-mean-pooled" (the default model,
-`bert_torch`) and "hf-encoder" (a packed Hugging Face encoder of any family `encoder_torch` runs, with its
-pooling or classification head as the manifest says).
+No `torch.load`: nothing is ever unpickled. Architectures: "hf-encoder" (a packed Hugging Face encoder of any
+family `encoder_torch` runs, with its pooling or classification head as the manifest says) and
+"bert-mean-pooled" (the default model's packs: the same encoder as a BERT with mean pooling).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from handler.backends.bert_torch import BertConfig, BertMeanPooled
 from handler.backends.contract import BackendSettings
 from handler.backends.encoder_torch import EncoderConfig, HFEncoder, weight_names
 from handler.backends.pool import current_arena
@@ -30,7 +29,7 @@ class TorchBackend:
     name: BackendName = "torch"
 
     def __init__(self) -> None:
-        self.model: BertMeanPooled | HFEncoder | None = None
+        self.model: HFEncoder | None = None
         self.device = torch.device("cpu")
         self.device_reason = ""
         self.threads = 0
@@ -54,11 +53,7 @@ class TorchBackend:
         with timer.phase("load"):
             weights = mmap_safetensors(path)
             model = self._build(manifest, spec)
-            if isinstance(model, HFEncoder):
-                names, missing = weight_names(model, model.family, set(weights))
-            else:
-                names = {k: k for k in model.state_dict()}
-                missing = sorted(set(names) - set(weights))
+            names, missing = weight_names(model, model.family, set(weights))
             if missing:
                 raise ModelLoadError(f"{path}: missing tensors {sorted(missing)[:5]} ({len(missing)} in all)")
             # assign=True adopts the mapped tensors as parameters instead of copying into fresh ones; a
@@ -78,13 +73,10 @@ class TorchBackend:
         self.model = model
 
     @staticmethod
-    def _build(manifest: Manifest, spec: dict[str, Any]) -> BertMeanPooled | HFEncoder:
+    def _build(manifest: Manifest, spec: dict[str, Any]) -> HFEncoder:
         """The model for the manifest, on the meta device (no memory, nothing initialized)."""
         normalize = bool(manifest.pooling.get("normalize", True))
-        if spec["architecture"] == "bert-mean-pooled":
-            with torch.device("meta"):
-                return BertMeanPooled(BertConfig.from_dict(spec["config"]), normalize)
-        family = spec.get("family") or manifest.family
+        family = "bert" if spec["architecture"] == "bert-mean-pooled" else spec.get("family") or manifest.family
         try:
             config = EncoderConfig.from_hf(str(family), spec["config"])
             with torch.device("meta"):
