@@ -11,6 +11,8 @@ recently used idle models evicted) before a byte is mapped, and it does not drif
 allocate at the same moment. What it leaves out: ONNX Runtime's prepacked weight copies and arenas, roughly
 as much again for MatMul-heavy models; leave that headroom in the budget. The default model is never
 evicted or idle-unloaded: it is what the instance is for.
+
+About one thing (the registry's state under one lock: leases, retiring versions, the budget), hence its length.
 """
 
 from __future__ import annotations

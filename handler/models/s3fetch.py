@@ -11,6 +11,8 @@ backend's), and returns a local packed-model directory for `load_manifest`. The 
 - a published directory is reused across invocations and processes of the instance (see `REUSE_CHECKS`);
 - the space still needed is checked against the cache directory's free space before any part is fetched.
 
+About one thing (the fetch and its crash-safety rules, which only make sense read together), hence its length.
+
 boto3 is imported only inside `_client`: it costs ~300 ms of import, and a model on local disk (the default)
 must not pay that at every cold start.
 """

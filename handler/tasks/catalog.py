@@ -1,41 +1,19 @@
-"""Tasks: validate a request's JSON, turn it into backend feeds, and the outputs into the response.
-
-`embedding`: {"inputs": ["text", ...]} → {"embeddings": [[...]], "model": "id@version"}.
-`rerank`, `classify`: handler.tasks.scored.
-`tensor`:    {"inputs": {"name": nested list | {"npy": "<base64 .npy>"}}, "output_format": "list" | "npy"}
-             → {"outputs": {"name": ...}, "model": "id@version"}; dtypes and shapes checked against the manifest.
-"""
+"""The task contract and the catalog of tasks: validate a request's JSON, turn it into backend feeds, and the
+outputs into the answer. `embedding`: handler.tasks.embedding; `rerank`, `classify`: handler.tasks.scored;
+`tensor`: handler.tasks.tensor."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 from typing import Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
-from handler.core.errors import InvalidInputError
-from handler.core.manifest import Manifest, TensorSpec
-from handler.core.types import JSON, Arrays
-from handler.tasks.arrays import from_list, from_npy
+from handler.core.manifest import Manifest
+from handler.core.types import JSON
+from handler.tasks.embedding import EmbeddingTask
 from handler.tasks.scored import ClassifyTask, RerankTask
-from handler.tasks.text import (
-    TextModel,
-    base64_rows,
-    check_texts,
-    encoding_format,
-    float_lists,
-    positive_int,
-    prompt_for,
-    require_object,
-)
-
-OUTPUT_FORMATS = ("list", "npy")
+from handler.tasks.tensor import TensorTask
 
 
 class Task(Protocol):
@@ -50,145 +28,6 @@ class TaskFactory(Protocol):
     def __call__(
         self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None
     ) -> Task: ...
-
-
-def _require_object(payload: JSON) -> dict[str, Any]:
-    return require_object(payload, "inputs")
-
-
-class EmbeddingTask(TextModel):
-    """`{"inputs", "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}` → one vector per input,
-    pooled (and normalized) in the model as its sentence-transformers modules say."""
-
-    name = "embedding"
-
-    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
-        super().__init__(manifest, backend, config, pool)
-        width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
-        self.dimension = manifest.dimension or (width if isinstance(width, int) else None)
-        self.normalize = bool(manifest.pooling.get("normalize", True))
-        self.prompts = manifest.prompts
-        self.default_prompt = manifest.default_prompt_name
-
-    def texts(self, payload: JSON) -> list[str]:
-        return check_texts(_require_object(payload)["inputs"], "inputs", self.max_inputs, self.max_chars)
-
-    def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
-        return self.run_copy(texts)
-
-    def _shorten(self, vectors: npt.NDArray[np.float32], dimensions: int) -> npt.NDArray[np.float32]:
-        """Matryoshka: the first `dimensions` components, renormalized when the model's vectors are."""
-        if dimensions > vectors.shape[1]:
-            raise InvalidInputError(f'"dimensions" is {dimensions}; valid: an integer, 1 to {vectors.shape[1]}')
-        cut = vectors[:, :dimensions]
-        if not self.normalize:
-            return cut
-        norms = np.linalg.norm(cut, axis=1, keepdims=True)
-        return (cut / np.where(norms > 0, norms, 1)).astype(np.float32)
-
-    def __call__(self, payload: JSON) -> dict[str, Any]:
-        texts = self.texts(payload)
-        body = _require_object(payload)
-        prompt = prompt_for(body, self.prompts, self.default_prompt)
-        dimensions = positive_int(body, "dimensions", self.dimension)
-        fmt = encoding_format(body)
-        if prompt:
-            texts = [prompt + text for text in texts]
-        with self.pool.request():
-            vectors, tokens = self._run(texts)
-            if dimensions is not None:
-                vectors = self._shorten(vectors, dimensions)
-            # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
-            embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
-        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
-
-    def warmup(self) -> None:
-        # A single query and a padded batch: touches every weight page, grows the arena and runs both the
-        # batch-1 and the masked path. Longer shapes measured no faster afterwards on CPU, so they'd only cost.
-        self.embed(["warm-up"])
-        self.embed(["warm-up query", "a slightly longer warm-up passage, so the batch needs padding"])
-
-
-class TensorTask:
-    name = "tensor"
-
-    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
-        self.inputs = {s.name: s for s in manifest.inputs}
-        self.outputs = [s.name for s in manifest.outputs]
-        self.backend = backend
-        self.model = manifest.key
-        self.max_elements = config.max_elements
-        self.pool = pool or BufferPool()
-
-    def _array(self, name: str, value: JSON, spec: TensorSpec) -> npt.NDArray[Any]:
-        dtype = np.dtype(spec.dtype)
-        if isinstance(value, bytes):  # an `application/x-npy` body on the HTTP host (handler.api.media)
-            array = from_npy(name, value, dtype, self.max_elements)
-        elif isinstance(value, dict) and set(value) == {"npy"}:
-            try:
-                raw = base64.b64decode(value["npy"], validate=True)
-            except (binascii.Error, ValueError, TypeError) as e:
-                raise InvalidInputError(f"inputs.{name}: not a base64-encoded .npy array ({e})") from None
-            array = from_npy(name, raw, dtype, self.max_elements)
-        else:
-            array = from_list(name, value, dtype, self.max_elements)
-        if array.ndim != len(spec.shape) or any(
-            isinstance(want, int) and want != got for want, got in zip(spec.shape, array.shape, strict=True)
-        ):
-            raise InvalidInputError(f"inputs.{name}: shape {list(array.shape)}, the model takes {list(spec.shape)}")
-        return np.ascontiguousarray(array)
-
-    def feeds(self, payload: JSON) -> tuple[Arrays, str]:
-        body = _require_object(payload)
-        inputs = body["inputs"]
-        if not isinstance(inputs, dict):
-            raise InvalidInputError(f'"inputs" must be an object of named tensors {sorted(self.inputs)}')
-        missing, unknown = set(self.inputs) - set(inputs), set(inputs) - set(self.inputs)
-        if missing or unknown:
-            raise InvalidInputError(
-                f"inputs must be exactly {sorted(self.inputs)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
-            )
-        fmt = body.get("output_format", "list")
-        if fmt not in OUTPUT_FORMATS:
-            raise InvalidInputError(f"output_format {fmt!r}; valid: {', '.join(OUTPUT_FORMATS)}")
-        arrays = {n: self._array(n, v, self.inputs[n]) for n, v in inputs.items()}
-        # A symbolic dimension names one size across all inputs (ONNX's dim_param); "?" is unnamed.
-        bound: dict[str, tuple[str, int]] = {}
-        for name, array in arrays.items():
-            for dim, size in zip(self.inputs[name].shape, array.shape, strict=True):
-                if isinstance(dim, str) and dim != "?":
-                    first, want = bound.setdefault(dim, (name, size))
-                    if size != want:
-                        raise InvalidInputError(
-                            f"inputs.{name}: dimension {dim!r} is {size}, but inputs.{first} has it as {want}"
-                        )
-        return arrays, fmt
-
-    def __call__(self, payload: JSON) -> dict[str, Any]:
-        feeds, fmt = self.feeds(payload)
-        outputs: dict[str, Any] = {}
-        with self.pool.request():
-            results = self.backend.run(feeds)
-            # Serialized (copied) inside the arena: pooled output buffers never leave this block.
-            for name in self.outputs:
-                array = results[name]
-                if fmt == "npy":
-                    buf = io.BytesIO()
-                    np.save(buf, array, allow_pickle=False)
-                    outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
-                elif array.dtype == np.float32:  # float32's shortest text, as every JSON answer
-                    outputs[name] = float_lists(array)
-                else:
-                    outputs[name] = array.tolist()
-        return {"outputs": outputs, "model": self.model}
-
-    def warmup(self) -> None:
-        # Free dimensions get 1: the smallest valid shape, so the warm-up cannot fail on size.
-        feeds = {
-            n: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], dtype=np.dtype(s.dtype))
-            for n, s in self.inputs.items()
-        }
-        self.backend.run(feeds)
 
 
 TASKS: dict[str, TaskFactory] = {

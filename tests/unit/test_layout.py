@@ -210,6 +210,20 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
     ]
 
 
+LONG_MODULE = 450  # lines; a longer module is about one thing and says so in its docstring
+
+
+def test_long_modules_are_about_one_thing() -> None:
+    too_long = []
+    for pkg in ("handler", "infra", "warmers", "layers"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            text = path.read_text()
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if text.count("\n") > LONG_MODULE and "About one thing" not in doc:
+                too_long.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert too_long == [], "split these, or say in the docstring why they are one thing"
+
+
 def test_local_lambda_task_root_is_the_repository() -> None:
     # Moving the local Lambda one folder down once pointed its task root (and the demo's model) at infra/.
     from infra.local.config import REPO_ROOT, LocalLambdaConfig

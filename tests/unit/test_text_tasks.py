@@ -28,7 +28,8 @@ from handler.core.errors import (
 )
 from handler.core.manifest import Manifest, load_manifest
 from handler.core.types import Arrays
-from handler.tasks.catalog import TASKS, EmbeddingTask
+from handler.tasks.catalog import TASKS
+from handler.tasks.embedding import EmbeddingTask
 from handler.tasks.scored import ClassifyTask, RerankTask
 from handler.tasks.scoring import softmax
 from handler.tasks.text import float_lists, shortest_floats

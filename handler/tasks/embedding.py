@@ -1,0 +1,79 @@
+"""`embedding`: {"inputs": ["text", ...], "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}
+→ {"embeddings": [[...]] | ["<base64>"], "model": "id@version", "usage": {"tokens": n}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from handler.backends.contract import Backend
+from handler.backends.pool import BufferPool
+from handler.core.config import Config
+from handler.core.errors import InvalidInputError
+from handler.core.manifest import Manifest
+from handler.core.types import JSON
+from handler.tasks.text import (
+    TextModel,
+    base64_rows,
+    check_texts,
+    encoding_format,
+    float_lists,
+    positive_int,
+    prompt_for,
+    require_object,
+)
+
+
+class EmbeddingTask(TextModel):
+    """`{"inputs", "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}` → one vector per input,
+    pooled (and normalized) in the model as its sentence-transformers modules say."""
+
+    name = "embedding"
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
+        super().__init__(manifest, backend, config, pool)
+        width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
+        self.dimension = manifest.dimension or (width if isinstance(width, int) else None)
+        self.normalize = bool(manifest.pooling.get("normalize", True))
+        self.prompts = manifest.prompts
+        self.default_prompt = manifest.default_prompt_name
+
+    def texts(self, payload: JSON) -> list[str]:
+        return check_texts(require_object(payload, "inputs")["inputs"], "inputs", self.max_inputs, self.max_chars)
+
+    def embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
+        return self.run_copy(texts)
+
+    def _shorten(self, vectors: npt.NDArray[np.float32], dimensions: int) -> npt.NDArray[np.float32]:
+        """Matryoshka: the first `dimensions` components, renormalized when the model's vectors are."""
+        if dimensions > vectors.shape[1]:
+            raise InvalidInputError(f'"dimensions" is {dimensions}; valid: an integer, 1 to {vectors.shape[1]}')
+        cut = vectors[:, :dimensions]
+        if not self.normalize:
+            return cut
+        norms = np.linalg.norm(cut, axis=1, keepdims=True)
+        return (cut / np.where(norms > 0, norms, 1)).astype(np.float32)
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        texts = self.texts(payload)
+        body = require_object(payload, "inputs")
+        prompt = prompt_for(body, self.prompts, self.default_prompt)
+        dimensions = positive_int(body, "dimensions", self.dimension)
+        fmt = encoding_format(body)
+        if prompt:
+            texts = [prompt + text for text in texts]
+        with self.pool.request():
+            vectors, tokens = self._run(texts)
+            if dimensions is not None:
+                vectors = self._shorten(vectors, dimensions)
+            # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
+            embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
+        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
+
+    def warmup(self) -> None:
+        # A single query and a padded batch: touches every weight page, grows the arena and runs both the
+        # batch-1 and the masked path. Longer shapes measured no faster afterwards on CPU, so they'd only cost.
+        self.embed(["warm-up"])
+        self.embed(["warm-up query", "a slightly longer warm-up passage, so the batch needs padding"])
