@@ -19,7 +19,7 @@ from handler.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
 from infra.pack.hf_source import HFSource, SourceError, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
-from infra.pack.publish import publish
+from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
 # Families warmstart's torch encoder (handler.encoder_torch) does not build: packed onnx-only, and the manifest
@@ -32,7 +32,8 @@ _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 
 
 def default_id(source_dir: Path) -> str:
-    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower()).strip("-.")
+    """The directory's name as a valid model id (infra.pack.publish.MODEL_ID)."""
+    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
     return name or "model"
 
 
@@ -74,10 +75,8 @@ def pack_from(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
     chosen, unsupported = choose_backends(source, backends)
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out.resolve()} exists; pass force=True (--force) to replace it")
-    model_id = model_id or default_id(source.root)
+    model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
+    out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     version = version or default_version(source)
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
@@ -104,7 +103,7 @@ def pack_from(
                 }
             return manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
 
-        return publish(with_golden(build), out, force)
+        return publish(with_golden(build), out, force, [source.root])
 
 
 def stage_safetensors(source: HFSource, staging: Path) -> Path:
