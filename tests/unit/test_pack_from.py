@@ -435,6 +435,21 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         SourceError,
         r"1_Pooling/config.json: expected a JSON object, found list",
     ),
+    # found by tests/unit/test_pack_fuzz.py: fields transformers itself refuses, at load time, mid-build.
+    "config-field-transformers-refuses": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(add_cross_attention=-1)),
+        SourceError,
+        r"config.json: transformers refuses it \(StrictDataclassFieldValidationError: .*add_cross_attention",
+    ),
+    "tokenizer-config-transformers-refuses": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "tokenizer_config.json", lambda c: c.update(sep_token=5)),
+        SourceError,
+        r"transformers cannot load its tokenizer \(TypeError: ",
+    ),
     "masked-lm": (
         "classifier",
         {},
