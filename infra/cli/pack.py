@@ -71,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
     # function.
     from handler.core.manifest import load_manifest
     from infra.pack import pack_default, pack_onnx
+    from infra.pack.publish import check_model_id
 
     try:
+        if args.model_id is not None:  # before it names a directory (models/ID): a name, never a path
+            check_model_id(args.model_id)
         if args.default:
             out = pack_default(args.out or DEFAULT_OUT, _backends(args.backends) or ["onnx", "torch"], force=args.force)
         elif args.source_dir is not None:

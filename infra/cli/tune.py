@@ -35,8 +35,15 @@ PRICE_PER_GB_S = {"x86_64": 0.0000166667, "arm64": 0.0000133334}
 SNAPSTART_RESTORE_PER_GB = 0.0001397998  # per GB restored (x86_64; the cache charge is per hour, left out)
 
 DEFAULT_SIZES = (512, 1024, 1769, 3008)
+MIN_MB, MAX_MB = 128, 10_240  # Lambda's memory sizes
+MAX_COLD, MAX_WARM = 1000, 100_000
+MAX_PAYLOAD = 6_291_456  # Lambda's synchronous request limit (infra.local.invocation.MAX_REQUEST_PAYLOAD)
 Metric = Literal["warm-p50", "warm-p99", "cold-p50"]
 METRICS: tuple[Metric, ...] = ("warm-p50", "warm-p99", "cold-p50")
+
+
+class TuneError(ValueError):
+    """Arguments `warmstart tune` refuses, or a measurement that could not run: one line, exit 1."""
 
 
 @dataclass
@@ -179,13 +186,19 @@ def measure(
         local = LocalLambda(replace(base, memory_mb=size, max_concurrency=1, port=0))
         local.start()
         cgroups = local.pool.cgroups.describe(size).split(";")[0]
+        conn = None
         try:
             url = urlsplit(local.endpoint)
             conn = connect(url.hostname or "127.0.0.1", url.port or 80, timeout=base.timeout_s + 60)
 
             def once(conn: Any = conn, local: LocalLambda = local, result: SizeResult = result) -> Any:
                 _ms, headers, body = post(conn, path, payload)
-                inv = next(i for i in reversed(local.history) if i.request_id == headers.get("x-amzn-requestid"))
+                request_id = headers.get("x-amzn-requestid")
+                inv = next((i for i in reversed(local.history) if i.request_id == request_id), None)
+                if inv is None:  # refused by the Invoke API, or init failed/timed out: no REPORT to read
+                    why = headers.get("x-amzn-errortype") or body.decode("utf-8", "replace")[:200]
+                    mb = result.memory_mb
+                    raise TuneError(f"{mb} MB: the invocation failed before reaching the function ({why})")
                 if "x-amz-function-error" in headers:
                     result.errors.append(body.decode("utf-8", "replace")[:200])
                 return inv
@@ -207,8 +220,9 @@ def measure(
                 result.warm_billed_ms.append(inv.billed_ms)
                 if progress and (i + 1) % max(1, warm // 5) == 0:
                     progress.advance(f"{size} MB warm {i + 1}/{warm}")
-            conn.close()
         finally:
+            if conn is not None:
+                conn.close()  # on a TuneError too: no socket left open
             local.stop()
         results.append(result)
     return results, cgroups
@@ -268,13 +282,83 @@ def host_sizes(requested: list[int], explicit: bool) -> list[int]:
     return [s for s in requested if s / LAMBDA_MB_PER_VCPU <= cores] or requested[:1]
 
 
+def parse_sizes(raw: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in raw.split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes:
+        raise TuneError(
+            f"--sizes {raw!r}: not a comma-separated list of memory sizes; valid: MB in {MIN_MB}..{MAX_MB}, "
+            "e.g. 512,1024"
+        )
+    for size in sizes:
+        if not MIN_MB <= size <= MAX_MB:
+            raise TuneError(f"--sizes {raw!r}: {size} MB is outside Lambda's {MIN_MB}..{MAX_MB} MB")
+    return sizes
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The numbers that would otherwise fail mid-run or give meaningless costs (NaN, negative)."""
+    if not 0 <= args.cold <= MAX_COLD:
+        raise TuneError(f"--cold {args.cold}: valid: 0..{MAX_COLD}")
+    if not 1 <= args.warm <= MAX_WARM:
+        raise TuneError(f"--warm {args.warm}: valid: 1..{MAX_WARM} (costs are computed from warm invocations)")
+    if not 0 <= args.cold_fraction <= 1:  # NaN fails too
+        raise TuneError(f"--cold-fraction {args.cold_fraction:g}: valid: 0..1 (the share of cold invocations)")
+    if args.target_ms is not None and not 0 < args.target_ms < math.inf:
+        raise TuneError(f"--target-ms {args.target_ms:g}: valid: a positive number of milliseconds")
+
+
+def read_payload(raw: str) -> bytes:
+    """The event: JSON, at most Lambda's 6 MB (else the Invoke API refuses every call)."""
+    where = f"--payload {raw}" if raw.startswith("@") else "--payload"
+    try:
+        payload = (Path(raw[1:]).read_bytes() if raw.startswith("@") else raw.encode()).strip()
+    except OSError as e:
+        raise TuneError(f"{where}: {e.strerror}") from None
+    if len(payload) > MAX_PAYLOAD:
+        raise TuneError(f"{where}: {len(payload)} bytes; Lambda accepts at most {MAX_PAYLOAD}")
+    try:
+        json.loads(payload or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TuneError(f"{where}: not a JSON event ({e})") from None
+    except RecursionError:
+        raise TuneError(f"{where}: not a JSON event (nested too deeply)") from None
+    return payload
+
+
+def check_out(out: Path) -> None:
+    """--out must be (or be creatable as) a directory: checked before minutes of measuring, not after."""
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TuneError(f"--out {out}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TuneError(f"--out {out}: {existing} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except TuneError as e:
+        print(f"warmstart tune: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     from infra.cli.local import config_from_args
 
-    payload = (Path(args.payload[1:]).read_bytes() if args.payload.startswith("@") else args.payload.encode()).strip()
-    requested = [int(s) for s in args.sizes.split(",") if s.strip()]
+    requested = parse_sizes(args.sizes)
+    check_counts(args)
+    payload = read_payload(args.payload)
+    check_out(Path(args.out))
     sizes = host_sizes(requested, args.sizes != ",".join(map(str, DEFAULT_SIZES)))
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:  # LocalLambdaConfig's own range checks (max_concurrency, memory, ...)
+        raise TuneError(str(e)) from None
     steps = len(sizes) * (args.cold + min(args.warm, 5))
     progress = ProgressBar(steps)
     measured, cgroups = measure(config, sizes, payload, args.cold, args.warm, progress)

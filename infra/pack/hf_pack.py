@@ -19,7 +19,7 @@ from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
 from infra.pack.hf_source import HFSource, SourceError, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
-from infra.pack.publish import publish
+from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
 # Families warmstart's torch encoder (handler.backends.encoder_torch) does not build: packed onnx-only, and the manifest
@@ -32,7 +32,8 @@ _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 
 
 def default_id(source_dir: Path) -> str:
-    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower()).strip("-.")
+    """The directory's name as a valid model id (infra.pack.publish.MODEL_ID)."""
+    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
     return name or "model"
 
 
@@ -74,17 +75,17 @@ def pack_from(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
     chosen, unsupported = choose_backends(source, backends)
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out.resolve()} exists; pass force=True (--force) to replace it")
-    model_id = model_id or default_id(source.root)
+    model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
+    out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
+    check_transformers_config(source)
+    tokenizer = load_tokenizer(source)
     version = version or default_version(source)
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
         staged = stage_safetensors(source, Path(staging))
 
         def build(tmp: Path) -> dict[str, Any]:
-            pad_id = write_tokenizer(source, tmp / TOKENIZER_FILE)
+            pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             spec: dict[str, dict[str, Any]] = {}
             if "onnx" in chosen:
                 from infra.pack.hf_export import export
@@ -104,7 +105,7 @@ def pack_from(
                 }
             return manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
 
-        return publish(with_golden(build), out, force)
+        return publish(with_golden(build), out, force, [source.root])
 
 
 def stage_safetensors(source: HFSource, staging: Path) -> Path:
@@ -128,12 +129,37 @@ def stage_safetensors(source: HFSource, staging: Path) -> Path:
     return staging
 
 
-def write_tokenizer(source: HFSource, dest: Path) -> int:
-    """tokenizer.json (copied, or built by transformers' fast tokenizer from the vocabulary files); the pad id."""
+def check_transformers_config(source: HFSource) -> None:
+    """config.json as transformers' config class reads it (strict about every field's type: an
+    `add_cross_attention: -1` fails there), refused before anything is written."""
+    import transformers  # pack time only
+
+    path = source.model_root / "config.json"
+    try:
+        transformers.AutoConfig.from_pretrained(str(source.model_root), local_files_only=True)
+    except Exception as e:  # transformers raises many types (TypeError, ValueError, its own validation errors)
+        raise SourceError(f"{path}: transformers refuses it ({_one_line(e)})") from None
+
+
+def load_tokenizer(source: HFSource) -> Any:
+    """transformers' fast tokenizer of the directory, loaded before anything is written."""
     import transformers  # pack time only
 
     where = source.tokenizer_json.parent if source.tokenizer_json is not None else _tokenizer_dir(source)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(where), local_files_only=True, use_fast=True)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(where), local_files_only=True, use_fast=True)
+    except Exception as e:  # a tokenizer_config.json or vocabulary transformers cannot build from
+        raise SourceError(f"{where}: transformers cannot load its tokenizer ({_one_line(e)})") from None
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def write_tokenizer(source: HFSource, tokenizer: Any, dest: Path) -> int:
+    """tokenizer.json (copied, or built by transformers' fast tokenizer from the vocabulary files); the pad id."""
+    where = source.tokenizer_json.parent if source.tokenizer_json is not None else _tokenizer_dir(source)
     if source.tokenizer_json is not None:
         shutil.copyfile(source.tokenizer_json, dest)
     else:

@@ -11,8 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
+
+from infra.pack.hf_checks import (
+    check_config,
+    check_embeddings,
+    check_tokenizer_json,
+    hidden_and_vocab,
+    is_int,
+    safetensors_shapes,
+)
 
 Task = Literal["embedding", "rerank", "classify"]
 TaskChoice = Literal["auto", "embedding", "rerank", "classify"]
@@ -64,6 +73,7 @@ TOKENIZER_SOURCES = {
     "roberta": ("vocab.json", "merges.txt"),
     "xlm-roberta": ("sentencepiece.bpe.model",),
 }
+_MAX_LABELS = 100_000
 _UNBOUNDED_LENGTH = 1_000_000  # transformers writes model_max_length=1e30 when a tokenizer has no limit
 
 
@@ -120,23 +130,42 @@ class HFSource:
 
 
 def _read_json(path: Path) -> Any:
+    if not path.exists():
+        raise MissingFileError(f"{path}: missing")
+    if not path.is_file():  # a directory, or a FIFO whose read would block forever
+        raise SourceError(f"{path}: not a regular file")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MissingFileError(f"{path}: missing") from None
+    except OSError as e:
+        raise SourceError(f"{path}: unreadable ({e.strerror})") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise SourceError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # json's recursive decoder
+        raise SourceError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def _optional_json(path: Path) -> Any:
-    return _read_json(path) if path.is_file() else None
+    return _read_json(path) if path.exists() else None
+
+
+def _optional_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, {} when there is no such file."""
+    value = _optional_json(path)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SourceError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
 
 
 def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
     try:
         type_name, path = str(entry["type"]), str(entry.get("path", ""))
-    except (TypeError, KeyError):
-        raise SourceError(f"{where}: each module needs a 'type' ({entry!r})") from None
+    except (TypeError, KeyError, AttributeError):
+        raise SourceError(f"{where}: each module needs a 'type' ({entry!r})"[:300]) from None
+    parts = PurePosixPath(path).parts
+    if path.startswith("/") or ".." in parts or "\0" in path:  # a module folder outside the model directory
+        raise SourceError(f"{where}: module path {path!r} must be a folder inside the model directory")
     return type_name.rsplit(".", 1)[-1], path
 
 
@@ -176,10 +205,12 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
             f"{model_root / 'config.json'}: model_type {model_type!r} is not supported; "
             f"supported families: {', '.join(FAMILIES)}"
         )
+    check_config(config, model_root / "config.json", family, POSITION_OFFSET.get(family, 0))
+    _check_labels(config, model_root / "config.json")
     architectures = config.get("architectures") or []
     architecture = str(architectures[0]) if architectures else f"{ARCH_PREFIX[family]}Model"
-    st_config = _optional_json(model_root / "sentence_bert_config.json") or {}
-    st_meta = _optional_json(root / "config_sentence_transformers.json") or {}
+    st_config = _optional_object(model_root / "sentence_bert_config.json")
+    st_meta = _optional_object(root / "config_sentence_transformers.json")
     is_cross_encoder = (
         st_meta.get("model_type") == "CrossEncoder"
         or st_config.get("transformer_task") == "sequence-classification"
@@ -196,7 +227,12 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         )
 
     weights = _weights(model_root)
+    if weights.suffix == ".safetensors":
+        hidden, vocab = hidden_and_vocab(config, family)
+        check_embeddings(safetensors_shapes(weights), weights, model_root / "config.json", hidden, vocab)
     tokenizer_json = _tokenizer(root, model_root, family)
+    if tokenizer_json is not None:
+        check_tokenizer_json(tokenizer_json)
     max_seq = _max_seq_length(model_root, config, family, st_config)
     fields: dict[str, Any] = {}
     if chosen == "embedding":
@@ -314,7 +350,7 @@ def _max_seq_length(model_root: Path, config: dict[str, Any], family: str, st_co
     6 saves it), else the model's positions; never more than the positions allow."""
     positions = int(config["max_position_embeddings"]) - POSITION_OFFSET.get(family, 0)
     candidates = [st_config.get("max_seq_length")]
-    tok_config = _optional_json(model_root / "tokenizer_config.json") or {}
+    tok_config = _optional_object(model_root / "tokenizer_config.json")
     candidates.append(tok_config.get("model_max_length"))
     for value in candidates:
         if isinstance(value, (int, float)) and 0 < value < _UNBOUNDED_LENGTH:
@@ -333,12 +369,16 @@ def _embedding_fields(
         )
     pool_path = root / pooling_paths[0] / "config.json"
     pool = _read_json(pool_path)
+    if not isinstance(pool, dict):
+        raise SourceError(f"{pool_path}: expected a JSON object, found {type(pool).__name__}")
     mode = pool.get("pooling_mode")
     modes: list[str]
     if mode is None:
         modes = [name for key, name in _LEGACY_POOLING_KEYS.items() if pool.get(key)]
+    elif isinstance(mode, str) or (isinstance(mode, list) and all(isinstance(m, str) for m in mode)):
+        modes = [mode] if isinstance(mode, str) else list(mode)
     else:
-        modes = [mode] if isinstance(mode, str) else [str(m) for m in mode]
+        raise SourceError(f"{pool_path}: pooling_mode {mode!r}; expected a mode name")
     if len(modes) != 1:
         raise UnsupportedModelError(
             f"{pool_path}: pooling {' + '.join(modes) or 'none'}; "
@@ -355,13 +395,13 @@ def _embedding_fields(
         )
     width = pool.get("embedding_dimension", pool.get("word_embedding_dimension"))
     hidden = int(config.get("hidden_size") or config.get("dim") or 0)
-    if width is not None and int(width) != hidden:
+    if width is not None and (not is_int(width) or width != hidden):
         raise SourceError(f"{pool_path}: embedding dimension {width} differs from the model's hidden size {hidden}")
     prompts = st_meta.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise SourceError(f"{root / 'config_sentence_transformers.json'}: prompts must map names to strings")
     default_prompt = st_meta.get("default_prompt_name")
-    if default_prompt is not None and default_prompt not in prompts:
+    if default_prompt is not None and (not isinstance(default_prompt, str) or default_prompt not in prompts):
         raise SourceError(
             f"{root / 'config_sentence_transformers.json'}: default_prompt_name {default_prompt!r} is not among "
             f"the prompts ({', '.join(prompts) or 'none'})"
@@ -372,6 +412,14 @@ def _embedding_fields(
         "prompts": {str(k): v for k, v in prompts.items()},
         "default_prompt_name": default_prompt,
     }
+
+
+def _check_labels(config: dict[str, Any], path: Path) -> None:
+    num_labels, id2label = config.get("num_labels"), config.get("id2label")
+    if num_labels is not None and (not is_int(num_labels) or not 0 < num_labels <= _MAX_LABELS):
+        raise SourceError(f"{path}: num_labels {num_labels!r}; expected an integer in 1..{_MAX_LABELS}")
+    if id2label is not None and (not isinstance(id2label, dict) or len(id2label) > _MAX_LABELS):
+        raise SourceError(f"{path}: id2label must be an object of at most {_MAX_LABELS} label ids -> names")
 
 
 def _labels(model_root: Path, config: dict[str, Any]) -> tuple[str, ...]:
@@ -396,7 +444,7 @@ def _activation(root: Path, model_root: Path, config: dict[str, Any], st_meta: d
     )
     if saved is None:
         return "sigmoid" if num_labels == 1 else "identity"
-    if saved not in ACTIVATIONS:
+    if not isinstance(saved, str) or saved not in ACTIVATIONS:
         raise UnsupportedModelError(
             f"{root}: cross-encoder activation {saved!r} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}"
         )

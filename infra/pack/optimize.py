@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from handler.backends.fingerprint import cpu_fingerprint
-from handler.core.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from handler.core.manifest import MANIFEST_NAME, load_manifest, parse_json, sha256_file
 
 OPT_FILE, OPT_DATA = "model.opt.onnx", "model.opt.onnx.data"
 PAGE = 4096
@@ -191,18 +191,28 @@ def _record(model_dir: Path, entry: dict[str, Any]) -> None:
 
 
 def remove(model_dir: Path) -> bool:
-    """Drop the optimized model from a packed directory (before copying it to another target)."""
+    """Drop the optimized model from a packed directory (before copying it to another target). Only the files
+    `optimize` writes are ever deleted, whatever names the manifest holds."""
     path = model_dir / MANIFEST_NAME
-    raw = json.loads(path.read_text())
-    entry = raw["backends"].get("onnx", {}).pop("optimized", None)
+    try:
+        raw = parse_json(path.read_bytes())
+        entry = raw["backends"].get("onnx", {}).pop("optimized", None)
+        files = raw["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (ValueError, UnicodeDecodeError, RecursionError, KeyError, TypeError, AttributeError) as e:
+        raise OptimizeError(f"{path}: not a packed model's manifest ({type(e).__name__}: {e})"[:500]) from None
     if entry is None:
         return False
-    for name in entry.get("files", []):
-        raw["files"].pop(name, None)
+    names = entry.get("files", []) if isinstance(entry, dict) else None
+    if not isinstance(names, list) or not all(n in (OPT_FILE, OPT_DATA) for n in names):
+        raise OptimizeError(f"{path}: optimized files {names!r}; only {OPT_FILE} and {OPT_DATA} are ours to remove")
+    for name in names:
+        files.pop(name, None)
     tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
     tmp.write_text(json.dumps(raw, indent=2) + "\n")
     os.replace(tmp, path)
-    for name in entry.get("files", []):
+    for name in names:
         (model_dir / name).unlink(missing_ok=True)
     return True
 

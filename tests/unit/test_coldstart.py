@@ -358,3 +358,35 @@ def test_layers_build_optimizes_only_for_the_pinned_onnxruntime(tmp_path: Path) 
     pinned.write_text("onnxruntime==0.0.1\n")
     assert "skipped" in optimize_for_layer(packed, pinned)
     assert "optimized" not in load_manifest(packed).backends["onnx"]  # a stale one is taken out, not shipped
+
+
+@pytest.mark.parametrize(
+    ("manifest", "why"),
+    [
+        (None, "optimized files ['../README.md', 'model.onnx']; only model.opt.onnx and model.opt.onnx.data"),
+        ("[1]", "not a packed model's manifest"),
+        ("{not json", "not a packed model's manifest"),
+        ("[" * 200_000 + "]" * 200_000, "not a packed model's manifest"),
+    ],
+    ids=["names-outside", "a-list", "not-json", "deep"],
+)
+def test_optimize_remove_deletes_only_its_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], manifest: str | None, why: str
+) -> None:
+    """`warmstart optimize --remove` unlinked whatever names the manifest's optimized entry held (a README
+    next to the model, the portable model itself) and ended in a traceback on a manifest that is not ours."""
+    from infra.cli import main
+    from infra.pack import pack_onnx
+
+    write_tiny_onnx(tmp_path / "tiny.onnx")
+    packed = pack_onnx(tmp_path / "tiny.onnx", tmp_path / "packed", "tiny", "1")
+    (tmp_path / "README.md").write_text("mine\n")
+    raw = json.loads((packed / "manifest.json").read_text())
+    raw["backends"]["onnx"]["optimized"] = {"files": ["../README.md", "model.onnx"]}
+    (packed / "manifest.json").write_text(json.dumps(raw) if manifest is None else manifest)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert main(["optimize", str(packed), "--remove"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"warmstart optimize: {packed}/manifest.json: ") and why in err
+    assert len(err.splitlines()) == 1
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before

@@ -305,7 +305,25 @@ def _edit_json(path: Path, edit: Callable[[Any], None]) -> None:
     path.write_text(json.dumps(value))
 
 
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _offsets_past_the_end(path: Path) -> None:
+    """The first tensor's data_offsets end moved far past the end of the file (the header stays valid JSON)."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] = 10**9
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :])
+
+
 DENSE = "sentence_transformers.models.Dense"
+_OUTSIDE = r"model\.safetensors: tensor '[^']+': bytes \d+\.\.\d+ are outside the file's \d+ data bytes"
 REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[SourceError], str]] = {
     "architecture": (
         "sentence-transformers",
@@ -373,6 +391,64 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         lambda d: None,
         UnsupportedModelError,
         r"activation 'torch.nn.modules.activation.Tanh' is not supported",
+    ),
+    # issue 24 item 10: each of these ended in a traceback from torch, safetensors, transformers or a KeyError.
+    "negative-vocab-size": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(vocab_size=-5)),
+        SourceError,
+        r"config.json: vocab_size -5; expected an integer in 1\.\.10000000",
+    ),
+    "no-max-position-embeddings": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.pop("max_position_embeddings")),
+        SourceError,
+        r"config.json: max_position_embeddings missing; expected an integer in 1\.\.1048576",
+    ),
+    "tokenizer-without-added-tokens": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "tokenizer.json", lambda t: t.pop("added_tokens")),
+        SourceError,
+        r"tokenizer.json: 'added_tokens' missing; expected a list",
+    ),
+    "truncated-safetensors": (
+        "sentence-transformers",
+        {},
+        lambda d: _truncate(d / "model.safetensors"),
+        SourceError,
+        _OUTSIDE,
+    ),
+    "safetensors-offsets-past-the-end": (
+        "sentence-transformers",
+        {},
+        lambda d: _offsets_past_the_end(d / "model.safetensors"),
+        SourceError,
+        _OUTSIDE,
+    ),
+    "pooling-config-a-list": (
+        "sentence-transformers",
+        {},
+        lambda d: (d / "1_Pooling" / "config.json").write_text("[1, 2]"),
+        SourceError,
+        r"1_Pooling/config.json: expected a JSON object, found list",
+    ),
+    # found by tests/unit/test_pack_fuzz.py: fields transformers itself refuses, at load time, mid-build.
+    "config-field-transformers-refuses": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(add_cross_attention=-1)),
+        SourceError,
+        r"config.json: transformers refuses it \(StrictDataclassFieldValidationError: .*add_cross_attention",
+    ),
+    "tokenizer-config-transformers-refuses": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "tokenizer_config.json", lambda c: c.update(sep_token=5)),
+        SourceError,
+        r"transformers cannot load its tokenizer \(TypeError: ",
     ),
     "masked-lm": (
         "classifier",

@@ -1,0 +1,165 @@
+"""Structural checks of a model directory's files for `infra.pack.hf_source.read_source`: the numbers in
+config.json, the safetensors header against the file's size and the config, tokenizer.json's shape.
+
+Each malformed input is a `SourceError` naming the file and what is wrong, raised before anything is written:
+without these, a negative `vocab_size`, a truncated weights file or a tokenizer.json without `added_tokens`
+surfaced as a traceback from deep inside torch, safetensors or transformers (issue 24, item 10).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TypeGuard
+
+# config.json keys per family (distilbert names them its own way) -> the largest value taken as plausible:
+# every real checkpoint is far below (xlm-roberta's 250,002 tokens; 4,096 hidden; 48 layers).
+_LIMITS = {"vocab": 10_000_000, "hidden": 1 << 16, "layers": 1024, "heads": 1024, "intermediate": 1 << 18}
+_KEYS = {
+    "distilbert": dict(vocab="vocab_size", hidden="dim", layers="n_layers", heads="n_heads", intermediate="hidden_dim"),
+    "other": dict(
+        vocab="vocab_size",
+        hidden="hidden_size",
+        layers="num_hidden_layers",
+        heads="num_attention_heads",
+        intermediate="intermediate_size",
+    ),
+}
+MAX_POSITIONS = 1 << 20
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+_MAX_HEADER = 100 << 20  # the safetensors library's own limit on the JSON header
+
+
+def _error(message: str) -> Exception:
+    from infra.pack.hf_source import SourceError  # hf_source imports this module
+
+    return SourceError(message)
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(config: dict[str, Any], path: Path, family: str, position_offset: int) -> None:
+    """The sizes the exporter and the torch encoder build from: integers in range, heads dividing hidden."""
+    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
+    values: dict[str, int] = {}
+    for what, key in keys.items():
+        value = config.get(key)
+        if not is_int(value) or not 0 < value <= _LIMITS[what]:
+            shown = "missing" if key not in config else repr(value)
+            raise _error(f"{path}: {key} {shown}; expected an integer in 1..{_LIMITS[what]}")
+        values[what] = value
+    if values["hidden"] % values["heads"]:
+        raise _error(f"{path}: hidden size {values['hidden']} is not a multiple of {values['heads']} heads")
+    positions = config.get("max_position_embeddings")
+    if not is_int(positions) or not position_offset < positions <= MAX_POSITIONS:
+        shown = "missing" if "max_position_embeddings" not in config else repr(positions)
+        raise _error(
+            f"{path}: max_position_embeddings {shown}; expected an integer in {position_offset + 1}..{MAX_POSITIONS}"
+        )
+    pad = config.get("pad_token_id")
+    if pad is not None and (not is_int(pad) or not 0 <= pad < values["vocab"]):
+        raise _error(f"{path}: pad_token_id {pad!r}; expected a token id in 0..{values['vocab'] - 1}")
+    architectures = config.get("architectures")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
+    ):
+        raise _error(f"{path}: architectures {architectures!r}; expected a list of class names")
+
+
+def hidden_and_vocab(config: dict[str, Any], family: str) -> tuple[int, int]:
+    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
+    return int(config[keys["hidden"]]), int(config[keys["vocab"]])
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors file, after checking its header the way the library reads it:
+    a sane header length, known dtypes, every tensor's bytes inside the file, the data covered exactly."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _error(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
+        length = int.from_bytes(head, "little")
+        if length > min(_MAX_HEADER, size - 8):
+            raise _error(f"{path}: header length {length} is past the end of the file ({size} bytes): truncated?")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise _error(f"{path}: the safetensors header is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise _error(f"{path}: the safetensors header is not an object")
+    data_size = size - 8 - length
+    spans, shapes = [], {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end, shape = _tensor_entry(path, name, entry, data_size)
+        spans.append((begin, end))
+        shapes[name] = shape
+    covered = 0
+    for begin, end in sorted(spans):
+        if begin != covered:
+            raise _error(f"{path}: tensor data overlaps or leaves a gap at byte {min(begin, covered)}")
+        covered = end
+    if covered != data_size:
+        raise _error(f"{path}: tensors cover {covered} of the file's {data_size} data bytes: truncated or padded?")
+    return shapes
+
+
+def _tensor_entry(path: Path, name: str, entry: Any, data_size: int) -> tuple[int, int, list[int]]:
+    if not isinstance(entry, dict):
+        raise _error(f"{path}: tensor {name!r}: expected an object in the header")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _DTYPE_BYTES:
+        raise _error(f"{path}: tensor {name!r}: dtype {dtype!r}; known: {', '.join(_DTYPE_BYTES)}")
+    if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
+        raise _error(f"{path}: tensor {name!r}: shape {shape!r} is not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)):
+        raise _error(f"{path}: tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise _error(f"{path}: tensor {name!r}: bytes {begin}..{end} are outside the file's {data_size} data bytes")
+    if end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
+        raise _error(f"{path}: tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype}")
+    return begin, end, shape
+
+
+def check_embeddings(shapes: dict[str, list[int]], path: Path, config_path: Path, hidden: int, vocab: int) -> None:
+    """The word embedding table must be what config.json says: vocab_size x hidden (a config that does not
+    describe its weights would otherwise fail inside transformers, or pack a model with random weights)."""
+    tables = [shape for name, shape in shapes.items() if name.endswith("embeddings.word_embeddings.weight")]
+    if len(tables) != 1:
+        raise _error(f"{path}: expected one embeddings.word_embeddings.weight tensor, found {len(tables)}")
+    if tables[0] != [vocab, hidden]:
+        raise _error(
+            f"{config_path}: vocab_size {vocab} x hidden size {hidden} does not match the weights' "
+            f"embedding table {tables[0]} in {path.name}"
+        )
+
+
+def check_tokenizer_json(path: Path) -> None:
+    """What transformers' fast tokenizer and `tokenizers` both need: an object with a model and a list of added
+    tokens, that `tokenizers` itself loads."""
+    from tokenizers import Tokenizer
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise _error(f"{path}: not valid JSON ({type(e).__name__})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        raise _error(f"{path}: expected a tokenizer object with a 'model'")
+    added = raw.get("added_tokens")
+    if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
+        raise _error(f"{path}: 'added_tokens' {'missing' if added is None else 'malformed'}; expected a list")
+    try:
+        Tokenizer.from_str(text)
+    except Exception as e:  # the Rust side's parse error (a plain Exception): its message says what is wrong
+        raise _error(f"{path}: not a tokenizer `tokenizers` can load ({str(e)[:200]})") from None
