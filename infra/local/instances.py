@@ -221,7 +221,7 @@ class Instance:
         if self.sandbox.oom_killed():
             error_type = OUT_OF_MEMORY
             self.max_memory_mb = self.config.memory_mb
-        self.sandbox.release_cgroup()
+        await self.sandbox.clear_out()
         answered = [self.current] if self.current is not None else []
         if self.queued is not None:
             if self.clock.init_duration_ms is None and not self.init_failed:  # died during init: that is its answer

@@ -187,15 +187,34 @@ class Sandbox:
         return peak_rss_mb(self.proc.pid) if self.proc is not None else 0
 
     def kill(self) -> None:
-        """SIGKILL the whole process group; the exit watcher does the rest."""
+        """SIGKILL the whole sandbox: every process in its cgroup (without cgroups, its process group); the
+        exit watcher does the rest."""
         if self.proc is not None and self.proc.returncode is None:
             self.killed = True
-            self._kill_group()
+            if self.cgroup is not None:  # the runtime itself too: it may not have entered the cgroup yet
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
+            self._kill_rest()
 
-    def _kill_group(self) -> None:
+    def _kill_rest(self) -> None:
+        """One pass over what the sandbox holds. Lambda ends the whole sandbox: with a cgroup, that takes a
+        child that left the process group (a daemon in a session of its own) too; without one, only the
+        process group can be reached, and such a child outlives the instance."""
+        if self.cgroup is not None:
+            self.cgroup.kill()
+            return
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+    async def clear_out(self, passes: int = 200) -> None:
+        """After the exit: SIGKILL what is left in the cgroup until it is empty (a process may fork between
+        two passes), then remove the cgroup."""
+        for _ in range(passes if self.cgroup is not None else 0):
+            if self.cgroup is None or not self.cgroup.kill():
+                break
+            await asyncio.sleep(0.01)
+        self.release_cgroup()
 
     def _exited(self) -> None:
         assert self.proc is not None
@@ -204,7 +223,7 @@ class Sandbox:
             os.close(self._pidfd)
             self._pidfd = -1
         returncode = self.proc.wait()
-        self._kill_group()  # grandchildren left behind in the group
+        self._kill_rest()  # what it left behind (at once: a child holding the log pipe keeps it open)
         self.on_exit(returncode)
 
     # -- a forked copy's exit --------------------------------------------------------------------------

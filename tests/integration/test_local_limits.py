@@ -21,7 +21,7 @@ if ROOT not in sys.path:  # the fixtures live under tests/, which is not an inst
 
 from infra.local.cgroups import Cgroups, vcpus_for  # noqa: E402
 from infra.local.invocation import LOG_KEEP_BYTES, MAX_REQUEST_PAYLOAD  # noqa: E402
-from tests.fixtures.local_support import invoke, report, running, wait_until  # noqa: E402
+from tests.fixtures.local_support import alive, invoke, report, running, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +63,22 @@ def test_each_instance_runs_under_its_memory_sizes_quota_and_limit_and_the_handl
     assert not any(d.parent.exists() for d in dirs)  # the local Lambda's own directories are gone too
 
 
+@needs_cgroups
+def test_a_daemon_in_a_session_of_its_own_dies_with_its_instance_and_the_cgroup_goes() -> None:
+    """Lambda takes the whole sandbox: a child that left the process group (start_new_session) too."""
+    with running(handler="tests.fixtures.spawns_child.handler") as (local, client):
+        _, first, _ = invoke(client, {"daemon": True})
+        inst = next(iter(local.pool.instances.values()))
+        assert inst.cgroup is not None and alive(first["daemon"])
+        dirs = list(inst.cgroup.dirs)
+        assert local.retire_idle() == 1  # the instance goes, the local Lambda stays
+        assert wait_until(lambda: not alive(first["daemon"]) and not alive(first["child"]), timeout=10)
+        assert not any(d.exists() for d in dirs)  # removed with the instance, not left for shutdown
+        _, second, _ = invoke(client, {"daemon": True})
+        assert alive(second["daemon"])
+    assert wait_until(lambda: not alive(second["daemon"]), timeout=10)
+
+
 def test_quota_is_lambdas_rule_capped_at_six_and_the_host() -> None:
     assert vcpus_for(1769, host_cpus=64) == pytest.approx(1.0)
     assert vcpus_for(10_240, host_cpus=64) == pytest.approx(10_240 / 1769) and vcpus_for(10_240, host_cpus=64) <= 6
@@ -91,6 +107,7 @@ def test_without_cgroups_one_line_says_so(tmp_path: Path) -> None:
     line = none.describe(512)
     assert line.startswith("cgroups: none (v2: no cgroup2 mount; v1: no cpu hierarchy mounted)")
     assert "only shows in REPORT" in line
+    assert "killed by process group: a child in a session of its own outlives its instance" in line
     assert Cgroups.detect("off").describe(512).startswith("cgroups: none (turned off")
 
 
