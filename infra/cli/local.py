@@ -122,7 +122,8 @@ def run_local(args: argparse.Namespace) -> int:
     print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
     print(f"  {local.pool.cgroups.describe(config.memory_mb)}", flush=True)
-    print(f"  init slots {local.pool.slots.slots} (inits wait for one before their clock starts)", flush=True)
+    slots = local.pool.slots.slots
+    print(f"  init slots {slots} (inits wait for one before their clock starts; one that sleeps lends it)", flush=True)
     if config.snapshot:
         print("  snapshot: instances are forked from a template made on the first invoke of each version", flush=True)
     stop.wait()

@@ -42,7 +42,10 @@ class InstancePool:
         self._capacity = asyncio.Event()
         self._reaper = asyncio.ensure_future(self._reap_forever())
         self.cgroups = Cgroups.detect(self.config.cgroups)
-        self.slots = InitSlots(self.config.init_slots or init_slots(self.config.memory_mb, self.cgroups.mode))
+        slots = self.config.init_slots or init_slots(self.config.memory_mb, self.cgroups.mode)
+        # An init's CPU share: its quota, or (unconfined) the one core a Python init uses at most.
+        vcpus = vcpus_for(self.config.memory_mb) if self.cgroups.mode != "none" else 1.0
+        self.slots = InitSlots(slots, vcpus=vcpus)
 
     # -- placement -------------------------------------------------------------------------------------
 

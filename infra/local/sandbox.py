@@ -20,7 +20,9 @@ from typing import Protocol
 from infra.local.cgroups import Cgroups, InstanceCgroup
 from infra.local.config import LocalLambdaConfig
 from infra.local.invocation import Outcome
-from infra.local.slots import InitSlots
+from infra.local.slots import InitSlots, Slot
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class Process(Protocol):
@@ -73,6 +75,16 @@ def exit_message(returncode: int) -> str:
     return f"Error: Runtime exited with error: {exit_reason(returncode)}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of its children it has waited for (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return sum(int(ticks) for ticks in fields[11:15]) / _TICKS  # utime stime cutime cstime
+    except (OSError, ValueError):
+        return 0.0
+
+
 def peak_rss_mb(pid: int) -> int:
     """Max Memory Used: the process's RSS high-water mark (VmHWM), in MB rounded up."""
     try:
@@ -105,21 +117,27 @@ class Sandbox:
         self.extra_env: Mapping[str, str] = {}
         self.pass_fds: tuple[int, ...] = ()
         self.killed = False
-        self._has_slot = False
+        self._slot: Slot | None = None
         self._pidfd = -1
 
     # -- init slot and cgroup --------------------------------------------------------------------------
 
     async def take_slot(self) -> None:
         if self.slots is not None:
-            await self.slots.acquire()
-            self._has_slot = True
+            self._slot = await self.slots.acquire(self.cpu_seconds)
 
     def free_slot(self) -> None:
         """Init (or restore) is over, however it ended: the next waiting one may start."""
-        if self._has_slot and self.slots is not None:
-            self._has_slot = False
-            self.slots.release()
+        if self._slot is not None and self.slots is not None:
+            self.slots.release(self._slot)
+            self._slot = None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time used by the whole sandbox so far (None: no process yet), for the init slots."""
+        if self.proc is None:
+            return None
+        pids = self.cgroup.pids() if self.cgroup is not None else set()
+        return sum(cpu_seconds(pid) for pid in pids | {self.proc.pid})
 
     def make_cgroup(self) -> None:
         """Raises OSError when the cgroup cannot be made."""

@@ -239,6 +239,30 @@ def test_simultaneous_cold_starts_wait_for_an_init_slot_and_all_succeed() -> Non
         assert max(inits) < 0.75 * elapsed_ms, (inits, elapsed_ms)
 
 
+def test_cold_starts_whose_init_sleeps_do_not_wait_for_each_others_slot_and_all_time_out_at_once() -> None:
+    """Slots ration CPU, not wall time: an init that sleeps (or blocks) lets the next one start. On Lambda
+    each sandbox inits on its own, so six inits that outlast the init timeout all fail at about T."""
+    timeout_s = 8.0
+    env = {"FIXTURE_INIT_SLEEP_S": "120"}
+    settings = {"init_slots": 1, "init_timeout_s": timeout_s, "max_concurrency": 6, "environment": env}
+    with running(handler="tests.fixtures.slow_init.handler", **settings) as (_local, client):  # type: ignore[arg-type]
+
+        def timed(_: int) -> tuple[float, Any]:
+            started = time.perf_counter()
+            result, body, _log = invoke(client, {})
+            return time.perf_counter() - started, (result, body)
+
+        with ThreadPoolExecutor(6) as pool:
+            outcomes = list(pool.map(timed, range(6)))
+    for _elapsed, (result, body) in outcomes:
+        assert result["FunctionError"] == "Unhandled"
+        assert body["errorType"] == "Sandbox.Timedout" and "Init phase timed out" in body["errorMessage"]
+    elapsed = sorted(e for e, _ in outcomes)
+    # Serialized, they would fail at T, 2T, ... 6T; rationed, only each one's start-up CPU staggers them.
+    assert elapsed[-1] < 1.75 * timeout_s, elapsed  # the second alone would fail at 2T
+    assert elapsed[-1] - elapsed[0] < 0.6 * timeout_s, elapsed
+
+
 def test_client_context_is_passed_as_one_json_header_line() -> None:
     with running() as (_local, client):
         custom = {"a": "x\r\nLambda-Runtime-Aws-Request-Id: forged\r\n\r\n{}"}
