@@ -103,6 +103,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
 
 
 def run_local(args: argparse.Namespace) -> int:
+    from infra.local.destination import DestinationError
     from infra.local.server import LocalLambda
 
     config = config_from_args(args, host=args.host, port=args.port, echo_logs=not args.quiet)
@@ -110,14 +111,19 @@ def run_local(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    endpoint = local.start()
+    try:
+        endpoint = local.start()
+    except DestinationError as exc:
+        print(f"warmstart local: --on-failure {exc}", file=sys.stderr)
+        return 1
     name = config.function_name
     print(f"warmstart local: function {name!r} ({config.handler}) at {endpoint}", flush=True)
     print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
     print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
     print(f"  {local.pool.cgroups.describe(config.memory_mb)}", flush=True)
-    print(f"  init slots {local.pool.slots.slots} (inits wait for one before their clock starts)", flush=True)
+    slots = local.pool.slots.slots
+    print(f"  init slots {slots} (inits wait for one before their clock starts; one that sleeps lends it)", flush=True)
     if config.snapshot:
         print("  snapshot: instances are forked from a template made on the first invoke of each version", flush=True)
     stop.wait()

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import itertools
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,27 @@ class InstanceCgroup:
             pass
         return False
 
+    def pids(self) -> set[int]:
+        """Every process in this cgroup (v1: in either hierarchy, in case a move reached only one)."""
+        found: set[int] = set()
+        for procs in self.procs:
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(pid) for pid in Path(procs).read_text().split())
+        return found
+
+    def kill(self) -> int:
+        """SIGKILL every process in it, whatever its session or process group (`cgroup.kill` where v2 has
+        it); how many there were. Processes that fork meanwhile need another pass: see Sandbox.clear_out."""
+        pids = self.pids()
+        if pids and self.mode == "v2":
+            with contextlib.suppress(OSError):
+                _write(self.dirs[0] / "cgroup.kill", "1")
+                return len(pids)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
     def read(self, name: str) -> str:
         for d in self.dirs:
             if (d / name).exists():
@@ -240,7 +262,10 @@ class Cgroups:
     def describe(self, memory_mb: int) -> str:
         """The startup line: what memory size means on this host."""
         if self.mode == "none":
-            return f"cgroups: none ({self.reason}); memory size {memory_mb} MB only shows in REPORT"
+            return (
+                f"cgroups: none ({self.reason}); memory size {memory_mb} MB only shows in REPORT; instances are"
+                " killed by process group: a child in a session of its own outlives its instance"
+            )
         vcpus = vcpus_for(memory_mb)
         return (
             f"cgroups: {self.mode}; each instance gets {vcpus:.2f} vCPU ({memory_mb} MB / {LAMBDA_MB_PER_VCPU})"
@@ -281,6 +306,7 @@ class Cgroups:
     def close(self) -> None:
         """Remove every cgroup this local Lambda made (instances must have exited)."""
         for group in self.leftover:
+            group.kill()
             group.remove()
         self.leftover.clear()
         for base in self.bases:

@@ -17,6 +17,10 @@ RESPONSE_TOO_LARGE = "Function.ResponseSizeTooLarge"
 INVALID_ENTRYPOINT = "Runtime.InvalidEntrypoint"
 SERVICE_SHUTDOWN = "Runtime.Shutdown"
 UNHANDLED = "Unhandled"  # X-Amz-Function-Error value
+# Error types a runtime puts in the Lambda-Runtime-Function-Error-Type header around a snapshot; the
+# platform reports those, not the exception's class name from the body.
+BEFORE_SNAPSHOT_ERROR = "Runtime.BeforeSnapshotError"
+AFTER_RESTORE_ERROR = "Runtime.AfterRestoreError"
 
 MAX_REQUEST_PAYLOAD = 6_291_456  # sync invoke request body
 MAX_RESPONSE_PAYLOAD = 6_291_556  # what the Runtime API accepts on /response (Lambda's own figure)
@@ -60,6 +64,23 @@ class Outcome:
     def error(cls, error_type: str, message: str) -> Outcome:
         body = json.dumps({"errorMessage": message, "errorType": error_type})
         return cls(body.encode(), error_type)
+
+    @classmethod
+    def from_runtime(cls, body: bytes, error_type: str | None) -> Outcome:
+        """A runtime's /error body goes to the invoker as is; its type comes from the body, else the header.
+        Around a snapshot the header's platform type wins (`Runtime.BeforeSnapshotError`,
+        `Runtime.AfterRestoreError`) and the hook's own error becomes the message."""
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return cls.error(error_type or "Unhandled", body.decode("utf-8", "replace"))
+        if error_type in (BEFORE_SNAPSHOT_ERROR, AFTER_RESTORE_ERROR):
+            message = f"{parsed.get('errorType', 'Error')}: {parsed.get('errorMessage', '')}"
+            payload = {"errorMessage": message, "errorType": error_type, "stackTrace": parsed.get("stackTrace", [])}
+            return cls(json.dumps(payload).encode(), error_type)
+        return cls(body, str(parsed.get("errorType") or error_type or "Unhandled"))
 
 
 @dataclass(eq=False, slots=True)

@@ -16,7 +16,7 @@ import sys
 import termios
 from collections.abc import Callable
 
-from infra.local.invocation import Invocation, bounded_append
+from infra.local.invocation import Invocation, Outcome, bounded_append
 
 INIT_LOG_KEEP = 64 * 1024  # what is kept of init output (its head and tail): the init report is in it
 
@@ -84,6 +84,9 @@ class LogCapture:
             self.echo(lines)
 
     def echo(self, lines: list[str]) -> None:
+        """Copy lines to our stderr with the instance's label, when the local Lambda echoes logs."""
+        if not self.echo_enabled:
+            return
         # awslambdaric joins a multi-line error with \r so that it stays one log event; show it as lines.
         out = [f"[{self.label()}] {part}\n" for line in lines for part in line.split("\r")]
         sys.stderr.write("".join(out))
@@ -94,6 +97,22 @@ class LogCapture:
             target.add_log(data)
         elif self.in_init():
             bounded_append(self.init_log, data, keep=INIT_LOG_KEEP)
+
+    async def drain(self) -> None:
+        """Wait (a bounded number of loop turns) until what was written to the pipe has been read."""
+        for _ in range(200):
+            await asyncio.sleep(0)
+            if self.pending() == 0:
+                return
+
+    def finish(self, inv: Invocation, outcome: Outcome, *, memory_mb: int, status: str | None) -> None:
+        """Close `inv`'s log with END/REPORT and answer it; what is printed from now on is not its."""
+        if self.target is inv:
+            self.flush_partial()
+            self.target = None
+        before = len(inv.log)
+        inv.finish(outcome, memory_mb=memory_mb, status=status)
+        self.echo(inv.log[before:].decode().splitlines())
 
     def flush_partial(self) -> None:
         if self.echo_enabled and self._partial:

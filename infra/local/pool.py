@@ -11,8 +11,9 @@ import time
 from infra.local import runtime_api
 from infra.local.cgroups import Cgroups, vcpus_for
 from infra.local.config import LocalLambdaConfig
-from infra.local.instances import InitSlots, Instance
+from infra.local.instances import Instance
 from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
+from infra.local.slots import InitSlots
 from infra.local.template import Template
 
 THROTTLE_REASON = "ReservedFunctionConcurrentInvocationLimitExceeded"
@@ -41,7 +42,10 @@ class InstancePool:
         self._capacity = asyncio.Event()
         self._reaper = asyncio.ensure_future(self._reap_forever())
         self.cgroups = Cgroups.detect(self.config.cgroups)
-        self.slots = InitSlots(self.config.init_slots or init_slots(self.config.memory_mb, self.cgroups.mode))
+        slots = self.config.init_slots or init_slots(self.config.memory_mb, self.cgroups.mode)
+        # An init's CPU share: its quota, or (unconfined) the one core a Python init uses at most.
+        vcpus = vcpus_for(self.config.memory_mb) if self.cgroups.mode != "none" else 1.0
+        self.slots = InitSlots(slots, vcpus=vcpus)
 
     # -- placement -------------------------------------------------------------------------------------
 
@@ -61,8 +65,8 @@ class InstancePool:
             return True
         if len(self.instances) >= self.config.max_concurrency and not self._evict_idle():
             return False
-        instance = Instance(self.config, inv.version, self, template=self.template(inv.version))
-        instance.cgroups, instance.slots = self.cgroups, self.slots
+        template = self.template(inv.version)
+        instance = Instance(self.config, inv.version, self, template=template, cgroups=self.cgroups, slots=self.slots)
         runtime_api.bind(instance)
         instance.assign(inv)
         self.instances[instance.instance_id] = instance

@@ -20,6 +20,7 @@ import uuid
 from types import TracebackType
 from typing import Literal
 
+from infra.local import destination
 from infra.local.config import LATEST, Jitter, LocalLambdaConfig
 from infra.local.invocation import FunctionNotFound, Invocation, Outcome, QualifierConflict, QueueFull, Target
 from infra.local.pool import InstancePool, Throttled
@@ -63,6 +64,7 @@ class LocalLambda:
         self.queued_events = 0  # Event invokes accepted and not finished (retries pending included)
         self.queued_event_bytes = 0
         self.dropped_events: list[dict[str, object]] = []  # on-failure records (also written to on_failure)
+        self._writer: destination.RecordWriter | None = None  # writes them to on_failure, off the loop
         self._retries: set[asyncio.TimerHandle] = set()
         self._events: asyncio.Queue[Invocation] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -217,9 +219,8 @@ class LocalLambda:
             record["responsePayload"] = _json_or_text(outcome.payload)
         self.dropped_events.append(record)
         del self.dropped_events[:-100]
-        if self.config.on_failure:
-            with open(self.config.on_failure, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            self._writer.put(record)
 
     def _record(self, inv: Invocation) -> None:
         inv.trim_for_history()
@@ -248,6 +249,9 @@ class LocalLambda:
 
         from infra.local.invoke_api import build_app  # starlette too
 
+        if self.config.on_failure:  # refused now rather than lost with the first dropped event
+            destination.check(self.config.on_failure)
+            self._writer = destination.RecordWriter(self.config.on_failure)
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._events = asyncio.Queue()
@@ -277,6 +281,8 @@ class LocalLambda:
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
             sock.close()
+            if self._writer is not None:
+                await asyncio.to_thread(self._writer.close)  # what was dropped last, written (bounded wait)
 
     def retire_idle(self, timeout: float = 10.0) -> int:
         """From another thread: retire every idle instance and wait for their exits (the next invoke is a

@@ -15,13 +15,15 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from infra.local import runtime_api
-from infra.local.instances import BEFORE_SNAPSHOT_ERROR, InitSlots, Instance, exit_message, exit_reason
-from infra.local.invocation import EXIT_ERROR, Invocation, Outcome
+from infra.local.instances import Instance
+from infra.local.invocation import BEFORE_SNAPSHOT_ERROR, EXIT_ERROR, Invocation, Outcome
+from infra.local.sandbox import Sandbox, exit_message, exit_reason
 from infra.local.zygote import FD_VARIABLE
 
 if TYPE_CHECKING:
     from infra.local.cgroups import Cgroups
     from infra.local.config import LocalLambdaConfig
+    from infra.local.slots import InitSlots
 
 # What a copy's environment differs in from the template's (the rest it inherits with the snapshot).
 _PER_COPY = ("AWS_LAMBDA_RUNTIME_API", "AWS_LAMBDA_LOG_STREAM_NAME")
@@ -32,9 +34,10 @@ class Template:
         self, config: LocalLambdaConfig, version: str, cgroups: Cgroups | None = None, slots: InitSlots | None = None
     ) -> None:
         self.config, self.version = config, version
-        self.instance = Instance(config, version, self)
-        self.instance.cgroups, self.instance.slots = cgroups, slots  # snapshot init runs under the quota too
-        self.instance.argv = ["-m", "infra.local.zygote", config.handler]
+        # The snapshot's init runs under the quota and waits for an init slot too.
+        self.instance = Instance(config, version, self, cgroups=cgroups, slots=slots)
+        sandbox = self.instance.sandbox
+        sandbox.argv = ["-m", "infra.local.zygote", config.handler]
         self.instance.init_timeout_s = config.snapshot_timeout_s
         self._sock, self._child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
@@ -46,10 +49,10 @@ class Template:
         # must hold no pool at fork. Left alone when the function's environment sets it.
         if "OPENBLAS_NUM_THREADS" not in config.environment and "OPENBLAS_NUM_THREADS" not in os.environ:
             extra["OPENBLAS_NUM_THREADS"] = "1"
-        self.instance.extra_env = extra
-        self.instance.pass_fds = (self._child_sock.fileno(),)
+        sandbox.extra_env = extra
+        sandbox.pass_fds = (self._child_sock.fileno(),)
         self.ready_info: dict[str, Any] | None = None
-        self.forks: dict[str, Instance] = {}
+        self.forks: dict[str, Sandbox] = {}  # instance id -> the copy's sandbox
         self.forked = 0
         self._ready: asyncio.Future[bool] | None = None
         self._pending: dict[str, asyncio.Future[int]] = {}
@@ -76,19 +79,19 @@ class Template:
         assert self._ready is not None
         return await asyncio.shield(self._ready)
 
-    async def fork(self, instance: Instance, env: dict[str, str], out_fd: int, cgroup: list[str]) -> int:
+    async def fork(self, sandbox: Sandbox, env: dict[str, str], out_fd: int, cgroup: list[str]) -> int:
         """Ask the template for a copy whose stdout/stderr is `out_fd`, in the cgroup whose cgroup.procs
         files are `cgroup`; its pid once forked."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending[instance.instance_id] = fut
-        self.forks[instance.instance_id] = instance
-        request = {"fork": instance.instance_id, "env": {k: env[k] for k in _PER_COPY}, "cgroup": cgroup}
+        self._pending[sandbox.instance_id] = fut
+        self.forks[sandbox.instance_id] = sandbox
+        request = {"fork": sandbox.instance_id, "env": {k: env[k] for k in _PER_COPY}, "cgroup": cgroup}
         message = json.dumps(request).encode()
         try:
             socket.send_fds(self._sock, [message], [out_fd])
         except OSError:
-            self._pending.pop(instance.instance_id, None)
-            self.forks.pop(instance.instance_id, None)
+            self._pending.pop(sandbox.instance_id, None)
+            self.forks.pop(sandbox.instance_id, None)
             raise
         finally:
             os.close(out_fd)  # the copy has its own now
@@ -122,9 +125,9 @@ class Template:
             if fut is not None and not fut.done():
                 fut.set_result(int(message["pid"]))
         elif event == "exit":
-            inst = self.forks.pop(message["id"], None)
-            if inst is not None:
-                inst.forked_exit(int(message["code"]))
+            copy = self.forks.pop(message["id"], None)
+            if copy is not None:
+                copy.forked_exit(int(message["code"]))
 
     def _close_control(self) -> None:
         if self._sock.fileno() >= 0:
@@ -140,8 +143,8 @@ class Template:
             if not fut.done():
                 fut.set_exception(OSError("the snapshot template exited"))
         self._pending.clear()
-        for inst in list(self.forks.values()):
-            inst.orphaned()
+        for copy in list(self.forks.values()):
+            copy.orphaned()
         self.forks.clear()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(False)

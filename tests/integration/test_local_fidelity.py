@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +19,9 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # the fixtures live under tests/, which is not an installed package
     sys.path.insert(0, ROOT)
 
-from infra.local.server import jitter_delay  # noqa: E402
+from infra.cli.local import lambda_client  # noqa: E402
+from infra.local.config import LocalLambdaConfig  # noqa: E402
+from infra.local.server import LocalLambda, jitter_delay  # noqa: E402
 from tests.fixtures.local_support import invoke, report, running, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -88,6 +93,84 @@ def test_an_event_older_than_the_maximum_age_is_dropped(tmp_path: Path) -> None:
         # The first retry, 0.3 s after a failure, would make the event older than 0.3 s: dropped at once.
         assert record["requestContext"]["condition"] == "EventAgeExceeded"
         assert record["requestContext"]["approximateInvokeCount"] == 1
+
+
+def test_an_on_failure_path_that_cannot_take_records_is_refused_at_startup(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refusals = {
+        str(fifo): "is a FIFO",
+        str(tmp_path / "missing" / "failures.jsonl"): "does not exist",
+        str(tmp_path): "is a directory",
+    }
+    for path, why in refusals.items():
+        local = LocalLambda(LocalLambdaConfig(port=0, handler="tests.fixtures.handlers.echo", on_failure=path))
+        try:
+            with pytest.raises(ValueError, match=why):
+                local.start()
+        finally:
+            local.stop()
+    # The CLI says it in one line and exits 1, no traceback, nothing served.
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    cmd = [sys.executable, "-m", "infra.cli", "local", "--port", "0", "--on-failure", str(fifo)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"warmstart local: --on-failure {fifo}: is a FIFO, not a regular file"
+
+
+def failure_lines(err: str) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith('{"warmstart": "on_failure"')]
+    return [r for r in lines if isinstance(r, dict)]
+
+
+def test_an_on_failure_path_that_blocks_on_open_never_freezes_the_emulator(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "failures.jsonl"
+    unblock = -1
+    with running(max_retry_attempts=0, on_failure=str(dest)) as (local, client):
+        try:
+            os.mkfifo(dest)  # after the startup check: an open for writing blocks until a reader comes
+            client.invoke(FunctionName="warmstart", InvocationType="Event", Payload=json.dumps({"raise": "nope"}))
+            assert wait_until(lambda: local.dropped_events, timeout=30)
+            quick = lambda_client(local.endpoint, read_timeout=10)  # a frozen loop would time this out
+            result, body, _ = invoke(quick, {"after": "drop"})
+            assert "FunctionError" not in result and body["event"] == {"after": "drop"}
+            dry = quick.invoke(FunctionName="warmstart", InvocationType="DryRun")
+            assert dry["StatusCode"] == 204
+            assert wait_until(lambda: failure_lines(capfd.readouterr().err), timeout=10)
+        finally:
+            unblock = os.open(dest, os.O_RDONLY | os.O_NONBLOCK)  # frees a writer stuck in open(), if any
+        started = time.monotonic()
+    assert time.monotonic() - started < 10
+    os.close(unblock)
+
+
+def test_an_on_failure_write_that_fails_is_one_json_line_and_serving_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "destination"
+    folder.mkdir()
+    dest = folder / "failures.jsonl"
+    with running(max_retry_attempts=0, on_failure=str(dest)) as (local, client):
+        shutil.rmtree(folder)  # gone after startup: the write fails
+        client.invoke(FunctionName="warmstart", InvocationType="Event", Payload=json.dumps({"raise": "nope"}))
+        assert wait_until(lambda: local.dropped_events, timeout=30)
+        err = ""
+
+        def logged() -> bool:
+            nonlocal err
+            err += capfd.readouterr().err
+            return bool(failure_lines(err))
+
+        assert wait_until(logged, timeout=10)
+        [line] = failure_lines(err)
+        assert line["level"] == "ERROR" and line["path"] == str(dest)
+        assert line["requestId"] == local.dropped_events[0]["requestContext"]["requestId"]  # type: ignore[index]
+        assert "No such file or directory" in str(line["error"])
+        assert "Traceback" not in err
+        result, _, _ = invoke(client, {})
+        assert "FunctionError" not in result
 
 
 def test_jitter_distributions_stay_in_their_bounds() -> None:

@@ -21,7 +21,7 @@ if ROOT not in sys.path:  # the fixtures live under tests/, which is not an inst
 
 from infra.local.cgroups import Cgroups, vcpus_for  # noqa: E402
 from infra.local.invocation import LOG_KEEP_BYTES, MAX_REQUEST_PAYLOAD  # noqa: E402
-from tests.fixtures.local_support import invoke, report, running, wait_until  # noqa: E402
+from tests.fixtures.local_support import alive, invoke, report, running, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +63,22 @@ def test_each_instance_runs_under_its_memory_sizes_quota_and_limit_and_the_handl
     assert not any(d.parent.exists() for d in dirs)  # the local Lambda's own directories are gone too
 
 
+@needs_cgroups
+def test_a_daemon_in_a_session_of_its_own_dies_with_its_instance_and_the_cgroup_goes() -> None:
+    """Lambda takes the whole sandbox: a child that left the process group (start_new_session) too."""
+    with running(handler="tests.fixtures.spawns_child.handler") as (local, client):
+        _, first, _ = invoke(client, {"daemon": True})
+        inst = next(iter(local.pool.instances.values()))
+        assert inst.cgroup is not None and alive(first["daemon"])
+        dirs = list(inst.cgroup.dirs)
+        assert local.retire_idle() == 1  # the instance goes, the local Lambda stays
+        assert wait_until(lambda: not alive(first["daemon"]) and not alive(first["child"]), timeout=10)
+        assert not any(d.exists() for d in dirs)  # removed with the instance, not left for shutdown
+        _, second, _ = invoke(client, {"daemon": True})
+        assert alive(second["daemon"])
+    assert wait_until(lambda: not alive(second["daemon"]), timeout=10)
+
+
 def test_quota_is_lambdas_rule_capped_at_six_and_the_host() -> None:
     assert vcpus_for(1769, host_cpus=64) == pytest.approx(1.0)
     assert vcpus_for(10_240, host_cpus=64) == pytest.approx(10_240 / 1769) and vcpus_for(10_240, host_cpus=64) <= 6
@@ -91,6 +107,7 @@ def test_without_cgroups_one_line_says_so(tmp_path: Path) -> None:
     line = none.describe(512)
     assert line.startswith("cgroups: none (v2: no cgroup2 mount; v1: no cpu hierarchy mounted)")
     assert "only shows in REPORT" in line
+    assert "killed by process group: a child in a session of its own outlives its instance" in line
     assert Cgroups.detect("off").describe(512).startswith("cgroups: none (turned off")
 
 
@@ -220,6 +237,30 @@ def test_simultaneous_cold_starts_wait_for_an_init_slot_and_all_succeed() -> Non
         # Three waves of two: each init's clock started with its slot, so none counts the waves before it.
         inits = [float(report(log)["Init Duration"].split()[0]) for _r, _b, log in results]
         assert max(inits) < 0.75 * elapsed_ms, (inits, elapsed_ms)
+
+
+def test_cold_starts_whose_init_sleeps_do_not_wait_for_each_others_slot_and_all_time_out_at_once() -> None:
+    """Slots ration CPU, not wall time: an init that sleeps (or blocks) lets the next one start. On Lambda
+    each sandbox inits on its own, so six inits that outlast the init timeout all fail at about T."""
+    timeout_s = 8.0
+    env = {"FIXTURE_INIT_SLEEP_S": "120"}
+    settings = {"init_slots": 1, "init_timeout_s": timeout_s, "max_concurrency": 6, "environment": env}
+    with running(handler="tests.fixtures.slow_init.handler", **settings) as (_local, client):  # type: ignore[arg-type]
+
+        def timed(_: int) -> tuple[float, Any]:
+            started = time.perf_counter()
+            result, body, _log = invoke(client, {})
+            return time.perf_counter() - started, (result, body)
+
+        with ThreadPoolExecutor(6) as pool:
+            outcomes = list(pool.map(timed, range(6)))
+    for _elapsed, (result, body) in outcomes:
+        assert result["FunctionError"] == "Unhandled"
+        assert body["errorType"] == "Sandbox.Timedout" and "Init phase timed out" in body["errorMessage"]
+    elapsed = sorted(e for e, _ in outcomes)
+    # Serialized, they would fail at T, 2T, ... 6T; rationed, only each one's start-up CPU staggers them.
+    assert elapsed[-1] < 1.75 * timeout_s, elapsed  # the second alone would fail at 2T
+    assert elapsed[-1] - elapsed[0] < 0.6 * timeout_s, elapsed
 
 
 def test_client_context_is_passed_as_one_json_header_line() -> None:
