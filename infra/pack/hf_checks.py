@@ -34,9 +34,11 @@ _DTYPE_BYTES = {
 _MAX_HEADER = 100 << 20  # the safetensors library's own limit on the JSON header
 
 
-def _error(message: str) -> Exception:
-    from infra.pack.hf_source import SourceError  # hf_source imports this module
+class SourceError(ValueError):
+    """A model directory `warmstart pack --from` refuses (raised before anything is written)."""
 
+
+def _error(message: str) -> Exception:
     return SourceError(message)
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
-from infra.pack.hf_source import HFSource, SourceError, UnsupportedModelError, read_source
+from infra.pack.hf_checks import SourceError
+from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
 

@@ -3,7 +3,10 @@
 Everything here is plain JSON and file checks: nothing is imported from torch or transformers, nothing is
 fetched from a hub, and nothing is written. A directory warmstart cannot serve faithfully (an architecture,
 a pooling mode, an extra module, a missing file) is refused here, before the packer writes anything, with a
-`SourceError` that names what was found and lists what is supported.
+`SourceError` that names what was found and lists what is supported. The value checks themselves (sizes,
+safetensors headers, tokenizer files) are in `hf_checks`.
+
+About one thing (the directory → one `HFSource`, each refusal beside what it reads), hence its length.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
 from infra.pack.hf_checks import (
+    SourceError,
     check_config,
     check_embeddings,
     check_tokenizer_json,
@@ -75,10 +79,6 @@ TOKENIZER_SOURCES = {
 }
 _MAX_LABELS = 100_000
 _UNBOUNDED_LENGTH = 1_000_000  # transformers writes model_max_length=1e30 when a tokenizer has no limit
-
-
-class SourceError(ValueError):
-    """A model directory `warmstart pack --from` refuses (raised before anything is written)."""
 
 
 class UnsupportedModelError(SourceError):

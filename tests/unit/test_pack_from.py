@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from infra.pack.hf_checks import SourceError
 from infra.pack.hf_pack import pack_from
-from infra.pack.hf_source import MissingFileError, SourceError, UnsupportedModelError, read_source
+from infra.pack.hf_source import MissingFileError, UnsupportedModelError, read_source
 from tests.tiny_models import FAMILIES, make_model_dir
 
 # One pooling mode per family, so every mode is exported and checked at least once.
