@@ -57,7 +57,7 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # missing, torn or hostile: as if absent
         return None
 
 
