@@ -287,14 +287,20 @@ def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
 
 def replace_dir(staging: Path, out: Path) -> None:
     """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
-    directory or the new one, never a mix (two renames; the old one is removed afterwards)."""
+    directory or the new one, never a mix (two renames; the old one is removed afterwards). The old one goes
+    aside into a fresh directory of our own (`mkdtemp` beside it), never a fixed name such as `.NAME.old`,
+    which could be someone else's directory (as infra/pack/publish.py does)."""
     import shutil  # deferred: never needed by a plain init
+    import tempfile
 
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
+    if not os.path.lexists(out):
         os.rename(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(staging, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    try:
+        os.rename(out, aside / out.name)
+    except OSError:
+        aside.rmdir()
+        raise
+    os.rename(staging, out)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -278,3 +278,20 @@ def test_any_file_list_loads_or_is_a_model_load_error(names: list[str]) -> None:
             path = (root / name).resolve()
             assert path.is_file() and path.is_relative_to(root.resolve()) and path != root.resolve()
             verify_sha256(manifest, [name])
+
+
+def test_replace_dir_never_touches_a_users_dot_old_directory(tmp_path: Path) -> None:
+    """It deleted a fixed `.NAME.old` sibling before the rename: a user's own directory of that name went too."""
+    from handler.core.manifest import replace_dir
+
+    out, staging, users = tmp_path / "model", tmp_path / ".staging", tmp_path / ".model.old"
+    for d, text in ((out, "old"), (staging, "new"), (users, "mine")):
+        d.mkdir()
+        (d / "f").write_text(text)
+    replace_dir(staging, out)
+    assert (out / "f").read_text() == "new" and (users / "f").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model"]  # the old version is gone
+    fresh = tmp_path / ".fresh"
+    fresh.mkdir()
+    replace_dir(fresh, tmp_path / "new-name")  # nothing to replace: one rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model", "new-name"]
