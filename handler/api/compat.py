@@ -30,10 +30,10 @@ import numpy as np
 
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
+from handler.tasks.text import encoding_format as _encoding_format
 from handler.tasks.text import flag as _flag
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
-ENCODING_FORMATS = ("float", "base64")
 
 
 class Route(Protocol):
@@ -124,9 +124,7 @@ class OpenAIEmbeddings:
 
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "input")
-        encoding = body.get("encoding_format") or "float"
-        if encoding not in ENCODING_FORMATS:
-            raise InvalidInputError(f'"encoding_format" is {encoding!r}; valid: {", ".join(ENCODING_FORMATS)}')
+        encoding = _encoding_format(body)  # null: float; any other value outside float | base64 is refused
         native: dict[str, Any] = {"inputs": _texts(body["input"], "input")}
         dimensions = _dimensions(body.get("dimensions"))
         if dimensions is not None:
@@ -137,7 +135,7 @@ class OpenAIEmbeddings:
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
-        encoding = original.get("encoding_format") or "float"
+        encoding = _encoding_format(original)
         vectors = shape_vectors(body["embeddings"], original.get("dimensions"), encoding)
         tokens = int((body.get("usage") or {}).get("tokens", 0))
         return {

@@ -53,6 +53,19 @@ def _request_context(event: Event) -> dict[str, Any]:
     return context if isinstance(context, dict) else {}
 
 
+def strip_stage(path: str, event: dict[str, Any]) -> str:
+    """`path` without the `/<stage>` an HTTP API puts in front of it on a named stage (`requestContext.stage`;
+    `$default` is served at the root and adds nothing). Only a whole first segment equal to the stage goes:
+    stage `prod` leaves `/production/...` alone, and stage `v1` turns `/v1/v1/embeddings` into `/v1/embeddings`."""
+    stage = _request_context(event).get("stage")
+    if not isinstance(stage, str) or not stage or stage == "$default":
+        return path
+    prefix = f"/{stage}"
+    if path == prefix:
+        return "/"
+    return path[len(prefix) :] if path.startswith(prefix + "/") else path
+
+
 def _dumps(body: JSON) -> str:
     return json.dumps(body, separators=(",", ":"))
 
@@ -124,7 +137,8 @@ class HttpApiV2(_Http):
         return str(event["requestContext"]["http"].get("method", "POST")).upper()
 
     def path(self, event: dict[str, Any]) -> str:
-        return str(event.get("rawPath") or event["requestContext"]["http"].get("path") or "/")
+        """The route's path: `rawPath` (with the stage in front on a named stage, custom domains included)."""
+        return strip_stage(str(event.get("rawPath") or event["requestContext"]["http"].get("path") or "/"), event)
 
 
 class Alb(_Http):
@@ -144,9 +158,16 @@ class Alb(_Http):
 
 
 class ApiGatewayV1(_Http):
-    """API Gateway REST API proxy integration (payload format 1.0)."""
+    """API Gateway REST API proxy integration, and HTTP API integrations on payload format 1.0."""
 
     name = "api-gateway-v1"
+
+    def path(self, event: dict[str, Any]) -> str:
+        """A REST API's `path` never holds the stage (`requestContext.path` does), so it is the route's path as
+        it is; an HTTP API's payload 1.0 (`"version": "1.0"`; REST events have no version) has the stage in
+        `path` on a named stage, as payload 2.0 has in `rawPath`."""
+        path = super().path(event)
+        return strip_stage(path, event) if event.get("version") == "1.0" else path
 
     def infer(self, event: Event) -> bool:
         return (

@@ -40,9 +40,13 @@ def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
         if header_len > min(_MAX_HEADER, size - 8):
             raise ModelLoadError(f"{path}: header length {header_len} does not fit the {size}-byte file")
         try:
-            header: dict[str, Any] = json.loads(f.read(header_len))
+            header: Any = json.loads(f.read(header_len))
         except ValueError as e:
             raise ModelLoadError(f"{path}: safetensors header is not valid JSON ({e})") from None
+        except RecursionError:  # `[[[[...` past the interpreter's recursion limit
+            raise ModelLoadError(f"{path}: safetensors header is not valid JSON (nested too deeply)") from None
+        if not isinstance(header, dict):
+            raise ModelLoadError(f"{path}: safetensors header is not a JSON object (got {type(header).__name__})")
     storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
     whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]  # byte view of the mapping; slices stay views
     base = 8 + header_len

@@ -21,6 +21,7 @@ POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_DEPTH = 64  # JSON nesting a manifest may have (a packed one has 6 levels); deeper is refused
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 
 
@@ -136,10 +137,29 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _too_deep() -> ValueError:
+    return ValueError(f"nested more than {MAX_DEPTH} levels deep")
+
+
 def parse_json(data: bytes | str) -> Any:
     """A manifest's JSON, with a key given twice refused: `json.loads` would silently keep the last entry,
-    and two `files` entries for one name would check one size and SHA-256 and skip the other."""
-    return json.loads(data, object_pairs_hook=_no_duplicates)
+    and two `files` entries for one name would check one size and SHA-256 and skip the other. Nesting past
+    `MAX_DEPTH` is refused as a ValueError too: past the interpreter's recursion limit the parser itself
+    raises RecursionError, and anything deep that did parse could recurse that far later (a copy, a dump)."""
+    try:
+        value = json.loads(data, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise _too_deep() from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > MAX_DEPTH:
+                    raise _too_deep()
+                stack.append((child, depth + 1))
+    return value
 
 
 def check_file_name(name: str) -> None:
@@ -267,14 +287,20 @@ def verify_sha256(manifest: Manifest, names: list[str] | None = None) -> None:
 
 def replace_dir(staging: Path, out: Path) -> None:
     """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
-    directory or the new one, never a mix (two renames; the old one is removed afterwards)."""
+    directory or the new one, never a mix (two renames; the old one is removed afterwards). The old one goes
+    aside into a fresh directory of our own (`mkdtemp` beside it), never a fixed name such as `.NAME.old`,
+    which could be someone else's directory (as infra/pack/publish.py does)."""
     import shutil  # deferred: never needed by a plain init
+    import tempfile
 
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
+    if not os.path.lexists(out):
         os.rename(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(staging, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    try:
+        os.rename(out, aside / out.name)
+    except OSError:
+        aside.rmdir()
+        raise
+    os.rename(staging, out)
+    shutil.rmtree(aside, ignore_errors=True)

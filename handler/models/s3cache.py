@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterable, Iterator
@@ -35,14 +36,27 @@ MB = 2**20
 @contextlib.contextmanager
 def flock(path: Path, blocking: bool = True) -> Iterator[bool]:
     """An exclusive lock on `path` (created); yields False at once when `blocking=False` and it is held, by
-    another process or by another open of this one."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    another process or by another open of this one. A prune removes lock files nobody holds (while holding
+    them), so a lock is only taken once the file locked is still the one at `path`: else it is opened again."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
+            os.close(fd)
             yield False
             return
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # removed (or replaced) while we waited for it: lock the file there now
+    try:
         yield True
     finally:
         os.close(fd)  # releases the lock
@@ -57,7 +71,7 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # missing, torn or hostile: as if absent
         return None
 
 
@@ -122,6 +136,45 @@ def _entries(cache_dir: Path) -> list[tuple[float, Path, dict[str, Any] | None]]
     return sorted(found, key=lambda e: e[0])
 
 
+_LOCK_NAME = re.compile(r"\.([0-9a-f]{16})\.lock")
+_KEEP_NAME = re.compile(r"\.keep-([0-9]+)\.json(\.tmp)?")
+
+
+def tidy(cache_dir: Path) -> list[str]:
+    """Remove the small files whose owner is gone; returns their names. A dead process's keep file (and the
+    `.tmp` of one it died writing): never this process's, never a live one's. A source's lock file once
+    nothing of that source is left (no published or staging directory) and no one holds it: it is taken
+    (non-blocking) and removed while held, and `flock` re-opens a lock file removed under a waiter."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return removed
+    idents = {ident_of(cache_dir / n) for n in names if not n.startswith(".") or n.startswith(STAGING)}
+    for name in names:
+        keep = _KEEP_NAME.fullmatch(name)
+        if keep is not None:
+            pid = int(keep.group(1))
+            if pid != os.getpid() and not _alive(pid):
+                (cache_dir / name).unlink(missing_ok=True)
+                removed.append(name)
+            continue
+        lock = _LOCK_NAME.fullmatch(name)
+        if lock is None or lock.group(1) in idents:
+            continue
+        path = cache_dir / name
+        with flock(path, blocking=False) as got:
+            # Checked again under the lock: a fetch that took it since has made its staging directory.
+            if (
+                got
+                and not any(cache_dir.glob(f"*-{lock.group(1)}"))
+                and not (cache_dir / f"{STAGING}{lock.group(1)}").exists()
+            ):
+                path.unlink(missing_ok=True)
+                removed.append(name)
+    return removed
+
+
 def prune(cache_dir: Path, keep: Iterable[Path]) -> list[str]:
     """Remove every model directory and abandoned download in `cache_dir` that neither this process (`keep`)
     nor another live one holds, oldest first; returns the names removed. A source being fetched right now
@@ -139,6 +192,7 @@ def prune(cache_dir: Path, keep: Iterable[Path]) -> list[str]:
             if got:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
+    tidy(cache_dir)
     return removed
 
 

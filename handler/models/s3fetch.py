@@ -37,7 +37,7 @@ from typing import Any
 from handler.core.config import env_int
 from handler.core.errors import ConfigError, InsufficientStorageError, ModelFetchError, WarmstartError
 from handler.core.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, parse_json, replace_dir, sha256_file
-from handler.models.s3cache import MARKER, STAGING, flock, hold, prune, read_json, write_json
+from handler.models.s3cache import MARKER, STAGING, flock, hold, prune, read_json, tidy, write_json
 
 DEFAULT_CACHE_DIR = Path("/tmp/warmstart/models")
 DEFAULT_PART_MB = 8
@@ -204,7 +204,8 @@ def fetch_model(
         with flock(settings.cache_dir / f".{ident}.lock"):
             out = fetch.reuse() or fetch.download()
             hold(settings.cache_dir, [out], add=True)  # before the lock goes: no other process's prune takes it
-            return out
+        tidy(settings.cache_dir)  # dead processes' keep files, locks of sources gone (one listing)
+        return out
     except WarmstartError:
         raise
     except OSError as e:

@@ -82,11 +82,19 @@ def flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
     return value
 
 
+def choice(body: dict[str, Any], key: str, valid: tuple[str, ...], default: str) -> str:
+    """An optional string option from a closed set (`default` when absent or null). Any other value, of any
+    type (`{}`, `[]`, `""`, `0`: never read as the default), is refused with the valid choices."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in valid:
+        raise InvalidInputError(f'"{key}" is {value!r}; valid: {", ".join(valid)}')
+    return value
+
+
 def encoding_format(body: dict[str, Any]) -> str:
-    value = body.get("encoding_format") or "float"
-    if value not in ENCODING_FORMATS:
-        raise InvalidInputError(f'"encoding_format" is {value!r}; valid: {", ".join(ENCODING_FORMATS)}')
-    return str(value)
+    return choice(body, "encoding_format", ENCODING_FORMATS, "float")
 
 
 def prompt_for(body: dict[str, Any], prompts: dict[str, str], default_name: str | None) -> str:
@@ -101,8 +109,10 @@ def prompt_for(body: dict[str, Any], prompts: dict[str, str], default_name: str 
         return prompt
     if name is None:
         return prompts[default_name] if default_name is not None else ""
+    valid = ", ".join(sorted(prompts)) if prompts else "none (this model has no prompts)"
+    if not isinstance(name, str):  # a list or an object would reach the dict lookup (unhashable)
+        raise InvalidInputError(f'"prompt_name" must be a string, got {type(name).__name__}; valid: {valid}')
     if name not in prompts:
-        valid = ", ".join(sorted(prompts)) if prompts else "none (this model has no prompts)"
         raise InvalidInputError(f'"prompt_name" {name!r} is not one of this model\'s prompts; valid: {valid}')
     return prompts[name]
 

@@ -35,6 +35,14 @@ DIRECT_BAD = {
     "wrong_types.json": "InvalidInputError",
     "missing_inputs.json": "InvalidInputError",
 }
+# OpenAI's route behind API Gateway on a named stage: HTTP API (payload 2.0 and 1.0) puts "/<stage>" in front
+# of the path; a REST API's `path` never has it (stage "v1": the path's own "/v1" must stay).
+STAGED = [
+    "http_api_v2_named_stage.json",
+    "http_api_v2_stage_v1.json",
+    "http_api_v1_named_stage.json",
+    "apigw_v1_stage_v1.json",
+]
 PINGS = ["warmer.json", "serverless_plugin_warmup.json", "eventbridge_scheduled.json"]
 UNSUPPORTED = {
     "s3_put.json": "an S3 event",
@@ -51,7 +59,7 @@ V2 = {"version": "2.0", "requestContext": {"http": {"method": "POST"}}}
 
 
 def test_every_event_file_is_exercised() -> None:
-    covered = {"direct.json", *HTTP_OK, *HTTP_BAD, *DIRECT_BAD, *PINGS, *UNSUPPORTED}
+    covered = {"direct.json", *HTTP_OK, *STAGED, *HTTP_BAD, *DIRECT_BAD, *PINGS, *UNSUPPORTED}
     assert set(event_names()) == covered
 
 
@@ -108,6 +116,24 @@ def test_http_sources(name: str, onnx_runtime: Runtime, load_event: Callable[[st
     # Same texts as direct.json: the body reached the model intact.
     direct = onnx_runtime.handle(load_event("direct.json"), None)["embeddings"]
     assert vectors == direct
+
+
+@pytest.mark.parametrize("name", STAGED)
+def test_openai_route_on_a_named_stage(name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
+    """Was 404 UnknownModelError: the stage prefix hid the route, and OpenAI's "model" was read as ours."""
+    event = load_event(name)
+    response = onnx_runtime.handle(event, None)
+    assert_http_shape(name, response, 200)
+    body = http_body(response)
+    assert body["object"] == "list" and body["model"] == MODEL_KEY, body
+    direct = onnx_runtime.handle(load_event("direct.json"), None)["embeddings"]  # the same two texts
+    assert [d["embedding"] for d in body["data"]] == direct
+    # The native route still answers on the same stage, at any other path.
+    event["body"] = json.dumps({"inputs": ["x"]})
+    for key in ("rawPath", "path"):
+        if key in event:
+            event[key] = event[key].replace("/v1/embeddings", "/embed")
+    assert_embeddings(http_body(onnx_runtime.handle(event, None)), 1)
 
 
 def test_alb_status_description_is_ok(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handler.core.errors import ModelLoadError
-from handler.core.manifest import load_manifest, verify_sha256
+from handler.core.manifest import MAX_DEPTH, load_manifest, parse_json, verify_sha256
 from handler.runtime.invocation import Runtime
 from infra.pack import pack_onnx
 from tests.conftest import MODEL_KEY, start, write_tiny_onnx
@@ -69,6 +70,33 @@ def test_invalid_json_manifest(tmp_path: Path, content: bytes) -> None:
     (tmp_path / "manifest.json").write_bytes(content)
     with pytest.raises(ModelLoadError, match=r"manifest\.json: not valid JSON"):
         load_manifest(tmp_path)
+
+
+def nest(root: Path, depth: int) -> None:
+    """Give the manifest one more field holding `depth` nested lists (written as text: json.dumps would recurse)."""
+    text = (root / "manifest.json").read_text().rstrip()
+    assert text.endswith("}")
+    (root / "manifest.json").write_text(text[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}")
+
+
+DEPTHS = [sys.getrecursionlimit() + 10, 100_000, MAX_DEPTH + 1]
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_a_manifest_nested_too_deeply_is_a_model_load_error(packed: Path, depth: int) -> None:
+    """Past the recursion limit it escaped as a raw RecursionError; anything past MAX_DEPTH is refused too, so
+    nothing that parsed can recurse that deep later (json.dumps of a status reply, a copy)."""
+    nest(packed, depth)
+    with pytest.raises(ModelLoadError, match=r"manifest\.json: not valid JSON \(nested more than \d+ levels deep"):
+        load_manifest(packed)
+    with pytest.raises(ModelLoadError, match="nested more than"):  # init: the typed error, not a RecursionError
+        Runtime.start(environ={"WARMSTART_MODEL": str(packed), "WARMSTART_WARMUP": "0"}, emit=None)
+
+
+def test_nesting_up_to_the_limit_parses() -> None:
+    assert parse_json("[" * (MAX_DEPTH - 1) + "{}" + "]" * (MAX_DEPTH - 1)) is not None
+    with pytest.raises(ValueError, match=f"nested more than {MAX_DEPTH} levels"):
+        parse_json("[" * MAX_DEPTH + "{}" + "]" * MAX_DEPTH)
 
 
 @pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
@@ -250,3 +278,20 @@ def test_any_file_list_loads_or_is_a_model_load_error(names: list[str]) -> None:
             path = (root / name).resolve()
             assert path.is_file() and path.is_relative_to(root.resolve()) and path != root.resolve()
             verify_sha256(manifest, [name])
+
+
+def test_replace_dir_never_touches_a_users_dot_old_directory(tmp_path: Path) -> None:
+    """It deleted a fixed `.NAME.old` sibling before the rename: a user's own directory of that name went too."""
+    from handler.core.manifest import replace_dir
+
+    out, staging, users = tmp_path / "model", tmp_path / ".staging", tmp_path / ".model.old"
+    for d, text in ((out, "old"), (staging, "new"), (users, "mine")):
+        d.mkdir()
+        (d / "f").write_text(text)
+    replace_dir(staging, out)
+    assert (out / "f").read_text() == "new" and (users / "f").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model"]  # the old version is gone
+    fresh = tmp_path / ".fresh"
+    fresh.mkdir()
+    replace_dir(fresh, tmp_path / "new-name")  # nothing to replace: one rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model", "new-name"]

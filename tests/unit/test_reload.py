@@ -23,6 +23,7 @@ from handler.models.watcher import Watcher
 from handler.runtime.invocation import Runtime
 from tests.conftest import write_tiny_onnx
 from tests.model_versions import flip_byte, truncate
+from tests.unit.test_manifest import nest
 
 X = [[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]]
 K = [1, 2]
@@ -114,8 +115,18 @@ def test_reloading_the_serving_version_changes_nothing(versions: dict[str, Versi
         (lambda d: (d / "manifest.json").write_text("{"), "not valid JSON"),
         (lambda d: list_file(d, ""), "files entry '': an empty file name"),
         (lambda d: list_file(d, "model\x00.onnx"), "files entry 'model\\\\x00.onnx': the name holds a NUL byte"),
+        (lambda d: nest(d, 100_000), "not valid JSON \\(nested more than"),
     ],
-    ids=["flipped-data-byte", "flipped-graph-byte", "truncated", "missing-file", "bad-manifest", "empty-name", "nul"],
+    ids=[
+        "flipped-data-byte",
+        "flipped-graph-byte",
+        "truncated",
+        "missing-file",
+        "bad-manifest",
+        "empty-name",
+        "nul",
+        "nested-past-the-recursion-limit",
+    ],
 )
 def test_a_damaged_version_is_refused_and_the_old_one_keeps_serving(
     versions: dict[str, Version], tmp_path: Path, damage: Any, message: str

@@ -68,3 +68,67 @@ def test_describe_says_what_the_cache_holds(tmp_path: Path) -> None:
     ]
     assert (report["models_mb"], report["partial_mb"], report["dir"]) == (174.0, 1.0, str(tmp_path))
     assert report["free_mb"] > 0
+
+
+def dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_locks_and_keep_files_whose_owner_is_gone_are_pruned(tmp_path: Path) -> None:
+    """Empty `.lock` files and dead processes' keep files (and their torn `.tmp`) stayed forever."""
+    gone, served = published(tmp_path, "m@1-aaaaaaaaaaaaaaaa", 1.0), published(tmp_path, "m@2-bbbbbbbbbbbbbbbb", 2.0)
+    for ident in ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc", "dddddddddddddddd"):
+        (tmp_path / f".{ident}.lock").touch()
+    (tmp_path / ".staging-dddddddddddddddd").mkdir()  # a resumable download: its lock stays
+    dead = dead_pid()
+    (tmp_path / f".keep-{dead}.json").write_text("[]")
+    (tmp_path / f".keep-{dead}.json.tmp").write_text("[")  # it died mid-write
+    (tmp_path / f".keep-{os.getppid()}.json").write_text(json.dumps([served.name]))  # alive: kept
+    (tmp_path / ".user.lock").touch()  # not a name of ours
+    with flock(tmp_path / ".eeeeeeeeeeeeeeee.lock"):  # a fetch in progress, nothing on disk yet: kept
+        assert prune(tmp_path, [served]) == [gone.name, ".staging-dddddddddddddddd"]
+        left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(
+        [
+            ".bbbbbbbbbbbbbbbb.lock",
+            ".eeeeeeeeeeeeeeee.lock",
+            f".keep-{os.getpid()}.json",
+            f".keep-{os.getppid()}.json",
+            ".user.lock",
+            served.name,
+        ]
+    )
+
+
+def test_a_staging_directory_being_resumed_keeps_its_lock(tmp_path: Path) -> None:
+    (tmp_path / ".staging-dddddddddddddddd").mkdir()
+    with flock(tmp_path / ".dddddddddddddddd.lock"):
+        assert prune(tmp_path, []) == []
+    assert (tmp_path / ".dddddddddddddddd.lock").exists()
+
+
+def test_a_lock_removed_while_waited_for_is_taken_again_on_the_new_file(tmp_path: Path) -> None:
+    """A prune unlinks a lock file it holds; whoever waited on that file must not go on holding a lock on an
+    unlinked inode beside a third process locking the new file."""
+    import threading
+
+    path = tmp_path / ".ffffffffffffffff.lock"
+    got = threading.Event()
+    release = threading.Event()
+
+    def waiter() -> None:
+        with flock(path):
+            got.set()
+            assert release.wait(10)
+
+    with flock(path):
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        assert not got.wait(0.2)
+        path.unlink()
+    assert got.wait(10)
+    with flock(path, blocking=False) as third:
+        assert third is False  # the waiter holds the file now at `path`
+    release.set()
+    thread.join(10)

@@ -29,6 +29,7 @@ from handler.models import s3fetch
 from handler.models.s3fetch import drop_clients, fetch_model, parse_s3_uri, read_pointer
 from handler.runtime.invocation import Runtime
 from tests.conftest import DEFAULT_MODEL, ROOT
+from tests.unit.test_manifest import nest
 
 BUCKET = "warmstart-models"
 PREFIX = "models/tiny/1.0/"
@@ -520,6 +521,29 @@ def test_odd_file_names_in_a_remote_manifest_fetch_nothing(s3: Any, tmp_path: Pa
     upload(s3, model.dir)
     rec = Recorder(s3)
     with pytest.raises(ModelFetchError, match=rf"invalid manifest: files entry {re.escape(repr(name))}"):
+        fetch(rec, tmp_path / "cache")
+    assert rec.ranged() == [] and published(tmp_path / "cache") == []
+
+
+def test_a_fetch_tidies_what_dead_processes_left_in_the_cache(tiny: Model, s3: Any, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (cache / f".keep-{int(done.stdout)}.json").write_text("[]")  # a process that exited
+    (cache / ".0123456789abcdef.lock").touch()  # a source long gone
+    out = fetch(s3, cache)
+    assert sorted(p.name for p in cache.iterdir() if p.name != out.name) == sorted(
+        [f".keep-{os.getpid()}.json", f".{out.name.rsplit('-', 1)[1]}.lock"]
+    )
+
+
+def test_a_remote_manifest_nested_too_deeply_is_a_fetch_error(s3: Any, tmp_path: Path) -> None:
+    """It escaped as a raw RecursionError; now ModelFetchError naming the object, nothing fetched or published."""
+    model = build_model(tmp_path / "src")
+    nest(model.dir, 100_000)
+    upload(s3, model.dir)
+    rec = Recorder(s3)
+    with pytest.raises(ModelFetchError, match=rf"{URI}manifest\.json: invalid manifest: nested more than"):
         fetch(rec, tmp_path / "cache")
     assert rec.ranged() == [] and published(tmp_path / "cache") == []
 

@@ -29,6 +29,10 @@ EXPECTED = {
     "ping_over_http_v2.json": "http-api-v2",
     "alb.json": "alb",
     "alb_multivalue.json": "alb",
+    "http_api_v2_named_stage.json": "http-api-v2",
+    "http_api_v2_stage_v1.json": "http-api-v2",
+    "http_api_v1_named_stage.json": "api-gateway-v1",
+    "apigw_v1_stage_v1.json": "api-gateway-v1",
 }
 UNSUPPORTED = {
     "s3_put.json": "an S3 event",
@@ -115,6 +119,36 @@ def test_http_api_v1_payload_format_is_v1(load_event: Callable[[str], Any]) -> N
     event = load_event("apigw_v1.json")
     event["version"] = "1.0"  # HTTP APIs with payload format 1.0 send the REST shape plus a version
     assert infer_source(event).name == "api-gateway-v1"
+
+
+def v2(raw_path: str, stage: Any) -> dict[str, Any]:
+    return {"version": "2.0", "rawPath": raw_path, "requestContext": {"http": {"method": "POST"}, "stage": stage}}
+
+
+def v1(path: str, stage: Any, version: str | None) -> dict[str, Any]:
+    event = {"httpMethod": "POST", "path": path, "requestContext": {"stage": stage, "path": f"/{stage}{path}"}}
+    return event if version is None else {"version": version, **event}
+
+
+@pytest.mark.parametrize(
+    ("event", "path"),
+    [
+        (v2("/prod/v1/embeddings", "prod"), "/v1/embeddings"),
+        (v2("/prod", "prod"), "/"),
+        (v2("/v1/v1/embeddings", "v1"), "/v1/embeddings"),  # the stage once, the path's own /v1 stays
+        (v2("/production/v1/embeddings", "prod"), "/production/v1/embeddings"),  # a whole segment only
+        (v2("/prodv1/embeddings", "prod"), "/prodv1/embeddings"),
+        (v2("/v1/embeddings", "$default"), "/v1/embeddings"),  # $default: served at the root
+        (v2("/v1/embeddings", None), "/v1/embeddings"),
+        (v2("/v1/embeddings", ["v1"]), "/v1/embeddings"),  # an odd stage value changes nothing
+        (v1("/prod/v1/embeddings", "prod", "1.0"), "/v1/embeddings"),  # HTTP API, payload format 1.0
+        (v1("/v1/embeddings", "v1", None), "/v1/embeddings"),  # REST API: `path` never holds the stage
+        (v1("/prod/v1/embeddings", "prod", None), "/prod/v1/embeddings"),  # so a REST path is taken as it is
+    ],
+)
+def test_the_stage_prefix_is_stripped_where_api_gateway_adds_it(event: dict[str, Any], path: str) -> None:
+    source = infer_source(event)
+    assert source.http and source.path(event) == path  # type: ignore[attr-defined]
 
 
 def test_decode_body() -> None:

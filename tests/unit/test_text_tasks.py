@@ -162,6 +162,17 @@ def test_default_prompt_name_applies_when_none_is_asked(tmp_path: Path) -> None:
     assert backend.feeds[-1]["input_ids"][0].tolist() == task.encoder.encode(["the fox"])[0][0].tolist()
 
 
+@pytest.mark.parametrize("name", [["query"], {"query": 1}, 3, True, ""])
+@pytest.mark.parametrize("prompts", [{"query": "query: ", "passage": "passage: "}, None])
+def test_prompt_name_of_another_type_is_a_typed_error(tmp_path: Path, name: Any, prompts: Any) -> None:
+    """A list or an object used to reach the prompts dict and fail as `TypeError: unhashable type` (a 500)."""
+    task, _ = make(tmp_path, "embedding", prompts=prompts)
+    valid = "passage, query" if prompts else "none"
+    with pytest.raises(InvalidInputError, match=f'"prompt_name" .*; valid: {valid}'):
+        task({"inputs": ["x"], "prompt_name": name})
+    assert len(task({"inputs": ["still serving"]})["embeddings"]) == 1
+
+
 def test_prompt_name_on_a_model_without_prompts(tmp_path: Path) -> None:
     task, _ = make(tmp_path, "embedding")
     with pytest.raises(InvalidInputError, match="valid: none"):
@@ -198,6 +209,15 @@ def test_base64_is_little_endian_float32(tmp_path: Path) -> None:
     assert len(base64.b64decode(cut)) == 2 * 4
     with pytest.raises(InvalidInputError, match="valid: float, base64"):
         task({"inputs": ["x"], "encoding_format": "int8"})
+
+
+@pytest.mark.parametrize("value", [{}, [], "", 0, False, ["base64"], {"float": 1}, 1.5])
+def test_encoding_format_of_another_type_is_refused(tmp_path: Path, value: Any) -> None:
+    """`{}`, `[]`, `""`, `0` and `false` used to be read as "float" (falsy); now only a valid string or null is."""
+    task, _ = make(tmp_path, "embedding")
+    with pytest.raises(InvalidInputError, match=r'"encoding_format" .*; valid: float, base64'):
+        task({"inputs": ["x"], "encoding_format": value})
+    assert isinstance(task({"inputs": ["x"], "encoding_format": None})["embeddings"][0], list)  # null: the default
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,20 @@ def test_garbled_header(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("header", "fragment"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "header is not valid JSON \\(nested"),  # was a raw RecursionError
+        (b"[1, 2]", "header is not a JSON object"),  # was AttributeError: 'list' object has no attribute 'items'
+        (b'"text"', "header is not a JSON object"),
+    ],
+)
+def test_a_header_that_is_no_object_is_a_model_load_error(tmp_path: Path, header: bytes, fragment: str) -> None:
+    path = write_raw(tmp_path / "w.safetensors", header, bytes(16))
+    with pytest.raises(ModelLoadError, match=fragment):
+        mmap_safetensors(path)
+
+
+@pytest.mark.parametrize(
     ("entry", "fragment"),
     [
         ({"dtype": "F32", "shape": [2], "data_offsets": [0, 800]}, "outside the file"),
