@@ -149,3 +149,14 @@ def tiny_tensor_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[...,
         return TinyModel(packed, w, b, Runtime.start(config, environ={}, emit=None))
 
     return make
+
+
+def http_v2_event(path: str, body: Any) -> dict[str, Any]:
+    """A minimal HTTP API (payload 2.0) / Function URL POST of a JSON body to `path` on the default stage."""
+    return {
+        "version": "2.0",
+        "rawPath": path,
+        "requestContext": {"http": {"method": "POST", "path": path}, "stage": "$default"},
+        "body": json.dumps(body),
+        "isBase64Encoded": False,
+    }

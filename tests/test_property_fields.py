@@ -23,7 +23,7 @@ from handler.api.compat import LAMBDA_PATHS, NATIVE, ROUTES
 from handler.core.errors import RequestError
 from handler.runtime.invocation import Runtime
 from infra.pack import pack_onnx
-from tests.conftest import DEFAULT_MODEL, start, write_tiny_onnx
+from tests.conftest import DEFAULT_MODEL, http_v2_event, start, write_tiny_onnx
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 LIMITS = {"warmup": False, "max_inputs": 4, "max_chars": 64, "threads": 1}
@@ -188,23 +188,13 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return case, body
 
 
-def v2_event(path: str, body: Any) -> dict[str, Any]:
-    return {
-        "version": "2.0",
-        "rawPath": path,
-        "requestContext": {"http": {"method": "POST", "path": path}, "stage": "$default"},
-        "body": json.dumps(body),
-        "isBase64Encoded": False,
-    }
-
-
 def check(runtime: Runtime, path: str, body: dict[str, Any]) -> None:
     failed = runtime.counted().get("failed", 0)
     if path == NATIVE.path:  # a direct invoke is the native request
         with contextlib.suppress(RequestError):  # raised: awslambdaric reports its class name
             json.dumps(runtime.handle(body, None))  # answered: awslambdaric must be able to serialize it
     if path == NATIVE.path or path in LAMBDA_PATHS:
-        response = runtime.handle(v2_event(path, body), None)
+        response = runtime.handle(http_v2_event(path, body), None)
         assert 200 <= response["statusCode"] < 500, response["body"]
         if response["statusCode"] != 200:
             assert json.loads(response["body"])["error"]["type"].endswith("Error")

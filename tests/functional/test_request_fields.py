@@ -14,22 +14,12 @@ import pytest
 from handler.api.compat import ROUTES
 from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
-from tests.conftest import DIM
+from tests.conftest import DIM, http_v2_event
 
 
 @pytest.fixture(scope="module")
 def runtime(new_runtime: Callable[..., Runtime]) -> Runtime:
     return new_runtime()
-
-
-def v2(path: str, body: Any) -> dict[str, Any]:
-    return {
-        "version": "2.0",
-        "rawPath": path,
-        "requestContext": {"http": {"method": "POST", "path": path}, "stage": "$default"},
-        "body": json.dumps(body),
-        "isBase64Encoded": False,
-    }
 
 
 def assert_refused(runtime: Runtime, path: str, body: dict[str, Any], fragment: str) -> None:
@@ -38,7 +28,7 @@ def assert_refused(runtime: Runtime, path: str, body: dict[str, Any], fragment: 
     if path in ("/invocations", "/embed"):  # a direct invoke reads the native request
         with pytest.raises(InvalidInputError, match=fragment):
             runtime.handle(body, None)
-    response = runtime.handle(v2(path, body), None)
+    response = runtime.handle(http_v2_event(path, body), None)
     error = json.loads(response["body"])["error"]
     assert (response["statusCode"], error["type"]) == (400, "InvalidInputError"), error
     assert fragment in error["message"]
