@@ -289,7 +289,7 @@ def replace_dir(staging: Path, out: Path) -> None:
     """Publish a fully written `staging` directory as `out`, replacing an older one: readers see the old
     directory or the new one, never a mix (two renames; the old one is removed afterwards). The old one goes
     aside into a fresh directory of our own (`mkdtemp` beside it), never a fixed name such as `.NAME.old`,
-    which could be someone else's directory (as infra/pack/publish.py does)."""
+    which could be someone else's directory. `warmstart pack` publishes through it too."""
     import shutil  # deferred: never needed by a plain init
     import tempfile
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from handler.core.manifest import FORMAT, MANIFEST_NAME, load_manifest, parse_json, sha256_file
+from handler.core.manifest import FORMAT, MANIFEST_NAME, load_manifest, parse_json, replace_dir, sha256_file
 
 # A model id names a directory (`models/ID` by default) and the manifest's key (`ID@VERSION`): a closed set of
 # characters, no path separators, never `.` or `..` (the first character is a letter or a digit).
@@ -128,20 +128,8 @@ def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sou
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         load_manifest(tmp)  # what we wrote must read back
         check_output(out, force, sources)  # still ours: nothing was put there while we built
-        _replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _replace(staging: Path, out: Path) -> None:
-    """Two renames, as handler.core.manifest.replace_dir, but the old directory goes aside under a fresh name of
-    our own: a fixed `.NAME.old` could be a user's directory, which would be deleted."""
-    if not os.path.lexists(out):
-        os.rename(staging, out)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rename(out, aside / out.name)
-    os.rename(staging, out)
-    shutil.rmtree(aside, ignore_errors=True)
