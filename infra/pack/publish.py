@@ -81,8 +81,6 @@ def _manifest_files(out: Path) -> set[str]:
         raise OutputError(f"{not_ours}: {MANIFEST_NAME} is {path.stat().st_size} bytes")
     try:
         raw = parse_json(path.read_bytes())
-    except RecursionError:  # json's recursive decoder on a deeply nested document
-        raise OutputError(f"{not_ours}: {MANIFEST_NAME} is nested too deeply to be a manifest") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise OutputError(f"{not_ours}: {MANIFEST_NAME} is not valid JSON ({e})") from None
     files = raw.get("files") if isinstance(raw, dict) else None

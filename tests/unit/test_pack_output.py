@@ -133,8 +133,8 @@ def test_force_refuses_a_directory_without_our_manifest(
         ('{"format": "warmstart-packed-model", "files": []}', "is not a 'warmstart-packed-model' manifest"),
         ("[1, 2]", "is not a 'warmstart-packed-model' manifest"),
         ("{not json", "is not valid JSON"),
-        ("[" * 200_000 + "]" * 200_000, "is nested too deeply to be a manifest"),  # past the recursion limit
-        ('{"a": ' * 200_000 + "1" + "}" * 200_000, "is nested too deeply to be a manifest"),
+        ("[" * 200_000 + "]" * 200_000, "nested more than 64 levels deep"),  # past the recursion limit
+        ('{"a": ' * 200_000 + "1" + "}" * 200_000, "nested more than 64 levels deep"),
     ],
     ids=["other-format", "files-not-an-object", "a-list", "not-json", "deep-list", "deep-object"],
 )
