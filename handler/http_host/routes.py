@@ -63,7 +63,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"body is {length} bytes; the limit is {limit} bytes")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -97,7 +98,8 @@ class Routes:
             accept = response_kind(request.headers.get("accept"))
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
-            raw = await _read_body(request, host.settings.payload_limit)
+            # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
+            raw = await drain.read(_read_body(request, host.settings.payload_limit), host.settings.body_timeout_s)
             drain.check()  # the body may have taken a while
             runtime, limit, request_id = host.runtime, host.settings.payload_limit, request.headers.get("x-request-id")
             future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id)
