@@ -31,6 +31,11 @@ from handler.core.errors import ServiceBusyError, error_body
 from handler.http_host.drain import SHUTTING_DOWN, Drain, RequestTimeoutError
 from handler.http_host.settings import HostSettings
 
+# After an answer written here the connection half-closes and reads (discarding) for up to this long before it
+# closes: closing with the client's request still arriving would reset the connection, and the client's TCP
+# stack may then drop the answer unread (the "lingering close" every HTTP server needs).
+LINGER_S = 0.5
+
 
 class HostProtocol(H11Protocol):
     """One connection. `bind` makes the subclass uvicorn instantiates, carrying the host's settings."""
@@ -44,6 +49,7 @@ class HostProtocol(H11Protocol):
         self.received = 0  # bytes received since then
         self.header_timer: asyncio.TimerHandle | None = None
         self.drain_timer: asyncio.TimerHandle | None = None
+        self.linger_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def bind(cls, settings: HostSettings, drain: Drain) -> type[HostProtocol]:
@@ -63,6 +69,8 @@ class HostProtocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.linger_timer is not None:
+            return  # answered and half-closed: what still comes is read and dropped
         self.received += len(data)
         super().data_received(data)
         if self.header_timer is not None and not self.waiting():
@@ -78,6 +86,10 @@ class HostProtocol(H11Protocol):
         """No request under way: between requests, or part of a request line or headers so far."""
         return self.cycle is None or self.cycle.response_complete
 
+    def closing(self) -> bool:
+        """Closed, or answered here and lingering (it closes within LINGER_S)."""
+        return self.transport.is_closing() or self.linger_timer is not None
+
     def wait_for_request(self) -> None:
         self.waiting_since, self.received = self.loop.time(), 0
         if self.header_timer is not None:
@@ -86,7 +98,7 @@ class HostProtocol(H11Protocol):
 
     def header_timeout(self) -> None:
         self.header_timer = None
-        if self.waiting() and not self.transport.is_closing():
+        if self.waiting() and not self.closing():
             message = f"the request's headers did not arrive within {self.settings.header_timeout_s} s"
             self.close_waiting(408, RequestTimeoutError.__name__, message)
 
@@ -99,7 +111,10 @@ class HostProtocol(H11Protocol):
 
     def _make_room(self) -> bool:
         """Over the cap: close the connection that has waited longest for a request, if any does."""
-        waiting = [c for c in self.connections if isinstance(c, HostProtocol) and c is not self and c.waiting()]
+        live = [c for c in self.connections if isinstance(c, HostProtocol) and not c.closing()]
+        if len(live) <= self.settings.max_connections:
+            return True  # the others over the count are closing already
+        waiting = [c for c in live if c is not self and c.waiting()]
         if not waiting:
             return False
         oldest = min(waiting, key=lambda c: c.waiting_since)
@@ -129,21 +144,30 @@ class HostProtocol(H11Protocol):
             self.transport.write(self.conn.send(h11.Data(data=body)) or b"")
             self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
         except h11.LocalProtocolError:
-            pass  # an answer is already under way on this connection: it cannot take another
-        self.close()
+            self.close()  # an answer is already under way on this connection: it cannot take another
+            return
+        self.cancel_timers()
+        if not self.transport.can_write_eof():
+            self.close()
+            return
+        self.transport.write_eof()
+        self.transport.resume_reading()
+        self.linger_timer = self.loop.call_later(LINGER_S, self.close)
 
     def close(self) -> None:
         self.cancel_timers()
+        if self.transport.is_closing():
+            return
         if self.conn.our_state is not h11.ERROR:
             with contextlib.suppress(h11.LocalProtocolError):
                 self.conn.send(h11.ConnectionClosed())
         self.transport.close()
 
     def cancel_timers(self) -> None:
-        for timer in (self.header_timer, self.drain_timer):
+        for timer in (self.header_timer, self.drain_timer, self.linger_timer):
             if timer is not None:
                 timer.cancel()
-        self.header_timer = self.drain_timer = None
+        self.header_timer = self.drain_timer = self.linger_timer = None
 
     # -- the drain
 
@@ -162,5 +186,5 @@ class HostProtocol(H11Protocol):
 
     def drain_over(self) -> None:
         self.drain_timer = None
-        if self.waiting() and not self.transport.is_closing():
+        if self.waiting() and not self.closing():
             self.close_waiting(503, ServiceBusyError.__name__, SHUTTING_DOWN)

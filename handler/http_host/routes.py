@@ -38,6 +38,7 @@ from handler.core.errors import (
     error_body,
     internal_error_body,
 )
+from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
@@ -54,7 +55,9 @@ class NotFoundError(UnsupportedRequestError):
 
 
 def _error(error: RequestError) -> JSONResponse:
-    headers = {"retry-after": "1"} if isinstance(error, ServiceBusyError) else None
+    headers = {"retry-after": "1"} if isinstance(error, ServiceBusyError) else {}
+    if isinstance(error, RequestTimeoutError | PayloadTooLargeError):
+        headers["connection"] = "close"  # the rest of the body is unread: the connection cannot carry another
     return JSONResponse(error.to_body(), error.status, headers=headers)
 
 

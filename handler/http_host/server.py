@@ -18,7 +18,7 @@ from handler.http_host.drain import CloseWhileDraining, Drain
 from handler.http_host.host import Host
 from handler.http_host.protocol import HostProtocol
 from handler.http_host.routes import create_app
-from handler.http_host.settings import HostSettings
+from handler.http_host.settings import HostSettings, accept_backlog
 from handler.observability import logs
 from handler.runtime.invocation import Runtime
 
@@ -97,6 +97,7 @@ def server(
         workers=1,
         # h11, with JSON for protocol errors, header timeouts, a connection cap and the drain's idle connections.
         http=HostProtocol.bind(settings, host.drain),
+        backlog=accept_backlog(settings.max_connections),
         access_log=False,
         log_config=None,  # uvicorn's loggers are ours (route_uvicorn_logs), not its dictConfig's
         log_level=None,

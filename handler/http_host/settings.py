@@ -126,3 +126,9 @@ def max_connections(files: int | None = None) -> int:
         if files == resource.RLIM_INFINITY:
             return DEFAULT_MAX_CONNECTIONS
     return max(1, min(DEFAULT_MAX_CONNECTIONS, (files - FILES_KEPT) // 2))
+
+
+def accept_backlog(max_connections: int) -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one turn of the loop, before
+    any is counted against the cap: a quarter of the cap keeps a burst within the files left (uvicorn: 2048)."""
+    return max(16, min(2048, max_connections // 4))
