@@ -48,6 +48,18 @@ ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
 
 
+REQUEST_ID_CHARS = 200  # X-Request-Id goes into every log line of its request: no more than this of it
+
+
+def request_id(value: str | None) -> str | None:
+    """The client's X-Request-Id as it goes into log lines: printable characters only (no forged line or
+    terminal escape), at most REQUEST_ID_CHARS of them; None when nothing is left."""
+    if not value:
+        return None
+    cleaned = "".join(c for c in value[: REQUEST_ID_CHARS * 4] if c.isprintable())[:REQUEST_ID_CHARS]
+    return cleaned or None
+
+
 class NotFoundError(UnsupportedRequestError):
     """No route at this path; the message lists the routes there are."""
 
@@ -104,8 +116,9 @@ class Routes:
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
             raw = await drain.read(_read_body(request, host.settings.payload_limit), host.settings.body_timeout_s)
             drain.check()  # the body may have taken a while
-            runtime, limit, request_id = host.runtime, host.settings.payload_limit, request.headers.get("x-request-id")
-            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id)
+            runtime, limit = host.runtime, host.settings.payload_limit
+            rid = request_id(request.headers.get("x-request-id"))
+            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, rid)
             status, body, media = await drain.track(future)
         except RequestError as e:
             host.runtime.count("rejected")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import signal
 import socket
 import threading
 import time
@@ -149,3 +150,42 @@ def test_connections_over_the_cap_get_503_json_at_once(tmp_path: Path, model_dir
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+        (b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n", 431),
+        (b"\x16\x03\x01 garbage \xff\xfe\r\n\r\n", 400),
+    ],
+    ids=["bad-content-length", "200KB-header", "garbage-request-line"],
+)
+def test_protocol_errors_are_json(host: int, request_bytes: bytes, status: int) -> None:
+    json_error(exchange(host, request_bytes), status, "InvalidHTTPRequestError")
+    conn = http.client.HTTPConnection("127.0.0.1", host, timeout=5)  # and the host still answers
+    try:
+        conn.request("GET", "/ping")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
+def test_uvicorn_lines_are_json_at_info(tmp_path: Path, model_dir: Path) -> None:
+    """At WARMSTART_LOG_LEVEL=INFO uvicorn's start, protocol-warning and stop lines were plain text."""
+    proc, port = drain_scenario.start(tmp_path, 1, 4, 0, 1, WARMSTART_LOG_LEVEL="INFO")
+    try:
+        exchange(port, b"garbage\r\n\r\n")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    not_json = [line for line in lines if not line.startswith("{")]
+    assert not_json == [], not_json
+    uvicorn = [r for r in map(json.loads, lines) if r.get("logger", "").startswith("uvicorn")]
+    messages = " | ".join(r["message"] for r in uvicorn)
+    assert "Uvicorn running on" in messages and "Invalid HTTP request" in messages and "Shutting down" in messages
+    assert all(r["level"] in ("INFO", "WARN") and r["timestamp"] for r in uvicorn)
