@@ -6,13 +6,19 @@ The moment the signal arrives (`begin`, scheduled on the event loop from the sig
 2. requests queued but not started are answered at once, 503 `ServiceBusyError` with `Retry-After`
    (another instance can take them now; this one would only make them wait);
 3. new requests, on connections still open, get the same 503;
-4. requests already running finish, for up to `drain_s` seconds; one still running then is answered 503
-   `ServiceBusyError` too (its worker finishes in the background), so no client ever gets uvicorn's
-   plain-text 500 from a cancelled task.
+4. requests already running finish, for up to `drain_s` seconds; one still running then (or whose body is
+   still uploading) is answered 503 `ServiceBusyError` too (its worker finishes in the background), so no
+   client ever gets uvicorn's plain-text 500 from a cancelled task;
+5. every answer sent from then on carries `Connection: close` (`CloseWhileDraining`), and uvicorn closes
+   the connection after it: a keep-alive client (an SDK's pool, a proxy) opens a new connection for its next
+   request, which the closed port refuses, instead of sending it on a connection about to be dropped.
 
-The server (uvicorn) stops accepting connections on the same signal and exits once every answer is sent.
-Answers go through `track`, which chains a worker's future to an asyncio future this class can settle
-early: cheaper than a task per request, and nothing is cancelled under a running model.
+The listening socket closes in the same turn of the loop (`on_begin`, the server's), so no connection is
+accepted after the first `Connection: close` answer. Connections idle at that moment stay open until their
+keep-alive time or the drain's end (`handler.http_host.protocol`), answering 503 whatever arrives on them,
+and the process exits once every connection is closed. Answers go through `track`, which chains a worker's
+future to an asyncio future this class can settle early: cheaper than a task per request, and nothing is
+cancelled under a running model.
 """
 
 from __future__ import annotations
@@ -20,13 +26,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
-from handler.core.errors import ServiceBusyError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from handler.core.errors import RequestError, ServiceBusyError
 from handler.runtime.workers import WorkerPool
 
 SHUTTING_DOWN = "instance is shutting down; retry (another instance will answer)"
+T = TypeVar("T")
+
+
+class RequestTimeoutError(RequestError):
+    """The request's headers or body did not arrive within the host's time for them
+    (`WARMSTART_HTTP_HEADER_TIMEOUT_S`, `WARMSTART_HTTP_BODY_TIMEOUT_S`)."""
+
+    status = 408
 
 
 class Drain:
@@ -38,6 +55,9 @@ class Drain:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: WorkerPool | None = None
         self._pending: set[asyncio.Future[Any]] = set()
+        self._reads: set[asyncio.Timeout] = set()  # body reads under way: the drain's end bounds them too
+        self.ends_at: float | None = None  # loop.time() when the drain time runs out
+        self.on_begin: list[Callable[[], None]] = []  # the server's: close the listening socket
 
     @property
     def draining(self) -> bool:
@@ -57,10 +77,16 @@ class Drain:
         if self.started is not None:
             return
         self.started = time.monotonic()
+        for hook in self.on_begin:
+            hook()
         if self._workers is not None:
             self.failed_queued = self._workers.drain(SHUTTING_DOWN)
         if self._loop is not None:
-            self._loop.call_later(self.drain_s, self.expire)
+            self.ends_at = self._loop.time() + self.drain_s
+            self._loop.call_at(self.ends_at, self.expire)
+            for read in self._reads:
+                when = read.when()
+                read.reschedule(self.ends_at if when is None else min(when, self.ends_at))
 
     def expire(self) -> None:
         """The drain time is over: whatever is still running is answered now."""
@@ -73,6 +99,24 @@ class Drain:
         """Refuse a new request while draining."""
         if self.started is not None:
             raise ServiceBusyError(SHUTTING_DOWN)
+
+    async def read(self, body: Awaitable[T], timeout_s: float) -> T:
+        """Await a request body for at most `timeout_s` (then 408 `RequestTimeoutError`) and never past the
+        drain's end (then 503 `ServiceBusyError`, like a request still running then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            async with asyncio.timeout_at(deadline if self.ends_at is None else min(deadline, self.ends_at)) as scope:
+                self._reads.add(scope)
+                try:
+                    return await body
+                finally:
+                    self._reads.discard(scope)
+        except TimeoutError:
+            if self.ends_at is not None and self.ends_at <= deadline:
+                self.expired += 1
+                raise ServiceBusyError(f"{SHUTTING_DOWN}; the drain time of {self.drain_s} s ran out") from None
+            raise RequestTimeoutError(f"the request body did not arrive within {timeout_s:g} s") from None
 
     def track(self, future: Future[Any]) -> asyncio.Future[Any]:
         """An awaitable for a worker's future that `expire` can settle early."""
@@ -96,6 +140,27 @@ class Drain:
             "failed_queued": self.failed_queued,
             "expired": self.expired,
         }
+
+
+class CloseWhileDraining:
+    """ASGI: once draining began, every answer carries `Connection: close`, whatever route or error made it
+    (uvicorn then closes the connection once the answer is sent)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app, self.drain = app, drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.drain.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
 
 
 def _settle(answer: asyncio.Future[Any], future: Future[Any]) -> None:

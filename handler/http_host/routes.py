@@ -38,6 +38,7 @@ from handler.core.errors import (
     error_body,
     internal_error_body,
 )
+from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
@@ -47,6 +48,18 @@ ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
 
 
+REQUEST_ID_CHARS = 200  # X-Request-Id goes into every log line of its request: no more than this of it
+
+
+def request_id(value: str | None) -> str | None:
+    """The client's X-Request-Id as it goes into log lines: printable characters only (no forged line or
+    terminal escape), at most REQUEST_ID_CHARS of them; None when nothing is left."""
+    if not value:
+        return None
+    cleaned = "".join(c for c in value[: REQUEST_ID_CHARS * 4] if c.isprintable())[:REQUEST_ID_CHARS]
+    return cleaned or None
+
+
 class NotFoundError(UnsupportedRequestError):
     """No route at this path; the message lists the routes there are."""
 
@@ -54,7 +67,9 @@ class NotFoundError(UnsupportedRequestError):
 
 
 def _error(error: RequestError) -> JSONResponse:
-    headers = {"retry-after": "1"} if isinstance(error, ServiceBusyError) else None
+    headers = {"retry-after": "1"} if isinstance(error, ServiceBusyError) else {}
+    if isinstance(error, RequestTimeoutError | PayloadTooLargeError):
+        headers["connection"] = "close"  # the rest of the body is unread: the connection cannot carry another
     return JSONResponse(error.to_body(), error.status, headers=headers)
 
 
@@ -63,7 +78,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"body is {length} bytes; the limit is {limit} bytes")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -97,10 +113,12 @@ class Routes:
             accept = response_kind(request.headers.get("accept"))
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
-            raw = await _read_body(request, host.settings.payload_limit)
+            # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
+            raw = await drain.read(_read_body(request, host.settings.payload_limit), host.settings.body_timeout_s)
             drain.check()  # the body may have taken a while
-            runtime, limit, request_id = host.runtime, host.settings.payload_limit, request.headers.get("x-request-id")
-            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, request_id)
+            runtime, limit = host.runtime, host.settings.payload_limit
+            rid = request_id(request.headers.get("x-request-id"))
+            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, rid)
             status, body, media = await drain.track(future)
         except RequestError as e:
             host.runtime.count("rejected")

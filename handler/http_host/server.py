@@ -5,30 +5,75 @@ Only `python -m handler` in HTTP mode imports this module (uvicorn is never on L
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import socket
 from collections.abc import Callable, Mapping
 from types import FrameType
 
 import uvicorn
 
-from handler.http_host.drain import Drain
+from handler.http_host.drain import CloseWhileDraining, Drain
 from handler.http_host.host import Host
+from handler.http_host.protocol import HostProtocol
 from handler.http_host.routes import create_app
-from handler.http_host.settings import HostSettings
+from handler.http_host.settings import HostSettings, accept_backlog
+from handler.observability import logs
 from handler.runtime.invocation import Runtime
+
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, with the drain started the moment a signal arrives (uvicorn itself only notices
-    at its next tick, up to 0.1 s later, and then closes the listening socket and waits for connections)."""
+    at its next tick, up to 0.1 s later, and then closes the listening socket and waits for connections).
+
+    The listening socket closes as the drain begins, in the same turn of the loop: before any answer says
+    `Connection: close`, so no client reconnects into a backlog that closing would reset. Connections the
+    kernel already completed are accepted first and answered (503)."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
+        self.accepting: set[asyncio.Task[object]] = set()
+        drain.on_begin.append(self.stop_listening)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.drain.begin_threadsafe()
         super().handle_exit(sig, frame)
+
+    def stop_listening(self) -> None:
+        loop = asyncio.get_running_loop()
+        for server in getattr(self, "servers", []):
+            for listener in server.sockets:
+                # A duplicate of the listening socket (the same queue): what the kernel accepted, we accept.
+                with socket.socket(fileno=os.dup(listener.fileno())) as queue:
+                    queue.setblocking(False)
+                    while True:
+                        try:
+                            conn, _ = queue.accept()
+                        except OSError:  # BlockingIOError: the queue is empty; or out of files
+                            break
+                        task = loop.create_task(loop.connect_accepted_socket(self.protocol, conn))
+                        self.accepting.add(task)
+                        task.add_done_callback(self.accepting.discard)
+            server.close()
+
+    def protocol(self) -> asyncio.Protocol:
+        return self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+
+
+def route_uvicorn_logs(level: int) -> None:
+    """uvicorn's own lines (start, stop, protocol warnings) as our JSON lines, at the function's level."""
+    handler = logs.json_handler()
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(level)
 
 
 def server(
@@ -38,8 +83,11 @@ def server(
     env = os.environ if environ is None else environ
     settings = HostSettings.from_environ(env, serve=sagemaker)
     host = Host(start, settings=settings)
+    # uvicorn's lines at WARMSTART_LOG_LEVEL (warnings by default: start and stop are INFO).
+    level = logs.LEVELS[logs.threshold(env)] if env.get("WARMSTART_LOG_LEVEL", "").strip() else logging.WARNING
+    route_uvicorn_logs(level)
     config = uvicorn.Config(
-        create_app(host),
+        CloseWhileDraining(create_app(host), host.drain),
         # All interfaces by default, on purpose: in a container (SageMaker, Cloud Run, Knative) requests arrive
         # on the container's own interface, never on its loopback. HOST=127.0.0.1 keeps it to this machine.
         host=env.get("HOST", "0.0.0.0"),
@@ -47,8 +95,12 @@ def server(
         # One process, one event loop: the runtime's worker pool is the concurrency; more processes would
         # each load the model and split the CPUs between sessions.
         workers=1,
+        # h11, with JSON for protocol errors, header timeouts, a connection cap and the drain's idle connections.
+        http=HostProtocol.bind(settings, host.drain),
+        backlog=accept_backlog(settings.max_connections),
         access_log=False,
-        log_level=env.get("WARMSTART_LOG_LEVEL", "warning"),
+        log_config=None,  # uvicorn's loggers are ours (route_uvicorn_logs), not its dictConfig's
+        log_level=None,
         lifespan="on",
         # A backstop only: the drain answers every request by drain_s, so uvicorn never has to cancel one.
         timeout_graceful_shutdown=settings.drain_s + 1,

@@ -20,6 +20,7 @@ we would refuse anyway from being buffered.
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -51,6 +52,14 @@ PAYLOAD_LIMITS: dict[HostName, int] = {
 # terminationGracePeriodSeconds of 30 s. A longer drain on Kubernetes needs a longer grace period too.
 DEFAULT_DRAIN_S = 8
 DEFAULT_PORT = 8080
+# A slow client may take this long to send its request line and headers, and then its body; past it, 408.
+# Both well above any real client on any network (a 6 MB body at 2 Mbit/s is 25 s), well below "forever".
+DEFAULT_HEADER_TIMEOUT_S = 10
+DEFAULT_BODY_TIMEOUT_S = 60
+# Connections held at once: at most this, and always below the process's file limit (RLIMIT_NOFILE), half of
+# which stays for the model's files, the runtime's threads and connections answered 503 while over the cap.
+DEFAULT_MAX_CONNECTIONS = 1000
+FILES_KEPT = 64
 _SAGEMAKER_HINTS = ("SAGEMAKER_BIND_TO_PORT", "SAGEMAKER_SAFE_PORT_RANGE")
 
 
@@ -85,6 +94,9 @@ class HostSettings:
     payload_limit: int = LAMBDA_PAYLOAD_LIMIT
     drain_s: int = DEFAULT_DRAIN_S
     port: int = DEFAULT_PORT
+    header_timeout_s: int = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: int = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, serve: bool = False) -> HostSettings:
@@ -97,7 +109,26 @@ class HostSettings:
             payload_limit=env_int(env, "WARMSTART_MAX_PAYLOAD_BYTES", PAYLOAD_LIMITS[name], 1, 1 << 31),
             drain_s=env_int(env, "WARMSTART_DRAIN_S", DEFAULT_DRAIN_S, 0, 3600),
             port=env_int(env, port_key, DEFAULT_PORT, 1, 65535),
+            header_timeout_s=env_int(env, "WARMSTART_HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S, 1, 3600),
+            body_timeout_s=env_int(env, "WARMSTART_HTTP_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S, 1, 3600),
+            max_connections=env_int(env, "WARMSTART_HTTP_MAX_CONNECTIONS", max_connections(), 1, max_connections()),
         )
 
     def describe_limit(self) -> str:
         return f"{self.payload_limit} bytes ({self.name})"
+
+
+def max_connections(files: int | None = None) -> int:
+    """The most connections the host holds at once: DEFAULT_MAX_CONNECTIONS, or half the file limit (less
+    what the process keeps) when that is lower. `files` is RLIMIT_NOFILE's soft limit, read when None."""
+    if files is None:
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if files == resource.RLIM_INFINITY:
+            return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, (files - FILES_KEPT) // 2))
+
+
+def accept_backlog(max_connections: int) -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one turn of the loop, before
+    any is counted against the cap: a quarter of the cap keeps a burst within the files left (uvicorn: 2048)."""
+    return max(16, min(2048, max_connections // 4))

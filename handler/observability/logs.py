@@ -120,15 +120,20 @@ class _Handler(logging.Handler):
             self.handleError(record)
 
 
+def json_handler() -> logging.Handler:
+    """A handler writing JSON lines to stdout (for other libraries' loggers too: uvicorn's on the HTTP host)."""
+    handler = _Handler()
+    handler.setFormatter(JsonFormatter())
+    return handler
+
+
 def configure(environ: Mapping[str, str] | None = None) -> logging.Logger:
     """Our logger writes JSON lines to stdout at the function's level, and does not also propagate to the
     root logger (awslambdaric's handler there would write every record a second time). Idempotent."""
     logger = logging.getLogger(LOGGER)
     logger.setLevel(LEVELS[threshold(environ)])
     if not any(isinstance(h, _Handler) for h in logger.handlers):
-        handler = _Handler()
-        handler.setFormatter(JsonFormatter())
-        logger.addHandler(handler)
+        logger.addHandler(json_handler())
     logger.propagate = False
     return logger
 

@@ -69,3 +69,18 @@ def test_trace_headers_are_logged_and_echoed(client: TestClient, capsys: pytest.
     assert warn["function_request_id"] == "r-9" and warn["xray_trace_id"] == ROOT and "exception" not in warn
     garbage = client.post("/invocations", json={"inputs": ["x"]}, headers={"traceparent": "nonsense"})
     assert "traceparent" not in garbage.headers
+
+
+def test_request_id_is_capped_and_stripped_of_control_characters(
+    client: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """X-Request-Id goes into every log line of the request: a 16 KB one, or one with control characters
+    (a forged newline, an ANSI escape), went in whole."""
+    capsys.readouterr()
+    huge = "r-" + "x" * 16_000
+    forged = b"r-1\x1b[31m\x7f\tend"  # ESC, DEL, TAB
+    for request_id in (huge.encode(), forged):
+        assert client.post("/invocations", json={"inputs": 5}, headers={"x-request-id": request_id}).status_code == 400
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    ids = [r["function_request_id"] for r in records if r.get("function_request_id")]
+    assert ids and ids[0] == huge[:200] and ids[-1] == "r-1[31mend"

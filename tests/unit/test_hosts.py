@@ -10,6 +10,7 @@ import pytest
 from handler.core import config as config_module
 from handler.core.config import Config
 from handler.core.errors import ConfigError
+from handler.http_host import settings as settings_module
 from handler.http_host.settings import DEFAULT_DRAIN_S, MB, HostSettings, detect_host
 
 
@@ -60,3 +61,28 @@ def test_sagemaker_model_dir_used_when_it_holds_a_packed_model(tmp_path: Path, m
     (ml / "manifest.json").write_text(json.dumps({}))
     assert Config.from_environ({}).model_dir == ml
     assert Config.from_environ({"WARMSTART_MODEL": "/models/x"}).model_dir == Path("/models/x")  # a setting wins
+
+
+def test_http_limits_default_and_strict() -> None:
+    """Header and body times and the connection cap: defaults, overrides, and refusals of what is not one."""
+    settings = HostSettings.from_environ({})
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (10, 60)
+    assert 1 <= settings.max_connections <= settings_module.max_connections()
+    env = {"WARMSTART_HTTP_HEADER_TIMEOUT_S": "2", "WARMSTART_HTTP_BODY_TIMEOUT_S": "5"}
+    env["WARMSTART_HTTP_MAX_CONNECTIONS"] = "7"
+    assert (HostSettings.from_environ(env).header_timeout_s, HostSettings.from_environ(env).max_connections) == (2, 7)
+    for key, bad in [
+        ("WARMSTART_HTTP_HEADER_TIMEOUT_S", "0"),
+        ("WARMSTART_HTTP_BODY_TIMEOUT_S", "1.5"),
+        ("WARMSTART_HTTP_MAX_CONNECTIONS", "ten"),
+        ("WARMSTART_HTTP_MAX_CONNECTIONS", str(settings_module.max_connections() + 1)),  # past the file limit
+    ]:
+        with pytest.raises(ConfigError, match=key):
+            HostSettings.from_environ({key: bad})
+
+
+def test_connection_cap_stays_below_the_file_limit() -> None:
+    assert settings_module.max_connections(512) == 224  # half of what the process does not keep
+    assert settings_module.max_connections(1 << 20) == settings_module.DEFAULT_MAX_CONNECTIONS
+    assert settings_module.max_connections(10) == 1
+    assert settings_module.accept_backlog(224) == 56 and settings_module.accept_backlog(1000) == 250
