@@ -72,14 +72,6 @@ headers = st.fixed_dictionaries(
 )
 
 
-def known_task_fault(path: str, body: Any, status: int) -> bool:
-    """Faults of the task/api modules (handler/api, handler/tasks) fixed by another engineer: issue 24 items
-    5/13, `prompt_name` given as a list or object, and `encoding_format: {}` (or a list), answered 500."""
-    if status != 500 or not isinstance(body, dict):
-        return False
-    return isinstance(body.get("prompt_name"), list | dict) or isinstance(body.get("encoding_format"), list | dict)
-
-
 @pytest.fixture(scope="module")
 def client(new_runtime: Callable[..., Runtime]) -> Iterator[TestClient]:
     runtime = new_runtime()
@@ -97,8 +89,6 @@ def check(client: TestClient, method: str, path: str, content: bytes, hdrs: dict
         return
     assert r.headers.get("content-type", "").startswith("application/json"), (r.status_code, r.text[:200])
     parsed = r.json() if method != "HEAD" else {"error": {"type": "", "message": ""}}  # HEAD: no body, by HTTP
-    if known_task_fault(path, body, r.status_code):
-        return
     assert r.status_code != 500, (method, path, hdrs, body, parsed)
     if r.status_code >= 300:
         assert isinstance(parsed["error"]["type"], str) and isinstance(parsed["error"]["message"], str), parsed
@@ -130,4 +120,4 @@ def test_content_length_lies_are_json(client: TestClient, path: str, body: Any, 
     content = json.dumps(body).encode()
     r = client.post(path, content=content, headers={"content-type": "application/json", "content-length": length})
     assert r.headers.get("content-type", "").startswith("application/json")
-    assert r.status_code != 500 or known_task_fault(path, body, r.status_code), r.text[:300]
+    assert r.status_code != 500, r.text[:300]
