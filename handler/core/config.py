@@ -27,6 +27,17 @@ SNAPSHOT_MODES: tuple[SnapshotMode, ...] = ("vm", "fork")
 SNAP_START = "snap-start"
 
 
+def init_type(environ: Mapping[str, str] | None = None) -> str:
+    """What started this init, for the init report: Lambda's `AWS_LAMBDA_INITIALIZATION_TYPE` (on-demand,
+    provisioned-concurrency, snap-start, ...); "on-demand" under a Lambda runtime API that sets none (the
+    emulator); "http-host" with no Lambda runtime at all: the HTTP host inits at startup, before any request."""
+    env = os.environ if environ is None else environ
+    given = env.get("AWS_LAMBDA_INITIALIZATION_TYPE")
+    if given:
+        return given
+    return "on-demand" if env.get("AWS_LAMBDA_RUNTIME_API") else "http-host"
+
+
 def snapshot_mode(environ: Mapping[str, str] | None = None) -> SnapshotMode | None:
     """None unless this init will be snapshotted (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`)."""
     env = os.environ if environ is None else environ

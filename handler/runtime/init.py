@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from handler.core.config import Config, snapshot_mode
+from handler.core.config import Config, init_type, snapshot_mode
 from handler.models.loader import Loaded, load_model, max_concurrency
 from handler.models.registry import Registry
 from handler.observability import report
@@ -117,7 +117,7 @@ def _report(
         "warmstart": "init",
         "model": manifest.key,
         "task": manifest.task,
-        "init_type": env.get("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand"),
+        "init_type": init_type(env),
         "snapshot": snapshot,
         **loaded.facts,
         "phases_ms": dict(timer.phases),

@@ -55,8 +55,16 @@ def test_one_report_with_the_documented_keys(backend: str, model_dir: Path, requ
     json.dumps(record)  # plain JSON, no default= needed
 
 
-def test_init_type_defaults_to_on_demand(model_dir: Path) -> None:
-    assert start_with_report(model_dir, "onnx", {})[0]["init_type"] == "on-demand"
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"AWS_LAMBDA_INITIALIZATION_TYPE": "provisioned-concurrency"}, "provisioned-concurrency"),
+        ({"AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001"}, "on-demand"),  # Lambda's emulator sets no init type
+        ({}, "http-host"),  # no Lambda runtime: the HTTP host, whose init runs at startup, before any request
+    ],
+)
+def test_init_type_says_who_started_the_init(model_dir: Path, env: dict[str, str], expected: str) -> None:
+    assert start_with_report(model_dir, "onnx", env)[0]["init_type"] == expected
 
 
 def test_threads_follow_lambda_memory(model_dir: Path) -> None:
