@@ -7,10 +7,12 @@ and a function pays only for the one it runs.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handler.backends.device import CudaProbe
+from handler.core.config import env_bool, env_switch
 from handler.core.errors import ConfigError
 from handler.core.manifest import Manifest
 from handler.core.types import BACKEND_NAMES, Arrays, BackendName
@@ -28,6 +30,21 @@ class BackendSettings:
     # The manifest's pre-optimized ONNX model with prepacked weights, when made for this ORT and CPU
     # (WARMSTART_ORT_OPTIMIZED=0: never).
     optimized: bool = True
+    # Outputs bound into pooled buffers: None lets the backend decide (on for CUDA, where it saves a copy).
+    iobinding: bool | None = None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str], threads: int, cuda: CudaProbe, spin: bool) -> BackendSettings:
+        """ONNX Runtime's switches parsed as every other setting (`WARMSTART_ORT_PREPACK=false` is off; a value
+        outside 1/0/true/false/yes/no/on/off fails init with ConfigError)."""
+        return cls(
+            threads=threads,
+            cuda=cuda,
+            spin=spin,
+            prepack=env_bool(env, "WARMSTART_ORT_PREPACK", True),
+            optimized=env_bool(env, "WARMSTART_ORT_OPTIMIZED", True),
+            iobinding=env_switch(env, "WARMSTART_ORT_IOBINDING"),
+        )
 
 
 class Backend(Protocol):

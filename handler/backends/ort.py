@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -102,7 +101,7 @@ class OnnxBackend:
         self.threads = settings.threads
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._plan_bound_outputs()
-        self.bind_outputs = CUDA in self.providers or os.environ.get("WARMSTART_ORT_IOBINDING") == "1"
+        self.bind_outputs = CUDA in self.providers if settings.iobinding is None else settings.iobinding
 
     def _plan_bound_outputs(self) -> None:
         """Outputs whose every dim is fixed or named after an input's dim can be preallocated and bound."""

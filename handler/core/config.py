@@ -71,7 +71,8 @@ def env_int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) ->
     return value
 
 
-def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+def env_bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    """A switch: 1/true/yes/on or 0/false/no/off (any case); unset or blank means `default`; else ConfigError."""
     raw = env.get(key, "").strip().lower()
     if raw == "":
         return default
@@ -80,6 +81,11 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{key}={raw!r}; valid values: 1, 0, true, false, yes, no, on, off")
+
+
+def env_switch(env: Mapping[str, str], key: str) -> bool | None:
+    """A three-way switch: None when unset or blank (the code decides), else `env_bool`'s reading."""
+    return env_bool(env, key, False) if (env.get(key) or "").strip() else None
 
 
 def parse_model_source(key: str, value: str) -> str:
@@ -154,12 +160,12 @@ class Config:
             max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
             max_elements=env_int(env, "WARMSTART_MAX_ELEMENTS", cls.max_elements, 1, 1 << 31),
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
-            verify_sha256=_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
+            verify_sha256=env_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
             # An on-demand Lambda init sits on the first request's path: a warm-up inference there costs more
             # init than it saves that request (docs/coldstart.md). Provisioned concurrency and SnapStart init
             # ahead of traffic, and other hosts gate traffic on readiness: those warm up.
-            warmup=_bool(env, "WARMSTART_WARMUP", env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand"),
+            warmup=env_bool(env, "WARMSTART_WARMUP", env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand"),
             device=device,
             model_uri=model_uri,
             models=models,
@@ -169,5 +175,5 @@ class Config:
             pointer_check_s=env_int(env, "WARMSTART_POINTER_CHECK_S", cls.pointer_check_s, 1, 86_400),
             http_status=http_status,
             tracemalloc_s=env_int(env, "WARMSTART_TRACEMALLOC_S", cls.tracemalloc_s, 0, 3600),
-            tokenizer_shortcut=_bool(env, "WARMSTART_TOKENIZER_SHORTCUT", cls.tokenizer_shortcut),
+            tokenizer_shortcut=env_bool(env, "WARMSTART_TOKENIZER_SHORTCUT", cls.tokenizer_shortcut),
         )

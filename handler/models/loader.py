@@ -119,13 +119,7 @@ def load_model(
     threads = threads or config.threads or max(1, budget.cpus // slots)
     on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
     cuda = probe_cuda(config.device)
-    settings = BackendSettings(
-        threads=threads,
-        cuda=cuda,
-        spin=not on_lambda and threads > 1,
-        prepack=env.get("WARMSTART_ORT_PREPACK", "1") != "0",
-        optimized=env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0",
-    )
+    settings = BackendSettings.from_environ(env, threads, cuda, spin=not on_lambda and threads > 1)
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):
         device = backend.warm_device()

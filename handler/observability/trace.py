@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from handler.core.config import env_switch
+
 if TYPE_CHECKING:  # the optional dependency, for its types only
     from opentelemetry.trace import Span, Tracer
 
@@ -76,10 +78,8 @@ def from_headers(headers: Mapping[str, str]) -> tuple[str | None, dict[str, str]
 def otel_tracer(environ: Mapping[str, str] | None = None) -> Tracer | None:
     """An OpenTelemetry tracer if OpenTelemetry is in use, else None (and nothing imported)."""
     env = os.environ if environ is None else environ
-    wanted = env.get("WARMSTART_OTEL", "").strip().lower()
-    if wanted in ("0", "false", "off"):
-        return None
-    if "opentelemetry.trace" not in sys.modules and wanted not in ("1", "true", "on"):
+    wanted = env_switch(env, "WARMSTART_OTEL")  # None: only if OpenTelemetry is already in use
+    if wanted is False or (wanted is None and "opentelemetry.trace" not in sys.modules):
         return None
     try:
         from opentelemetry import trace  # deferred: only where OpenTelemetry is already in use or asked for

@@ -38,6 +38,8 @@ _LIBS = {
     "torch": (_NUMPY, _TOKENIZERS),
 }
 _SKIP = ("providers_cuda", "providers_tensorrt")
+# The values that turn a switch off, as handler.core.config.env_bool reads them (not imported: prefetch runs first).
+_OFF = ("0", "false", "no", "off")
 
 _started: Prefetch | None = None
 
@@ -127,12 +129,12 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
     names = list(spec.get("files", []))
     ranges: dict[str, list[list[int]]] = {}
     optimized = spec.get("optimized")
-    if optimized and _fits(optimized) and env.get("WARMSTART_ORT_OPTIMIZED", "1") != "0":
+    if optimized and _fits(optimized) and (env.get("WARMSTART_ORT_OPTIMIZED") or "1").strip().lower() not in _OFF:
         names = list(optimized.get("files", [])) or names  # the session will open these instead
         ranges = optimized.get("touched_ranges") or {}
     tokenizer = raw.get("tokenizer") or {}
     shortcut = tokenizer.get("shortcut") or {}
-    shortcut_on = env.get("WARMSTART_TOKENIZER_SHORTCUT", "1") not in ("0", "false", "no", "off")
+    shortcut_on = (env.get("WARMSTART_TOKENIZER_SHORTCUT") or "1").strip().lower() not in _OFF
     if shortcut.get("vocab") in raw.get("files", {}) and shortcut_on:
         names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
     elif tokenizer.get("file"):

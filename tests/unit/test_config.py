@@ -99,3 +99,31 @@ def test_warmup_by_default_only_where_init_is_off_the_request_path(init_type: st
     env = {"AWS_LAMBDA_INITIALIZATION_TYPE": init_type} if init_type else {}
     assert Config.from_environ(env).warmup is expected
     assert Config.from_environ({**env, "WARMSTART_WARMUP": "1"}).warmup is True
+
+
+def test_onnx_runtime_switches_parse_like_every_setting() -> None:
+    # `WARMSTART_ORT_PREPACK=false` once kept prepacking on: only "0" turned it off.
+    from handler.backends.contract import BackendSettings
+    from handler.backends.device import CudaProbe
+
+    cpu = CudaProbe(False, "test")
+    off = {"WARMSTART_ORT_PREPACK": "false", "WARMSTART_ORT_OPTIMIZED": "Off", "WARMSTART_ORT_IOBINDING": "yes"}
+    s = BackendSettings.from_environ(off, 1, cpu, spin=False)
+    assert (s.prepack, s.optimized, s.iobinding) == (False, False, True)
+    s = BackendSettings.from_environ({}, 1, cpu, spin=False)
+    assert (s.prepack, s.optimized, s.iobinding) == (True, True, None)
+    for key in off:
+        with pytest.raises(ConfigError, match=f"{key}='maybe'; valid values: 1, 0, true"):
+            BackendSettings.from_environ({key: "maybe"}, 1, cpu, spin=False)
+
+
+def test_otel_switch_parses_like_every_setting() -> None:
+    import opentelemetry.trace  # noqa: F401  (in use: spans unless switched off)
+
+    from handler.observability.trace import otel_tracer
+
+    assert otel_tracer({}) is not None
+    assert otel_tracer({"WARMSTART_OTEL": "false"}) is None and otel_tracer({"WARMSTART_OTEL": "no"}) is None
+    assert otel_tracer({"WARMSTART_OTEL": "yes"}) is not None
+    with pytest.raises(ConfigError, match="WARMSTART_OTEL"):
+        otel_tracer({"WARMSTART_OTEL": "sometimes"})
