@@ -324,6 +324,11 @@ def _offsets_past_the_end(path: Path) -> None:
 
 
 DENSE = "sentence_transformers.models.Dense"
+JINA_V2_AUTO_MAP = {
+    "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+    "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
+    "AutoModelForMaskedLM": "jinaai/jina-bert-implementation--modeling_bert.JinaBertForMaskedLM",
+}
 _OUTSIDE = r"model\.safetensors: tensor '[^']+': bytes \d+\.\.\d+ are outside the file's \d+ data bytes"
 REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[SourceError], str]] = {
     "architecture": (
@@ -355,7 +360,8 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
             lambda m: m.append({"idx": 3, "name": "3", "path": "3_Dense", "type": DENSE}),
         ),
         UnsupportedModelError,
-        r"module Dense is not supported; supported sentence-transformers modules: Transformer, Pooling, Normalize",
+        r"module sentence_transformers.models.Dense is not supported; supported sentence-transformers modules: "
+        r"Transformer, Pooling, Normalize",
     ),
     "include-prompt": (
         "sentence-transformers",
@@ -458,6 +464,50 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         UnsupportedModelError,
         r"BertForMaskedLM is neither a sentence-transformers embedder .* supported: a sentence-transformers model",
     ),
+    # issue 25: custom code packed as if it were the stock class (and served garbage).
+    "auto-map-jina-v2": (  # jina-embeddings-v2: model_type bert, auto_map to JinaBert (ALiBi, GEGLU)
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(auto_map=JINA_V2_AUTO_MAP)),
+        UnsupportedModelError,
+        r"config.json: auto_map names the model's own code \(AutoConfig: .*, AutoModel: jinaai/jina-bert-"
+        r"implementation--modeling_bert.JinaBertModel, .*\), which warmstart never runs; a checkpoint with "
+        r"native transformers support is needed \(e.g. the model's -hf variant, or one whose model_type is a "
+        r"stock bert, roberta, xlm-roberta, distilbert, mpnet without auto_map\)",
+    ),
+    "custom-st-module-jina-v3": (  # jina-embeddings-v3: xlm-roberta + a custom_st.Transformer module
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "modules.json", lambda m: m[0].update(type="custom_st.Transformer")),
+        UnsupportedModelError,
+        r"modules.json: module type 'custom_st.Transformer' is the model's own code, not a sentence-transformers "
+        r"class; warmstart never runs it; supported: sentence_transformers.models.Transformer",
+    ),
+    "st-module-unknown-path": (  # inside the package, but not a class path sentence-transformers writes
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "modules.json", lambda m: m[1].update(type="sentence_transformers.x.Pooling")),
+        UnsupportedModelError,
+        r"module sentence_transformers.x.Pooling is not supported; supported sentence-transformers modules: "
+        r"Transformer, Pooling, Normalize",
+    ),
+    "non-stock-architecture": (  # the same without auto_map: a class transformers does not have
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(architectures=["JinaBertForMaskedLM"])),
+        UnsupportedModelError,
+        r"config.json: architecture 'JinaBertForMaskedLM' is not a stock transformers bert class; supported: "
+        r"BertModel, BertFor\*",
+    ),
+    "tokenizer-auto-map": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(
+            d / "tokenizer_config.json", lambda c: c.update(auto_map={"AutoTokenizer": ["tok.MyTokenizer", None]})
+        ),
+        UnsupportedModelError,
+        r"tokenizer_config.json: auto_map names the model's own code \(AutoTokenizer: tok.MyTokenizer\)",
+    ),
 }
 
 
@@ -507,6 +557,32 @@ def test_task_that_does_not_fit_is_refused(tmp_path: Path, kind: str, task: str,
     with pytest.raises(SourceError, match=message):
         pack_from(src, tmp_path / "packed", task=task)
     assert not (tmp_path / "packed").exists()
+
+
+def test_module_types_are_matched_by_exact_class_path(tmp_path: Path) -> None:
+    """Each modules.json spelling warmstart accepts is one sentence-transformers writes, and the installed
+    sentence-transformers resolves it to that stock class (without trust_remote_code); each one packs."""
+    import warnings
+
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from sentence_transformers.util import import_module_class
+
+    from infra.pack.hf_source import ST_MODULE_TYPES
+
+    stock = {"Transformer": Transformer, "Pooling": Pooling, "Normalize": Normalize}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the pre-6.0 paths are deprecated aliases
+        for type_name, kind in ST_MODULE_TYPES.items():
+            assert import_module_class(type_name, str(tmp_path)) is stock[kind], type_name
+    src = make_model_dir(tmp_path, "bert", normalize=True)
+    for type_name, kind in ST_MODULE_TYPES.items():
+        index = ["Transformer", "Pooling", "Normalize"].index(kind)
+        modules = json.loads((src / "modules.json").read_text())
+        modules[index]["type"] = type_name
+        (src / "modules.json").write_text(json.dumps(modules))
+        source = read_source(src)
+        assert (source.task, source.pooling, source.normalize) == ("embedding", "mean", True), type_name
+        assert source.model_root == src
 
 
 def test_task_auto_detection_and_override(tmp_path: Path) -> None:
