@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -165,3 +166,69 @@ def check_tokenizer_json(path: Path) -> None:
         Tokenizer.from_str(text)
     except Exception as e:  # the Rust side's parse error (a plain Exception): its message says what is wrong
         raise _error(f"{path}: not a tokenizer `tokenizers` can load ({str(e)[:200]})") from None
+
+
+# Tensor names (after the base model's prefix: `bert.`, `roberta.`...) transformers' loading info may report
+# without the pack being wrong. Anything else missing, extra or of another shape is refused.
+_UNEXPECTED_OK = re.compile(
+    # buffers older transformers saved (arange / zeros constants, rebuilt by the model): never weights
+    r"embeddings\.(position_ids|token_type_ids)"
+    # a pooler the loaded class does not build (Roberta/XLMRoberta/MPNetForSequenceClassification classify the
+    # first token through their own head): not in the graph
+    r"|pooler\..+"
+)
+_UNEXPECTED_OK_EMBEDDING = re.compile(
+    # another class's task head saved with the encoder (BertForMaskedLM/ForPreTraining `cls.`, Roberta/XLMRoberta/
+    # MPNetForMaskedLM `lm_head.`, DistilBertForMaskedLM `vocab_*`, a *ForSequenceClassification's classifier):
+    # an embedder is the encoder alone, as sentence-transformers itself loads it (AutoModel)
+    r"(cls|lm_head|classifier|pre_classifier|vocab_transform|vocab_layer_norm|vocab_projector)\..+"
+)
+# The only tensors that may be missing: an embedder's pooler (BertModel/RobertaModel/MPNetModel build one, but the
+# embedding is pooled from the token states, so it is in neither the graph nor the torch encoder's output). A
+# BertForSequenceClassification classifies the pooler's output: there a missing pooler is refused.
+_MISSING_OK_EMBEDDING = re.compile(r"pooler\..+")
+_SHOWN_KEYS = 5
+
+
+def check_loading_info(path: Path, class_name: str, info: dict[str, Any], base_prefix: str, embedding: bool) -> None:
+    """transformers' `output_loading_info` for the weights `path` loaded as `class_name`: a missing tensor would be
+    filled with random values (a pack that differs on each run), an extra one is weights of another architecture
+    (or custom code) that the stock class ignores, one of another shape is another model."""
+
+    def local(key: str) -> str:
+        return key.removeprefix(f"{base_prefix}.") if base_prefix else key
+
+    def shown(keys: list[str]) -> str:
+        more = ", ..." if len(keys) > _SHOWN_KEYS else ""
+        return ", ".join(keys[:_SHOWN_KEYS]) + more
+
+    def count(n: int) -> str:
+        return f"{n} tensor{'s' if n != 1 else ''}"
+
+    missing = sorted(
+        k for k in info.get("missing_keys") or () if not (embedding and _MISSING_OK_EMBEDDING.fullmatch(local(k)))
+    )
+    if missing:
+        verb = "are" if len(missing) != 1 else "is"
+        which = "them" if len(missing) != 1 else "it"
+        raise _error(
+            f"{path}: {count(len(missing))} {class_name} needs {verb} missing ({shown(missing)}); "
+            f"transformers would fill {which} with random values"
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m[0]))
+    if mismatched:
+        first = ", ".join(f"{k}: {list(got)}, expected {list(want)}" for k, got, want in mismatched[:_SHOWN_KEYS])
+        raise _error(f"{path}: {count(len(mismatched))} of a shape {class_name} does not have ({first})")
+    unexpected = sorted(
+        k
+        for k in info.get("unexpected_keys") or ()
+        if not (_UNEXPECTED_OK.fullmatch(local(k)) or (embedding and _UNEXPECTED_OK_EMBEDDING.fullmatch(local(k))))
+    )
+    if unexpected:
+        raise _error(
+            f"{path}: {count(len(unexpected))} {class_name} does not have ({shown(unexpected)}): weights of another "
+            "architecture or of custom code, which the stock class would ignore"
+        )
+    errors = [str(e) for e in info.get("error_msgs") or ()]
+    if errors:
+        raise _error(f"{path}: transformers could not load the weights ({' '.join(errors[0].split())[:300]})")

@@ -84,6 +84,7 @@ def pack_from(
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
         staged = stage_safetensors(source, Path(staging))
+        check_weights(source, staged)
 
         def build(tmp: Path) -> dict[str, Any]:
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
@@ -128,6 +129,14 @@ def stage_safetensors(source: HFSource, staging: Path) -> Path:
     # safetensors refuses tensors sharing storage (tied weights): each one gets its own copy.
     save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(staging / WEIGHTS_FILE))
     return staging
+
+
+def check_weights(source: HFSource, staged: Path) -> None:
+    """The staged checkpoint loaded as transformers' stock class, its loading info checked (a missing, extra or
+    misshapen tensor is refused: hf_checks.check_loading_info), before anything is written, whatever the backends."""
+    from infra.pack.hf_export import load_torch_model
+
+    load_torch_model(source, staged)
 
 
 def check_transformers_config(source: HFSource) -> None:

@@ -323,6 +323,15 @@ def _offsets_past_the_end(path: Path) -> None:
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :])
 
 
+def _tensors(path: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
+    """Rewrite a safetensors file with `edit` applied to its name -> array dict."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 DENSE = "sentence_transformers.models.Dense"
 JINA_V2_AUTO_MAP = {
     "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
@@ -499,6 +508,58 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         r"config.json: architecture 'JinaBertForMaskedLM' is not a stock transformers bert class; supported: "
         r"BertModel, BertFor\*",
     ),
+    # issue 25: from_pretrained filled a missing tensor with random values (its warning silenced), the export
+    # check compared the graph with that same random model, and two packs of one directory differed.
+    "missing-tensor": (
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(d / "model.safetensors", lambda t: t.pop("encoder.layer.1.output.dense.weight")),
+        SourceError,
+        r"model.safetensors: 1 tensor BertModel needs is missing \(encoder.layer.1.output.dense.weight\); "
+        r"transformers would fill it with random values",
+    ),
+    "missing-classifier": (
+        "classifier",
+        {},
+        lambda d: _tensors(d / "model.safetensors", lambda t: [t.pop("classifier.weight"), t.pop("classifier.bias")]),
+        SourceError,
+        r"model.safetensors: 2 tensors BertForSequenceClassification needs are missing \(classifier.bias, "
+        r"classifier.weight\)",
+    ),
+    "missing-pooler-a-classifier-uses": (  # BertForSequenceClassification classifies the pooler's output
+        "classifier",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors", lambda t: [t.pop("bert.pooler.dense.weight"), t.pop("bert.pooler.dense.bias")]
+        ),
+        SourceError,
+        r"2 tensors BertForSequenceClassification needs are missing \(bert.pooler.dense.bias, bert.pooler.dense",
+    ),
+    "unexpected-tensors": (
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors",
+            lambda t: t.update(
+                {f"encoder.layer.{i}.mlp.gated_layers.weight": np.zeros(4, np.float32) for i in range(7)}
+            ),
+        ),
+        SourceError,
+        r"model.safetensors: 7 tensors BertModel does not have \(encoder.layer.0.mlp.gated_layers.weight, "
+        r"encoder.layer.1.mlp.gated_layers.weight, encoder.layer.2.mlp.gated_layers.weight, "
+        r"encoder.layer.3.mlp.gated_layers.weight, encoder.layer.4.mlp.gated_layers.weight, \.\.\.\): "
+        r"weights of another architecture or of custom code",
+    ),
+    "mismatched-tensor": (
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors", lambda t: t.update({"encoder.layer.1.output.dense.bias": np.zeros(5, np.float32)})
+        ),
+        SourceError,
+        r"model.safetensors: 1 tensor of a shape BertModel does not have \(encoder.layer.1.output.dense.bias: "
+        r"\[5\], expected \[32\]\)",
+    ),
     "tokenizer-auto-map": (
         "sentence-transformers",
         {},
@@ -557,6 +618,30 @@ def test_task_that_does_not_fit_is_refused(tmp_path: Path, kind: str, task: str,
     with pytest.raises(SourceError, match=message):
         pack_from(src, tmp_path / "packed", task=task)
     assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage"),
+    [
+        # an embedder saved without BertModel's pooler: the embedding is pooled from the tokens, never the pooler
+        ("sentence-transformers", lambda t: [t.pop("pooler.dense.weight"), t.pop("pooler.dense.bias")]),
+        # an embedder saved from BertForMaskedLM: its head is not part of the encoder sentence-transformers loads
+        ("sentence-transformers", lambda t: t.update({"cls.predictions.bias": np.zeros(4, np.float32)})),
+        # a classifier whose encoder checkpoint kept a pooler RobertaForSequenceClassification does not build
+        ("classifier", lambda t: t.update({"roberta.pooler.dense.bias": np.zeros(32, np.float32)})),
+    ],
+    ids=["embedder-without-pooler", "embedder-with-mlm-head", "roberta-classifier-with-pooler"],
+)
+def test_tensors_the_task_never_uses_may_be_absent_or_extra(
+    tmp_path: Path, kind: str, damage: Callable[[dict[str, Any]], Any]
+) -> None:
+    family = "roberta" if kind == "classifier" else "bert"
+    src = make_model_dir(tmp_path, family, kind)
+    _tensors(src / "model.safetensors", damage)
+    first = pack_from(src, tmp_path / "a", backends=["onnx"], fuse=False)
+    second = pack_from(src, tmp_path / "b", backends=["onnx"], fuse=False)
+    for name in read_manifest(first)["files"]:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 
 def test_module_types_are_matched_by_exact_class_path(tmp_path: Path) -> None:
