@@ -75,11 +75,6 @@ def check_config(config: dict[str, Any], path: Path, family: str, position_offse
         raise _error(f"{path}: architectures {architectures!r}; expected a list of class names")
 
 
-def hidden_and_vocab(config: dict[str, Any], family: str) -> tuple[int, int]:
-    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
-    return int(config[keys["hidden"]]), int(config[keys["vocab"]])
-
-
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor name -> shape from a safetensors file, after checking its header the way the library reads it:
     a sane header length, known dtypes, every tensor's bytes inside the file, the data covered exactly."""
@@ -145,6 +140,69 @@ def check_embeddings(shapes: dict[str, list[int]], path: Path, config_path: Path
             f"{config_path}: vocab_size {vocab} x hidden size {hidden} does not match the weights' "
             f"embedding table {tables[0]} in {path.name}"
         )
+
+
+_LAYER = re.compile(r"(?:^|.*\.)(?:encoder|transformer)\.layer\.(\d+)\..+")  # transformer: distilbert's name
+_FFN_IN = re.compile(r"(?:^|.*\.)(?:encoder|transformer)\.layer\.\d+\.(?:intermediate\.dense|ffn\.lin1)\.weight")
+_TYPE_VOCAB_FAMILIES = ("bert", "roberta", "xlm-roberta")
+
+
+def check_checkpoint(
+    shapes: dict[str, list[int]], path: Path, config_path: Path, config: dict[str, Any], family: str
+) -> None:
+    """config.json against the tensors the checkpoint holds (its safetensors header), before transformers builds
+    a model of the config's size: the embedding table (vocab x hidden), the layer count (the largest layer index
+    in the tensor names, + 1), the feed-forward and position tables, then the parameters the config implies at
+    the least against the values present (num_hidden_layers 100000 with a 100 KB checkpoint ran for minutes and
+    gigabytes; now a refusal)."""
+    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
+    hidden, vocab = int(config[keys["hidden"]]), int(config[keys["vocab"]])
+    layers, intermediate = int(config[keys["layers"]]), int(config[keys["intermediate"]])
+    positions = int(config["max_position_embeddings"])
+    check_embeddings(shapes, path, config_path, hidden, vocab)
+
+    present = sorted({int(m.group(1)) for name in shapes if (m := _LAYER.fullmatch(name))})
+    if present != list(range(len(present))):
+        gap = next(i for i in range(len(present) + 1) if i not in present)
+        raise _error(f"{path}: no tensors for layer {gap} (layers {', '.join(map(str, present[:10]))} present)")
+    if layers != len(present):
+        held = f"layer 0..{len(present) - 1}" if present else "no encoder.layer.N tensors"
+        raise _error(f"{config_path}: {keys['layers']} {layers}, but {path.name} holds {len(present)} layers ({held})")
+    for name, shape in sorted(shapes.items()):
+        if _FFN_IN.fullmatch(name) and shape != [intermediate, hidden]:
+            raise _error(
+                f"{config_path}: {keys['intermediate']} {intermediate} x hidden size {hidden} does not match the "
+                f"weights' {name} {shape} in {path.name}"
+            )
+    for name, shape in sorted(shapes.items()):
+        if name.endswith("embeddings.position_embeddings.weight") and shape != [positions, hidden]:
+            raise _error(
+                f"{config_path}: max_position_embeddings {positions} x hidden size {hidden} does not match the "
+                f"weights' {name} {shape} in {path.name}"
+            )
+
+    implied = _implied_parameters(config, family, hidden, vocab, layers, intermediate, positions)
+    values = sum(math.prod(shape) for shape in shapes.values())
+    if implied > values:
+        raise _error(
+            f"{config_path}: implies at least {implied:,} parameters, but {path.name} holds {values:,} values "
+            f"({path.stat().st_size:,} bytes)"
+        )
+
+
+def _implied_parameters(
+    config: dict[str, Any], family: str, hidden: int, vocab: int, layers: int, intermediate: int, positions: int
+) -> int:
+    """A lower bound on the parameters transformers allocates for `config`: the embedding tables, and per layer
+    the attention's four hidden x hidden projections and the feed-forward's two hidden x intermediate ones."""
+    implied = (vocab + positions) * hidden + layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    if family in _TYPE_VOCAB_FAMILIES:
+        types = config.get("type_vocab_size", 2)
+        implied += types * hidden if is_int(types) and types > 0 else 0
+    if family == "mpnet":  # the relative attention bias table: buckets x heads
+        buckets, heads = config.get("relative_attention_num_buckets", 32), config["num_attention_heads"]
+        implied += buckets * heads if is_int(buckets) and buckets > 0 else 0
+    return implied
 
 
 def check_tokenizer_json(path: Path) -> None:

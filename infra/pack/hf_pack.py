@@ -17,7 +17,7 @@ from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
-from infra.pack.hf_checks import SourceError
+from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
@@ -84,6 +84,9 @@ def pack_from(
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
         staged = stage_safetensors(source, Path(staging))
+        if source.weights.suffix != ".safetensors":  # read_source checked a model.safetensors' header already
+            shapes = safetensors_shapes(staged / WEIGHTS_FILE)
+            check_checkpoint(shapes, source.weights, source.model_root / "config.json", source.config, source.family)
         check_weights(source, staged)
 
         def build(tmp: Path) -> dict[str, Any]:

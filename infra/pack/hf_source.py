@@ -20,10 +20,9 @@ from typing import Any, Literal, get_args
 
 from infra.pack.hf_checks import (
     SourceError,
+    check_checkpoint,
     check_config,
-    check_embeddings,
     check_tokenizer_json,
-    hidden_and_vocab,
     is_int,
     safetensors_shapes,
 )
@@ -281,9 +280,8 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         )
 
     weights = _weights(model_root)
-    if weights.suffix == ".safetensors":
-        hidden, vocab = hidden_and_vocab(config, family)
-        check_embeddings(safetensors_shapes(weights), weights, model_root / "config.json", hidden, vocab)
+    if weights.suffix == ".safetensors":  # a pytorch_model.bin: its staged safetensors copy, in hf_pack
+        check_checkpoint(safetensors_shapes(weights), weights, model_root / "config.json", config, family)
     tokenizer_json = _tokenizer(root, model_root, family)
     for where in dict.fromkeys(
         (model_root, root)

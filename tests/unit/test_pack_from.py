@@ -333,6 +333,7 @@ def _tensors(path: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
 
 
 DENSE = "sentence_transformers.models.Dense"
+GEGLU = ("gated_layers.weight", "wo.weight", "wo.bias", "layernorm.weight")
 JINA_V2_AUTO_MAP = {
     "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
     "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
@@ -513,9 +514,9 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
     "missing-tensor": (
         "sentence-transformers",
         {},
-        lambda d: _tensors(d / "model.safetensors", lambda t: t.pop("encoder.layer.1.output.dense.weight")),
+        lambda d: _tensors(d / "model.safetensors", lambda t: t.pop("encoder.layer.1.output.dense.bias")),
         SourceError,
-        r"model.safetensors: 1 tensor BertModel needs is missing \(encoder.layer.1.output.dense.weight\); "
+        r"model.safetensors: 1 tensor BertModel needs is missing \(encoder.layer.1.output.dense.bias\); "
         r"transformers would fill it with random values",
     ),
     "missing-classifier": (
@@ -535,20 +536,17 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         SourceError,
         r"2 tensors BertForSequenceClassification needs are missing \(bert.pooler.dense.bias, bert.pooler.dense",
     ),
-    "unexpected-tensors": (
+    "unexpected-tensors": (  # jina-embeddings-v2's GEGLU feed-forward names, beside BERT's own
         "sentence-transformers",
         {},
         lambda d: _tensors(
             d / "model.safetensors",
-            lambda t: t.update(
-                {f"encoder.layer.{i}.mlp.gated_layers.weight": np.zeros(4, np.float32) for i in range(7)}
-            ),
+            lambda t: t.update({f"encoder.layer.{i}.mlp.{n}": np.zeros(4, np.float32) for i in (0, 1) for n in GEGLU}),
         ),
         SourceError,
-        r"model.safetensors: 7 tensors BertModel does not have \(encoder.layer.0.mlp.gated_layers.weight, "
-        r"encoder.layer.1.mlp.gated_layers.weight, encoder.layer.2.mlp.gated_layers.weight, "
-        r"encoder.layer.3.mlp.gated_layers.weight, encoder.layer.4.mlp.gated_layers.weight, \.\.\.\): "
-        r"weights of another architecture or of custom code",
+        r"model.safetensors: 8 tensors BertModel does not have \(encoder.layer.0.mlp.gated_layers.weight, "
+        r"encoder.layer.0.mlp.layernorm.weight, encoder.layer.0.mlp.wo.bias, encoder.layer.0.mlp.wo.weight, "
+        r"encoder.layer.1.mlp.gated_layers.weight, \.\.\.\): weights of another architecture or of custom code",
     ),
     "mismatched-tensor": (
         "sentence-transformers",
@@ -559,6 +557,31 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         SourceError,
         r"model.safetensors: 1 tensor of a shape BertModel does not have \(encoder.layer.1.output.dense.bias: "
         r"\[5\], expected \[32\]\)",
+    ),
+    # issue 25: config values the checkpoint cannot match, refused from the safetensors header before anything
+    # is allocated (a config's layer count or sizes built a model of that size first).
+    "config-more-layers-than-the-weights": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_hidden_layers=1000)),
+        SourceError,
+        r"config.json: num_hidden_layers 1000, but model.safetensors holds 2 layers \(layer 0\.\.1\)",
+    ),
+    "config-intermediate-size": (
+        "cross-encoder",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(intermediate_size=200_000)),
+        SourceError,
+        r"config.json: intermediate_size 200000 x hidden size 32 does not match the weights' "
+        r"bert.encoder.layer.0.intermediate.dense.weight \[64, 32\] in model.safetensors",
+    ),
+    "config-type-vocab-size": (  # no tensor check of its own: the parameter bound refuses it
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(type_vocab_size=100_000)),
+        SourceError,
+        r"config.json: implies at least 3,\d{3},\d{3} parameters, but model.safetensors holds \d+,\d{3} values "
+        r"\(\d+,\d{3} bytes\)",
     ),
     "tokenizer-auto-map": (
         "sentence-transformers",
@@ -617,6 +640,36 @@ def test_task_that_does_not_fit_is_refused(tmp_path: Path, kind: str, task: str,
     src = make_model_dir(tmp_path, "bert", kind)
     with pytest.raises(SourceError, match=message):
         pack_from(src, tmp_path / "packed", task=task)
+    assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize(
+    ("family", "weights", "edit", "message"),
+    [
+        ("bert", "safetensors", {"num_hidden_layers": 1000}, r"num_hidden_layers 1000, but model.safetensors holds 2"),
+        ("distilbert", "safetensors", {"n_layers": 1}, r"n_layers 1, but model.safetensors holds 2 layers"),
+        ("mpnet", "safetensors", {"relative_attention_num_buckets": 10**6}, r"implies at least 4,\d{3},\d{3} param"),
+        ("roberta", "safetensors", {"max_position_embeddings": 1000}, r"max_position_embeddings 1000 x hidden size"),
+        ("bert", "bin", {"num_hidden_layers": 1000}, r"num_hidden_layers 1000, but pytorch_model.bin holds 2 layers"),
+    ],
+)
+def test_config_the_checkpoint_cannot_match_is_refused_before_any_model_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, weights: str, edit: dict[str, Any], message: str
+) -> None:
+    """Read from the safetensors header (a pytorch_model.bin: from its staged copy), before transformers builds a
+    model of the config's size: from_pretrained is never reached."""
+    from infra.pack import hf_export
+
+    kind = "cross-encoder" if weights == "bin" else "sentence-transformers"
+    src = make_model_dir(tmp_path, family, kind, weights=weights)
+    _edit_json(src / "config.json", lambda c: c.update(edit))
+
+    def never(*args: Any) -> None:
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(hf_export, "load_torch_model", never)
+    with pytest.raises(SourceError, match=message):
+        pack_from(src, tmp_path / "packed")
     assert not (tmp_path / "packed").exists()
 
 
