@@ -278,6 +278,29 @@ def test_version_follows_content(tmp_path: Path) -> None:
     assert read_source(src).content_sha256 != first
 
 
+@pytest.mark.parametrize(("family", "kind"), [("bert", "sentence-transformers"), ("xlm-roberta", "classifier")])
+def test_the_same_source_packs_to_byte_identical_files(tmp_path: Path, family: str, kind: str) -> None:
+    """One id@version is one set of bytes: packed twice (both backends, fusions on), every file is identical."""
+    src = make_model_dir(tmp_path, family, kind)
+    first, second = pack_from(src, tmp_path / "a"), pack_from(src, tmp_path / "b")
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    assert set(read_manifest(first)["files"]) | {"manifest.json"} == set(names)
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_not_packed_twice_differently(tmp_path: Path) -> None:
+    """issue 25: transformers filled the missing tensor with fresh random values on each load, so two packs of
+    this directory gave two models under one id@version. Now neither pack happens."""
+    src = make_model_dir(tmp_path, "bert", "cross-encoder")
+    _tensors(src / "model.safetensors", lambda t: t.pop("bert.encoder.layer.0.attention.self.query.bias"))
+    for out in (tmp_path / "a", tmp_path / "b"):
+        with pytest.raises(SourceError, match=r"1 tensor BertForSequenceClassification needs is missing"):
+            pack_from(src, out, backends=["onnx"])
+        assert not out.exists()
+
+
 def test_external_data_is_page_aligned_and_fusion_is_optional(packed: Callable[..., tuple[Path, Path]]) -> None:
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
