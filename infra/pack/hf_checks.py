@@ -1,5 +1,7 @@
 """Structural checks of a model directory's files for `infra.pack.hf_source.read_source`: the numbers in
-config.json, the safetensors header against the file's size and the config, tokenizer.json's shape.
+config.json, the safetensors header against the file's size and the config (layer count, tables, implied
+parameters: before any model is built), tokenizer.json's shape; and transformers' loading info of the weights
+(a missing, extra or misshapen tensor) for `infra.pack.hf_export.load_torch_model`.
 
 Each malformed input is a `SourceError` naming the file and what is wrong, raised before anything is written:
 without these, a negative `vocab_size`, a truncated weights file or a tokenizer.json without `added_tokens`

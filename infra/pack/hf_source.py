@@ -198,7 +198,7 @@ def _check_no_custom_code(path: Path, config: dict[str, Any]) -> None:
     """`auto_map` sends transformers to code shipped with the model (trust_remote_code): packing the stock
     class of the same model_type instead serves another model (jina-embeddings-v2 as plain BERT: garbage)."""
     auto_map = config.get("auto_map")
-    if auto_map is None:
+    if not auto_map:  # absent, null or empty: nothing to run
         return
     entries = auto_map.items() if isinstance(auto_map, dict) else [("", auto_map)]
     shown = ", ".join(f"{k}: {v[0] if isinstance(v, list) and v else v}".lstrip(": ") for k, v in entries)
