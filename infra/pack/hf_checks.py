@@ -1,5 +1,7 @@
 """Structural checks of a model directory's files for `infra.pack.hf_source.read_source`: the numbers in
-config.json, the safetensors header against the file's size and the config, tokenizer.json's shape.
+config.json, the safetensors header against the file's size and the config (layer count, tables, implied
+parameters: before any model is built), tokenizer.json's shape; and transformers' loading info of the weights
+(a missing, extra or misshapen tensor) for `infra.pack.hf_export.load_torch_model`.
 
 Each malformed input is a `SourceError` naming the file and what is wrong, raised before anything is written:
 without these, a negative `vocab_size`, a truncated weights file or a tokenizer.json without `added_tokens`
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -72,11 +75,6 @@ def check_config(config: dict[str, Any], path: Path, family: str, position_offse
         isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
     ):
         raise _error(f"{path}: architectures {architectures!r}; expected a list of class names")
-
-
-def hidden_and_vocab(config: dict[str, Any], family: str) -> tuple[int, int]:
-    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
-    return int(config[keys["hidden"]]), int(config[keys["vocab"]])
 
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -146,6 +144,69 @@ def check_embeddings(shapes: dict[str, list[int]], path: Path, config_path: Path
         )
 
 
+_LAYER = re.compile(r"(?:^|.*\.)(?:encoder|transformer)\.layer\.(\d+)\..+")  # transformer: distilbert's name
+_FFN_IN = re.compile(r"(?:^|.*\.)(?:encoder|transformer)\.layer\.\d+\.(?:intermediate\.dense|ffn\.lin1)\.weight")
+_TYPE_VOCAB_FAMILIES = ("bert", "roberta", "xlm-roberta")
+
+
+def check_checkpoint(
+    shapes: dict[str, list[int]], path: Path, config_path: Path, config: dict[str, Any], family: str
+) -> None:
+    """config.json against the tensors the checkpoint holds (its safetensors header), before transformers builds
+    a model of the config's size: the embedding table (vocab x hidden), the layer count (the largest layer index
+    in the tensor names, + 1), the feed-forward and position tables, then the parameters the config implies at
+    the least against the values present (num_hidden_layers 100000 with a 100 KB checkpoint ran for minutes and
+    gigabytes; now a refusal)."""
+    keys = _KEYS["distilbert" if family == "distilbert" else "other"]
+    hidden, vocab = int(config[keys["hidden"]]), int(config[keys["vocab"]])
+    layers, intermediate = int(config[keys["layers"]]), int(config[keys["intermediate"]])
+    positions = int(config["max_position_embeddings"])
+    check_embeddings(shapes, path, config_path, hidden, vocab)
+
+    present = sorted({int(m.group(1)) for name in shapes if (m := _LAYER.fullmatch(name))})
+    if present != list(range(len(present))):
+        gap = next(i for i in range(len(present) + 1) if i not in present)
+        raise _error(f"{path}: no tensors for layer {gap} (layers {', '.join(map(str, present[:10]))} present)")
+    if layers != len(present):
+        held = f"layer 0..{len(present) - 1}" if present else "no encoder.layer.N tensors"
+        raise _error(f"{config_path}: {keys['layers']} {layers}, but {path.name} holds {len(present)} layers ({held})")
+    for name, shape in sorted(shapes.items()):
+        if _FFN_IN.fullmatch(name) and shape != [intermediate, hidden]:
+            raise _error(
+                f"{config_path}: {keys['intermediate']} {intermediate} x hidden size {hidden} does not match the "
+                f"weights' {name} {shape} in {path.name}"
+            )
+    for name, shape in sorted(shapes.items()):
+        if name.endswith("embeddings.position_embeddings.weight") and shape != [positions, hidden]:
+            raise _error(
+                f"{config_path}: max_position_embeddings {positions} x hidden size {hidden} does not match the "
+                f"weights' {name} {shape} in {path.name}"
+            )
+
+    implied = _implied_parameters(config, family, hidden, vocab, layers, intermediate, positions)
+    values = sum(math.prod(shape) for shape in shapes.values())
+    if implied > values:
+        raise _error(
+            f"{config_path}: implies at least {implied:,} parameters, but {path.name} holds {values:,} values "
+            f"({path.stat().st_size:,} bytes)"
+        )
+
+
+def _implied_parameters(
+    config: dict[str, Any], family: str, hidden: int, vocab: int, layers: int, intermediate: int, positions: int
+) -> int:
+    """A lower bound on the parameters transformers allocates for `config`: the embedding tables, and per layer
+    the attention's four hidden x hidden projections and the feed-forward's two hidden x intermediate ones."""
+    implied = (vocab + positions) * hidden + layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    if family in _TYPE_VOCAB_FAMILIES:
+        types = config.get("type_vocab_size", 2)
+        implied += types * hidden if is_int(types) and types > 0 else 0
+    if family == "mpnet":  # the relative attention bias table: buckets x heads
+        buckets, heads = config.get("relative_attention_num_buckets", 32), config["num_attention_heads"]
+        implied += buckets * heads if is_int(buckets) and buckets > 0 else 0
+    return implied
+
+
 def check_tokenizer_json(path: Path) -> None:
     """What transformers' fast tokenizer and `tokenizers` both need: an object with a model and a list of added
     tokens, that `tokenizers` itself loads."""
@@ -165,3 +226,69 @@ def check_tokenizer_json(path: Path) -> None:
         Tokenizer.from_str(text)
     except Exception as e:  # the Rust side's parse error (a plain Exception): its message says what is wrong
         raise _error(f"{path}: not a tokenizer `tokenizers` can load ({str(e)[:200]})") from None
+
+
+# Tensor names (after the base model's prefix: `bert.`, `roberta.`...) transformers' loading info may report
+# without the pack being wrong. Anything else missing, extra or of another shape is refused.
+_UNEXPECTED_OK = re.compile(
+    # buffers older transformers saved (arange / zeros constants, rebuilt by the model): never weights
+    r"embeddings\.(position_ids|token_type_ids)"
+    # a pooler the loaded class does not build (Roberta/XLMRoberta/MPNetForSequenceClassification classify the
+    # first token through their own head): not in the graph
+    r"|pooler\..+"
+)
+_UNEXPECTED_OK_EMBEDDING = re.compile(
+    # another class's task head saved with the encoder (BertForMaskedLM/ForPreTraining `cls.`, Roberta/XLMRoberta/
+    # MPNetForMaskedLM `lm_head.`, DistilBertForMaskedLM `vocab_*`, a *ForSequenceClassification's classifier):
+    # an embedder is the encoder alone, as sentence-transformers itself loads it (AutoModel)
+    r"(cls|lm_head|classifier|pre_classifier|vocab_transform|vocab_layer_norm|vocab_projector)\..+"
+)
+# The only tensors that may be missing: an embedder's pooler (BertModel/RobertaModel/MPNetModel build one, but the
+# embedding is pooled from the token states, so it is in neither the graph nor the torch encoder's output). A
+# BertForSequenceClassification classifies the pooler's output: there a missing pooler is refused.
+_MISSING_OK_EMBEDDING = re.compile(r"pooler\..+")
+_SHOWN_KEYS = 5
+
+
+def check_loading_info(path: Path, class_name: str, info: dict[str, Any], base_prefix: str, embedding: bool) -> None:
+    """transformers' `output_loading_info` for the weights `path` loaded as `class_name`: a missing tensor would be
+    filled with random values (a pack that differs on each run), an extra one is weights of another architecture
+    (or custom code) that the stock class ignores, one of another shape is another model."""
+
+    def local(key: str) -> str:
+        return key.removeprefix(f"{base_prefix}.") if base_prefix else key
+
+    def shown(keys: list[str]) -> str:
+        more = ", ..." if len(keys) > _SHOWN_KEYS else ""
+        return ", ".join(keys[:_SHOWN_KEYS]) + more
+
+    def count(n: int) -> str:
+        return f"{n} tensor{'s' if n != 1 else ''}"
+
+    missing = sorted(
+        k for k in info.get("missing_keys") or () if not (embedding and _MISSING_OK_EMBEDDING.fullmatch(local(k)))
+    )
+    if missing:
+        verb = "are" if len(missing) != 1 else "is"
+        which = "them" if len(missing) != 1 else "it"
+        raise _error(
+            f"{path}: {count(len(missing))} {class_name} needs {verb} missing ({shown(missing)}); "
+            f"transformers would fill {which} with random values"
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m[0]))
+    if mismatched:
+        first = ", ".join(f"{k}: {list(got)}, expected {list(want)}" for k, got, want in mismatched[:_SHOWN_KEYS])
+        raise _error(f"{path}: {count(len(mismatched))} of a shape {class_name} does not have ({first})")
+    unexpected = sorted(
+        k
+        for k in info.get("unexpected_keys") or ()
+        if not (_UNEXPECTED_OK.fullmatch(local(k)) or (embedding and _UNEXPECTED_OK_EMBEDDING.fullmatch(local(k))))
+    )
+    if unexpected:
+        raise _error(
+            f"{path}: {count(len(unexpected))} {class_name} does not have ({shown(unexpected)}): weights of another "
+            "architecture or of custom code, which the stock class would ignore"
+        )
+    errors = [str(e) for e in info.get("error_msgs") or ()]
+    if errors:
+        raise _error(f"{path}: transformers could not load the weights ({' '.join(errors[0].split())[:300]})")

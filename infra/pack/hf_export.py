@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from infra.pack.hf_checks import check_loading_info
 from infra.pack.hf_source import HFSource
 from infra.pack.onnx_io import OPSET
 
@@ -61,14 +62,17 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
     cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
     transformers.AttentionInterface.register(EXPORT_ATTENTION, _export_attention)
-    model = cls.from_pretrained(
+    model, info = cls.from_pretrained(
         str(safetensors_dir),
         local_files_only=True,
         use_safetensors=True,
         # MPNet has its own attention (relative position bias), outside transformers' attention interface.
         attn_implementation="eager" if source.family == "mpnet" else EXPORT_ATTENTION,
         dtype="float32",
+        output_loading_info=True,  # missing / unexpected / mismatched tensors: refused, never filled at random
+        ignore_mismatched_sizes=True,  # reported in `info` (and refused there) rather than raised mid-load
     )
+    check_loading_info(source.weights, type(model).__name__, info, model.base_model_prefix, source.task == "embedding")
     return model.eval()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
-from infra.pack.hf_checks import SourceError
+from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
@@ -84,6 +84,10 @@ def pack_from(
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
         staged = stage_safetensors(source, Path(staging))
+        if source.weights.suffix != ".safetensors":  # read_source checked a model.safetensors' header already
+            shapes = safetensors_shapes(staged / WEIGHTS_FILE)
+            check_checkpoint(shapes, source.weights, source.model_root / "config.json", source.config, source.family)
+        check_weights(source, staged)
 
         def build(tmp: Path) -> dict[str, Any]:
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
@@ -128,6 +132,14 @@ def stage_safetensors(source: HFSource, staging: Path) -> Path:
     # safetensors refuses tensors sharing storage (tied weights): each one gets its own copy.
     save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(staging / WEIGHTS_FILE))
     return staging
+
+
+def check_weights(source: HFSource, staged: Path) -> None:
+    """The staged checkpoint loaded as transformers' stock class, its loading info checked (a missing, extra or
+    misshapen tensor is refused: hf_checks.check_loading_info), before anything is written, whatever the backends."""
+    from infra.pack.hf_export import load_torch_model
+
+    load_torch_model(source, staged)
 
 
 def check_transformers_config(source: HFSource) -> None:

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
 from infra.pack.hf_checks import (
     SourceError,
+    check_checkpoint,
     check_config,
-    check_embeddings,
     check_tokenizer_json,
-    hidden_and_vocab,
     is_int,
     safetensors_shapes,
 )
@@ -61,6 +61,23 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+# modules.json `type` -> module kind, matched by exact class path (never by the last dotted name: jina-embeddings-v3's
+# `custom_st.Transformer` is its own code). The spellings are those sentence-transformers' save() writes: up to
+# 5.3 the module path `sentence_transformers.models.X`; 5.4 and 5.x Normalize under sentence_transformer.modules;
+# 6.x `<module>.<Class>` below. The installed sentence-transformers (6.3) resolves each to its stock class
+# (tests/unit/test_pack_from.py checks it); anything else is refused.
+ST_MODULE_TYPES = {
+    "sentence_transformers.models.Transformer": "Transformer",
+    "sentence_transformers.base.modules.transformer.Transformer": "Transformer",
+    "sentence_transformers.models.Pooling": "Pooling",
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": "Pooling",
+    "sentence_transformers.models.Normalize": "Normalize",
+    "sentence_transformers.sentence_transformer.modules.normalize.Normalize": "Normalize",
+    "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
+}
+_ST_PACKAGE = "sentence_transformers."  # a type outside it is code of the model's own (trust_remote_code)
+_NATIVE = "a checkpoint with native transformers support is needed (e.g. the model's -hf variant, or one whose "
+_NATIVE += f"model_type is a stock {', '.join(FAMILIES)} without auto_map)"
 # sentence-transformers' CrossEncoder activations (a dotted torch path in the model's config) -> manifest name.
 ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
@@ -166,7 +183,41 @@ def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
     parts = PurePosixPath(path).parts
     if path.startswith("/") or ".." in parts or "\0" in path:  # a module folder outside the model directory
         raise SourceError(f"{where}: module path {path!r} must be a folder inside the model directory")
-    return type_name.rsplit(".", 1)[-1], path
+    if type_name in ST_MODULE_TYPES:
+        return ST_MODULE_TYPES[type_name], path
+    if not type_name.startswith(_ST_PACKAGE):
+        raise UnsupportedModelError(
+            f"{where}: module type {type_name!r} is the model's own code, not a sentence-transformers class; "
+            f"warmstart never runs it; supported: sentence_transformers.models.Transformer, Pooling, Normalize "
+            f"(as sentence-transformers writes them); {_NATIVE}"[:600]
+        )
+    return type_name, path  # a stock module warmstart does not serve (Dense...): refused by name below
+
+
+def _check_no_custom_code(path: Path, config: dict[str, Any]) -> None:
+    """`auto_map` sends transformers to code shipped with the model (trust_remote_code): packing the stock
+    class of the same model_type instead serves another model (jina-embeddings-v2 as plain BERT: garbage)."""
+    auto_map = config.get("auto_map")
+    if not auto_map:  # absent, null or empty: nothing to run
+        return
+    entries = auto_map.items() if isinstance(auto_map, dict) else [("", auto_map)]
+    shown = ", ".join(f"{k}: {v[0] if isinstance(v, list) and v else v}".lstrip(": ") for k, v in entries)
+    raise UnsupportedModelError(
+        f"{path}: auto_map names the model's own code ({shown[:300]}), which warmstart never runs; {_NATIVE}"
+    )
+
+
+def _check_architectures(path: Path, config: dict[str, Any], family: str) -> None:
+    """Each class named in `architectures` must be one of transformers' own for the family (BertModel,
+    BertFor...): another name is custom code, even without an auto_map."""
+    prefix = ARCH_PREFIX[family]
+    stock = re.compile(rf"{prefix}(Model|LMHeadModel|For[A-Z][A-Za-z]*)")
+    for name in config.get("architectures") or []:
+        if not stock.fullmatch(str(name)):
+            raise UnsupportedModelError(
+                f"{path}: architecture {name!r} is not a stock transformers {family} class; supported: "
+                f"{prefix}Model, {prefix}For* (a custom class is the model's own code, never run; {_NATIVE})"[:600]
+            )
 
 
 def read_source(root: Path, task: str = "auto") -> HFSource:
@@ -206,6 +257,8 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
             f"supported families: {', '.join(FAMILIES)}"
         )
     check_config(config, model_root / "config.json", family, POSITION_OFFSET.get(family, 0))
+    _check_no_custom_code(model_root / "config.json", config)
+    _check_architectures(model_root / "config.json", config, family)
     _check_labels(config, model_root / "config.json")
     architectures = config.get("architectures") or []
     architecture = str(architectures[0]) if architectures else f"{ARCH_PREFIX[family]}Model"
@@ -227,10 +280,13 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         )
 
     weights = _weights(model_root)
-    if weights.suffix == ".safetensors":
-        hidden, vocab = hidden_and_vocab(config, family)
-        check_embeddings(safetensors_shapes(weights), weights, model_root / "config.json", hidden, vocab)
+    if weights.suffix == ".safetensors":  # a pytorch_model.bin: its staged safetensors copy, in hf_pack
+        check_checkpoint(safetensors_shapes(weights), weights, model_root / "config.json", config, family)
     tokenizer_json = _tokenizer(root, model_root, family)
+    for where in dict.fromkeys(
+        (model_root, root)
+    ):  # a tokenizer class of the model's own: not what tokenizer.json does
+        _check_no_custom_code(where / "tokenizer_config.json", _optional_object(where / "tokenizer_config.json"))
     if tokenizer_json is not None:
         check_tokenizer_json(tokenizer_json)
     max_seq = _max_seq_length(model_root, config, family, st_config)

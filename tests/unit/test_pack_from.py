@@ -278,6 +278,29 @@ def test_version_follows_content(tmp_path: Path) -> None:
     assert read_source(src).content_sha256 != first
 
 
+@pytest.mark.parametrize(("family", "kind"), [("bert", "sentence-transformers"), ("xlm-roberta", "classifier")])
+def test_the_same_source_packs_to_byte_identical_files(tmp_path: Path, family: str, kind: str) -> None:
+    """One id@version is one set of bytes: packed twice (both backends, fusions on), every file is identical."""
+    src = make_model_dir(tmp_path, family, kind)
+    first, second = pack_from(src, tmp_path / "a"), pack_from(src, tmp_path / "b")
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    assert set(read_manifest(first)["files"]) | {"manifest.json"} == set(names)
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_not_packed_twice_differently(tmp_path: Path) -> None:
+    """issue 25: transformers filled the missing tensor with fresh random values on each load, so two packs of
+    this directory gave two models under one id@version. Now neither pack happens."""
+    src = make_model_dir(tmp_path, "bert", "cross-encoder")
+    _tensors(src / "model.safetensors", lambda t: t.pop("bert.encoder.layer.0.attention.self.query.bias"))
+    for out in (tmp_path / "a", tmp_path / "b"):
+        with pytest.raises(SourceError, match=r"1 tensor BertForSequenceClassification needs is missing"):
+            pack_from(src, out, backends=["onnx"])
+        assert not out.exists()
+
+
 def test_external_data_is_page_aligned_and_fusion_is_optional(packed: Callable[..., tuple[Path, Path]]) -> None:
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
@@ -323,7 +346,22 @@ def _offsets_past_the_end(path: Path) -> None:
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :])
 
 
+def _tensors(path: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
+    """Rewrite a safetensors file with `edit` applied to its name -> array dict."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 DENSE = "sentence_transformers.models.Dense"
+GEGLU = ("gated_layers.weight", "wo.weight", "wo.bias", "layernorm.weight")
+JINA_V2_AUTO_MAP = {
+    "AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+    "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel",
+    "AutoModelForMaskedLM": "jinaai/jina-bert-implementation--modeling_bert.JinaBertForMaskedLM",
+}
 _OUTSIDE = r"model\.safetensors: tensor '[^']+': bytes \d+\.\.\d+ are outside the file's \d+ data bytes"
 REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[SourceError], str]] = {
     "architecture": (
@@ -355,7 +393,8 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
             lambda m: m.append({"idx": 3, "name": "3", "path": "3_Dense", "type": DENSE}),
         ),
         UnsupportedModelError,
-        r"module Dense is not supported; supported sentence-transformers modules: Transformer, Pooling, Normalize",
+        r"module sentence_transformers.models.Dense is not supported; supported sentence-transformers modules: "
+        r"Transformer, Pooling, Normalize",
     ),
     "include-prompt": (
         "sentence-transformers",
@@ -458,6 +497,124 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         UnsupportedModelError,
         r"BertForMaskedLM is neither a sentence-transformers embedder .* supported: a sentence-transformers model",
     ),
+    # issue 25: custom code packed as if it were the stock class (and served garbage).
+    "auto-map-jina-v2": (  # jina-embeddings-v2: model_type bert, auto_map to JinaBert (ALiBi, GEGLU)
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(auto_map=JINA_V2_AUTO_MAP)),
+        UnsupportedModelError,
+        r"config.json: auto_map names the model's own code \(AutoConfig: .*, AutoModel: jinaai/jina-bert-"
+        r"implementation--modeling_bert.JinaBertModel, .*\), which warmstart never runs; a checkpoint with "
+        r"native transformers support is needed \(e.g. the model's -hf variant, or one whose model_type is a "
+        r"stock bert, roberta, xlm-roberta, distilbert, mpnet without auto_map\)",
+    ),
+    "custom-st-module-jina-v3": (  # jina-embeddings-v3: xlm-roberta + a custom_st.Transformer module
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "modules.json", lambda m: m[0].update(type="custom_st.Transformer")),
+        UnsupportedModelError,
+        r"modules.json: module type 'custom_st.Transformer' is the model's own code, not a sentence-transformers "
+        r"class; warmstart never runs it; supported: sentence_transformers.models.Transformer",
+    ),
+    "st-module-unknown-path": (  # inside the package, but not a class path sentence-transformers writes
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "modules.json", lambda m: m[1].update(type="sentence_transformers.x.Pooling")),
+        UnsupportedModelError,
+        r"module sentence_transformers.x.Pooling is not supported; supported sentence-transformers modules: "
+        r"Transformer, Pooling, Normalize",
+    ),
+    "non-stock-architecture": (  # the same without auto_map: a class transformers does not have
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(architectures=["JinaBertForMaskedLM"])),
+        UnsupportedModelError,
+        r"config.json: architecture 'JinaBertForMaskedLM' is not a stock transformers bert class; supported: "
+        r"BertModel, BertFor\*",
+    ),
+    # issue 25: from_pretrained filled a missing tensor with random values (its warning silenced), the export
+    # check compared the graph with that same random model, and two packs of one directory differed.
+    "missing-tensor": (
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(d / "model.safetensors", lambda t: t.pop("encoder.layer.1.output.dense.bias")),
+        SourceError,
+        r"model.safetensors: 1 tensor BertModel needs is missing \(encoder.layer.1.output.dense.bias\); "
+        r"transformers would fill it with random values",
+    ),
+    "missing-classifier": (
+        "classifier",
+        {},
+        lambda d: _tensors(d / "model.safetensors", lambda t: [t.pop("classifier.weight"), t.pop("classifier.bias")]),
+        SourceError,
+        r"model.safetensors: 2 tensors BertForSequenceClassification needs are missing \(classifier.bias, "
+        r"classifier.weight\)",
+    ),
+    "missing-pooler-a-classifier-uses": (  # BertForSequenceClassification classifies the pooler's output
+        "classifier",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors", lambda t: [t.pop("bert.pooler.dense.weight"), t.pop("bert.pooler.dense.bias")]
+        ),
+        SourceError,
+        r"2 tensors BertForSequenceClassification needs are missing \(bert.pooler.dense.bias, bert.pooler.dense",
+    ),
+    "unexpected-tensors": (  # jina-embeddings-v2's GEGLU feed-forward names, beside BERT's own
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors",
+            lambda t: t.update({f"encoder.layer.{i}.mlp.{n}": np.zeros(4, np.float32) for i in (0, 1) for n in GEGLU}),
+        ),
+        SourceError,
+        r"model.safetensors: 8 tensors BertModel does not have \(encoder.layer.0.mlp.gated_layers.weight, "
+        r"encoder.layer.0.mlp.layernorm.weight, encoder.layer.0.mlp.wo.bias, encoder.layer.0.mlp.wo.weight, "
+        r"encoder.layer.1.mlp.gated_layers.weight, \.\.\.\): weights of another architecture or of custom code",
+    ),
+    "mismatched-tensor": (
+        "sentence-transformers",
+        {},
+        lambda d: _tensors(
+            d / "model.safetensors", lambda t: t.update({"encoder.layer.1.output.dense.bias": np.zeros(5, np.float32)})
+        ),
+        SourceError,
+        r"model.safetensors: 1 tensor of a shape BertModel does not have \(encoder.layer.1.output.dense.bias: "
+        r"\[5\], expected \[32\]\)",
+    ),
+    # issue 25: config values the checkpoint cannot match, refused from the safetensors header before anything
+    # is allocated (a config's layer count or sizes built a model of that size first).
+    "config-more-layers-than-the-weights": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_hidden_layers=1000)),
+        SourceError,
+        r"config.json: num_hidden_layers 1000, but model.safetensors holds 2 layers \(layer 0\.\.1\)",
+    ),
+    "config-intermediate-size": (
+        "cross-encoder",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(intermediate_size=200_000)),
+        SourceError,
+        r"config.json: intermediate_size 200000 x hidden size 32 does not match the weights' "
+        r"bert.encoder.layer.0.intermediate.dense.weight \[64, 32\] in model.safetensors",
+    ),
+    "config-type-vocab-size": (  # no tensor check of its own: the parameter bound refuses it
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(type_vocab_size=100_000)),
+        SourceError,
+        r"config.json: implies at least 3,\d{3},\d{3} parameters, but model.safetensors holds \d+,\d{3} values "
+        r"\(\d+,\d{3} bytes\)",
+    ),
+    "tokenizer-auto-map": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(
+            d / "tokenizer_config.json", lambda c: c.update(auto_map={"AutoTokenizer": ["tok.MyTokenizer", None]})
+        ),
+        UnsupportedModelError,
+        r"tokenizer_config.json: auto_map names the model's own code \(AutoTokenizer: tok.MyTokenizer\)",
+    ),
 }
 
 
@@ -507,6 +664,86 @@ def test_task_that_does_not_fit_is_refused(tmp_path: Path, kind: str, task: str,
     with pytest.raises(SourceError, match=message):
         pack_from(src, tmp_path / "packed", task=task)
     assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize(
+    ("family", "weights", "edit", "message"),
+    [
+        ("bert", "safetensors", {"num_hidden_layers": 1000}, r"num_hidden_layers 1000, but model.safetensors holds 2"),
+        ("distilbert", "safetensors", {"n_layers": 1}, r"n_layers 1, but model.safetensors holds 2 layers"),
+        ("mpnet", "safetensors", {"relative_attention_num_buckets": 10**6}, r"implies at least 4,\d{3},\d{3} param"),
+        ("roberta", "safetensors", {"max_position_embeddings": 1000}, r"max_position_embeddings 1000 x hidden size"),
+        ("bert", "bin", {"num_hidden_layers": 1000}, r"num_hidden_layers 1000, but pytorch_model.bin holds 2 layers"),
+    ],
+)
+def test_config_the_checkpoint_cannot_match_is_refused_before_any_model_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, weights: str, edit: dict[str, Any], message: str
+) -> None:
+    """Read from the safetensors header (a pytorch_model.bin: from its staged copy), before transformers builds a
+    model of the config's size: from_pretrained is never reached."""
+    from infra.pack import hf_export
+
+    kind = "cross-encoder" if weights == "bin" else "sentence-transformers"
+    src = make_model_dir(tmp_path, family, kind, weights=weights)
+    _edit_json(src / "config.json", lambda c: c.update(edit))
+
+    def never(*args: Any) -> None:
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(hf_export, "load_torch_model", never)
+    with pytest.raises(SourceError, match=message):
+        pack_from(src, tmp_path / "packed")
+    assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage"),
+    [
+        # an embedder saved without BertModel's pooler: the embedding is pooled from the tokens, never the pooler
+        ("sentence-transformers", lambda t: [t.pop("pooler.dense.weight"), t.pop("pooler.dense.bias")]),
+        # an embedder saved from BertForMaskedLM: its head is not part of the encoder sentence-transformers loads
+        ("sentence-transformers", lambda t: t.update({"cls.predictions.bias": np.zeros(4, np.float32)})),
+        # a classifier whose encoder checkpoint kept a pooler RobertaForSequenceClassification does not build
+        ("classifier", lambda t: t.update({"roberta.pooler.dense.bias": np.zeros(32, np.float32)})),
+    ],
+    ids=["embedder-without-pooler", "embedder-with-mlm-head", "roberta-classifier-with-pooler"],
+)
+def test_tensors_the_task_never_uses_may_be_absent_or_extra(
+    tmp_path: Path, kind: str, damage: Callable[[dict[str, Any]], Any]
+) -> None:
+    family = "roberta" if kind == "classifier" else "bert"
+    src = make_model_dir(tmp_path, family, kind)
+    _tensors(src / "model.safetensors", damage)
+    first = pack_from(src, tmp_path / "a", backends=["onnx"], fuse=False)
+    second = pack_from(src, tmp_path / "b", backends=["onnx"], fuse=False)
+    for name in read_manifest(first)["files"]:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_module_types_are_matched_by_exact_class_path(tmp_path: Path) -> None:
+    """Each modules.json spelling warmstart accepts is one sentence-transformers writes, and the installed
+    sentence-transformers resolves it to that stock class (without trust_remote_code); each one packs."""
+    import warnings
+
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from sentence_transformers.util import import_module_class
+
+    from infra.pack.hf_source import ST_MODULE_TYPES
+
+    stock = {"Transformer": Transformer, "Pooling": Pooling, "Normalize": Normalize}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the pre-6.0 paths are deprecated aliases
+        for type_name, kind in ST_MODULE_TYPES.items():
+            assert import_module_class(type_name, str(tmp_path)) is stock[kind], type_name
+    src = make_model_dir(tmp_path, "bert", normalize=True)
+    for type_name, kind in ST_MODULE_TYPES.items():
+        index = ["Transformer", "Pooling", "Normalize"].index(kind)
+        modules = json.loads((src / "modules.json").read_text())
+        modules[index]["type"] = type_name
+        (src / "modules.json").write_text(json.dumps(modules))
+        source = read_source(src)
+        assert (source.task, source.pooling, source.normalize) == ("embedding", "mean", True), type_name
+        assert source.model_root == src
 
 
 def test_task_auto_detection_and_override(tmp_path: Path) -> None:
