@@ -15,7 +15,15 @@ if TYPE_CHECKING:
     from handler.runtime.invocation import Runtime
 
 HANDLER = "handler.app.lambda_handler"
-USAGE = "usage: python -m handler [serve | MODULE.FUNCTION]"
+USAGE = "usage: python -m handler [serve | MODULE.FUNCTION | --help | --version]"
+HELP = f"""{USAGE}
+
+Serve a packed model on whichever host started this process:
+  AWS_LAMBDA_RUNTIME_API set (Lambda, its emulator): the runtime client runs MODULE.FUNCTION
+                          (default {HANDLER}), in this process
+  serve, or no runtime API: the HTTP host on $PORT (default 8080): POST /invocations, /v1/embeddings,
+                          /embed, /rerank, /predict; GET /ping, /health, /info, /metrics
+Settings are environment variables (WARMSTART_MODEL, WARMSTART_BACKEND, ...): docs/configuration.md."""
 
 
 def lambda_runtime() -> Runtime:
@@ -27,6 +35,15 @@ def lambda_runtime() -> Runtime:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    # By hand, not argparse: this runs on every cold start of the image, and argparse is ~6 ms of imports.
+    if args[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        return
+    if args[:1] == ["--version"]:
+        from handler.core.version import VERSION
+
+        print(f"warmstart {VERSION}")
+        return
     serve = args[:1] == ["serve"]
     if len(args) > 1 or (args and not serve and "." not in args[0]):
         # SageMaker runs `train` for training jobs: an inference image has no answer for that.

@@ -4,6 +4,7 @@ tests/integration/test_entrypoint_lambda.py runs it for real)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import awslambdaric.__main__ as ric
@@ -50,7 +51,7 @@ def test_dispatch(
     assert calls == [expected]
 
 
-@pytest.mark.parametrize("argv", [["train"], ["serve", "extra"], ["--help"]])
+@pytest.mark.parametrize("argv", [["train"], ["serve", "extra"], ["--helpme"]])
 def test_unknown_arguments_exit_with_usage(calls: list[Any], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         entry.main(argv)
@@ -72,3 +73,43 @@ def test_signal_starts_the_drain_before_uvicorn_notices(monkeypatch: pytest.Monk
     monkeypatch.setattr(server.drain, "begin_threadsafe", lambda: begun.append(1))
     server.handle_exit(15, None)
     assert begun == [1] and server.should_exit
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_says_what_each_host_gets_and_exits_0(
+    calls: list[Any], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry.main([flag])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m handler") and "AWS_LAMBDA_RUNTIME_API" in out and "/invocations" in out
+    assert calls == []  # neither the runtime client nor the HTTP host started
+
+
+def test_version_is_the_projects(calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    entry.main(["--version"])
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"warmstart {version}"
+    assert calls == []
+
+
+def test_project_metadata_builds_without_deprecation_warnings(tmp_path: Path) -> None:
+    # `license = { text = ... }` warned on every install ("an error from 2027-02-18"): the SPDX string form.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import warnings, sys; warnings.simplefilter('error');"
+        "from setuptools import build_meta; print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metadata = next(tmp_path.glob("*.dist-info/METADATA")).read_text()
+    assert "License-Expression: MIT" in metadata
