@@ -74,12 +74,21 @@ RUN_BY: dict[str, str] = {
         "tests/integration/test_http_drain.py::test_sigterm_finishes_in_flight_and_answers_queued_503"
         " — `python -m handler` as a real process with PORT set (tests/fixtures/drain_scenario.py)"
     ),
-    'curl -s -d \'{"inputs": ["hello"]}\' http://127.0.0.1:8080/invocations': (
-        "tests/functional/test_http.py::test_invocations_embed — the same POST through starlette's TestClient"
-    ),
-    "curl -s http://127.0.0.1:8080/ping": (
-        "tests/functional/test_http.py::test_ping_healthz_status — GET /ping through starlette's TestClient"
-    ),
+    **{
+        line: "tests/integration/test_docs_http.py::test_the_curl_lines_of_http_host_md — this very line, run by"
+        " curl against a real `python -m handler` (the port changed)"
+        for line in (
+            "curl -s http://127.0.0.1:8080/invocations -H 'content-type: application/json'"
+            ' -d \'{"inputs": ["hello"]}\'',
+            "curl -s http://127.0.0.1:8080/ping",
+            "curl -s http://127.0.0.1:8080/v1/embeddings -H 'content-type: application/json'"
+            ' -d \'{"input": ["hello"], "model": "text-embedding-3-small"}\'',
+            "curl -s http://127.0.0.1:8080/v1/embeddings -H 'content-type: application/json'"
+            ' -d \'{"input": "hello", "dimensions": 128, "encoding_format": "base64"}\'',
+            "curl -s http://127.0.0.1:8080/embed -H 'content-type: application/json'"
+            ' -d \'{"inputs": ["hello", "world"]}\'',
+        )
+    },
 }
 
 NOT_RUN = re.compile(r"<!--\s*not run by tests:\s*(?P<reason>.*?)\s*-->", re.S)
