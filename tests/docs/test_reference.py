@@ -110,3 +110,13 @@ def test_every_warmstart_variable_in_configuration_md_is_read_somewhere() -> Non
 
 def _PREFIXES(source: str) -> set[str]:
     return set(re.findall(r'f"(WARMSTART_[A-Z_]+)\{', source))
+
+
+def test_reference_pages_keep_no_history() -> None:
+    # Readers cannot see our issues, and a table row about how it was "before" is history, not reference.
+    found = []
+    for page in sorted(DOCS.glob("*.md")):
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if re.search(r"\bthe issue\b|\bissue \d+\b", line, re.I) or re.match(r"\| before\b", line, re.I):
+                found.append(f"{page.name}:{n}: {line.strip()[:100]}")
+    assert found == []
