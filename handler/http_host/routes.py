@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -27,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from handler.api import compat
+from handler.api import compat, schemas
 from handler.api.media import request_kind, response_kind
 from handler.api.sources import MethodNotAllowedError
 from handler.core.errors import (
@@ -47,6 +49,11 @@ from handler.observability.prometheus import CONTENT_TYPE_LATEST
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
 
+
+try:
+    VERSION = metadata.version("warmstart")
+except metadata.PackageNotFoundError:  # a checkout run without installing
+    VERSION = "0"
 
 REQUEST_ID_CHARS = 200  # X-Request-Id goes into every log line of its request: no more than this of it
 
@@ -94,6 +101,7 @@ class Routes:
     def __init__(self, host: Host) -> None:
         self.host = host
         self.drain = host.drain
+        self.document = document()
 
     def inference(self, route: compat.Route) -> Callable[[Request], Awaitable[Response]]:
         """The handler for one inference route (native `/invocations` or a compatible API's path)."""
@@ -145,23 +153,44 @@ class Routes:
         return self.healthy() or JSONResponse({"ok": True})
 
     async def info(self, request: Request) -> Response:
-        """text-embeddings-inference's `GET /info`, from what this instance knows."""
+        """text-embeddings-inference's `GET /info` (its `Info` schema's fields), for the default model."""
         runtime, workers = self.host.runtime, self.host.workers
         manifest = runtime.manifest
         kind = TASK_KINDS.get(manifest.task, manifest.task)
+        model_type: dict[str, Any]
+        if kind == "embedding":
+            model_type = {"pooling": manifest.pooling.get("mode", "mean")}
+        elif kind in ("classifier", "reranker"):
+            labels = manifest.labels or ("LABEL_0",)  # a reranker has one score: TEI names it LABEL_0
+            model_type = {
+                "id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)},
+            }
+        else:
+            model_type = {}
+        max_length = manifest.max_seq_length or 0
         return JSONResponse(
             {
                 "model_id": manifest.id,
                 "model_sha": manifest.version,
                 "model_dtype": "float32",
-                "model_type": {kind: {"pooling": manifest.pooling.get("mode", "mean")} if kind == "embedding" else {}},
+                "model_type": {kind: model_type},
                 "max_concurrent_requests": workers.sizing.max_workers + workers.sizing.max_queue,
-                "max_input_length": manifest.max_seq_length,
+                "max_input_length": max_length,
+                # One request's texts are one batch: at most max_client_batch_size texts of max_input_length.
+                "max_batch_tokens": max_length * runtime.config.max_inputs,
+                "max_batch_requests": None,
                 "max_client_batch_size": runtime.config.max_inputs,
+                "auto_truncate": True,  # long texts always lose their end, as sentence-transformers does
                 "tokenization_workers": workers.sizing.max_workers,
-                "version": "warmstart",
+                "version": f"warmstart {VERSION}",
+                "sha": None,
+                "docker_label": None,
             }
         )
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.document)
 
     async def status(self, request: Request) -> Response:
         runtime = self.host.runtime
@@ -191,17 +220,48 @@ class Routes:
         self.host.close()
 
 
+# The routes answered on the event loop: path → (handler name, summary, answer schema, media type).
+GET_ROUTES: dict[str, tuple[str, str, str | None, str]] = {
+    # `GET /` first: `POST /` is an inference route on the same path.
+    "/": ("healthz", "text-embeddings-inference's health route (503 when draining)", "Health", "application/json"),
+    "/ping": ("ping", "SageMaker's health check: 200 once init is done, 503 when draining", "Ping", "application/json"),
+    "/healthz": ("healthz", "health, for Kubernetes probes (503 when draining)", "Health", "application/json"),
+    "/health": (
+        "healthz",
+        "text-embeddings-inference's health route (503 when draining)",
+        "Health",
+        "application/json",
+    ),
+    "/info": ("info", "text-embeddings-inference's model facts, for the default model", "Info", "application/json"),
+    "/status": ("status", "counts and health (WARMSTART_HTTP_STATUS)", "Status", "application/json"),
+    "/metrics": ("metrics", "Prometheus exposition", "", CONTENT_TYPE_LATEST),
+    "/openapi.json": ("openapi", "this document", None, "application/json"),
+}
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document, from the schemas the routes validate requests with (`handler.api.schemas`)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for path, (_, summary, answer, media) in GET_ROUTES.items():
+        op = schemas.operation(summary, answer, media=media)
+        if answer is None:  # the document itself
+            op["responses"]["200"]["content"] = {"application/json": {"schema": {"type": "object"}}}
+        paths.setdefault(path, {})["get"] = op
+    for route in compat.ROUTES.values():
+        op = schemas.operation(route.summary, route.answer, route.schema)
+        if route is compat.NATIVE:
+            op["description"] = (
+                "JSON, or `application/x-npy` for a tensor model with one input; `Accept: application/x-npy` "
+                "answers .npy for an embedding model or a tensor model with one output"
+            )
+        paths.setdefault(route.path, {})["post"] = op
+    return schemas.openapi(dict(sorted(paths.items())), VERSION)
+
+
 def create_app(host: Host) -> Starlette:
     handlers = Routes(host)
-    routes = [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
-    routes += [
-        Route("/ping", handlers.ping, methods=["GET"]),
-        Route("/healthz", handlers.healthz, methods=["GET"]),
-        Route("/health", handlers.healthz, methods=["GET"]),  # text-embeddings-inference's name for it
-        Route("/info", handlers.info, methods=["GET"]),
-        Route("/status", handlers.status, methods=["GET"]),
-        Route("/metrics", handlers.metrics, methods=["GET"]),
-    ]
+    routes = [Route(path, getattr(handlers, name), methods=["GET"]) for path, (name, *_) in GET_ROUTES.items()]
+    routes += [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
     paths = ", ".join(sorted(r.path for r in routes))
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from handler.runtime.status import Diagnostics
     from handler.runtime.workers import WorkerPool
 
+Run = Callable[[Any, JSON], dict[str, Any]]  # a route's call of the model's task object with a native request
+
 
 class Instance:
     def __init__(
@@ -197,23 +199,33 @@ class Instance:
             self.invocations += 1
             return self.invocations
 
-    def infer(self, payload: JSON, inv: logs.Invocation | None = None, task: str | None = None) -> dict[str, Any]:
-        """The task, on a worker when several requests may run at once. `task`: what a compatible route needs."""
+    def infer(
+        self, payload: JSON, inv: logs.Invocation | None = None, task: str | None = None, run: Run | None = None
+    ) -> dict[str, Any]:
+        """The task, on a worker when several requests may run at once. `task`: what a compatible route needs;
+        `run`: how the route calls the task (None: `task(payload)`)."""
         self.count("inference")
-        args = (payload,) if task is None else (payload, task)  # the native path calls serve as it always has
+        # The native path calls serve as it always has.
+        args: tuple[Any, ...] = (payload,) if task is None and run is None else (payload, task, run)
         workers = self.workers
         reply = workers.call(self.serve, *args) if workers is not None else self.serve(*args)
         if inv is not None:
             usage(inv, payload, reply)
         return reply
 
-    def serve(self, payload: JSON, task: str | None = None) -> dict[str, Any]:
+    def serve(self, payload: JSON, task: str | None = None, run: Run | None = None) -> dict[str, Any]:
         """The named (or default) model's task, under a lease: a reload or eviction never pulls the model
-        out from under a running request. `task`: the one a compatible route needs the model to have."""
+        out from under a running request. `task`: the one a compatible route needs the model to have; `run`:
+        how the route calls it (`/tokenize` calls its tokenizer)."""
         with self.registry.lease(requested_model(payload)) as model:
             if task is not None and model.task.name != task:
                 raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
-            return model.task(payload)
+            return model.task(payload) if run is None else run(model.task, payload)
+
+    def task_name(self, payload: JSON) -> str:
+        """The task of the model a (native) request names, or of the default model."""
+        with self.registry.lease(requested_model(payload)) as model:
+            return model.task.name
 
     def find(self, model_id: str) -> str | None:
         return self.registry.find(model_id)

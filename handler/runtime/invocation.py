@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from handler.api.compat import LAMBDA_PATHS, NATIVE, ROUTES, Route
+from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Route, model_field
 from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
@@ -115,7 +115,7 @@ class Runtime(Instance):
                 path = source.path(event)  # type: ignore[attr-defined]
                 if path in LAMBDA_PATHS:
                     route = ROUTES[path]
-                    answer = self.infer(route.request(payload, self.find), inv, route.task)
+                    answer = self.infer(route.request(payload, self.find), inv, route.task, route.run)
                     return source.respond(event, route.response(answer, payload))
             return source.respond(event, self.infer(payload, inv))
         except Exception as e:
@@ -151,11 +151,13 @@ class Runtime(Instance):
                 payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
                 if isinstance(payload, dict) and "warmstart" in payload and admin_action(payload):
                     raise AdminNotAllowedError(ADMIN_OVER_HTTP)
+                if route is ROOT:  # TEI's default route: the served model's task's route
+                    route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
                 native = route.request(payload, self.find)
                 if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
                     native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
                 self.count("inference")
-                answer = self.serve(native, route.task)
+                answer = self.serve(native, route.task, route.run)
                 usage(inv, native, answer)
                 if accept == "npy":
                     return 200, npy_answer(answer), MEDIA_TYPES["npy"]

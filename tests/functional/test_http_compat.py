@@ -323,3 +323,56 @@ def test_npy_body_and_answer_for_a_one_input_tensor_model(tmp_path: Path) -> Non
         np.save(buf3, np.zeros((2, 4), np.float32))
         r = c.post("/invocations", content=buf3.getvalue(), headers=npy)
         assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidInputError"  # the manifest's shape
+
+
+# -- TEI's default route, parameters, tokenize/decode ------------------------------------------------------
+
+
+def test_post_root_follows_the_models_task_as_tei_does(runtime: Runtime, client: TestClient) -> None:
+    embed = client.post("/", json={"inputs": TEXTS}).json()
+    assert embed == client.post("/embed", json={"inputs": TEXTS}).json()
+    similar = client.post("/", json={"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}}).json()
+    assert (
+        similar == client.post("/similarity", json={"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}}).json()
+    )
+    assert abs(similar[0] - 1) < 1e-6 and all(-1 <= s <= 1 for s in similar)
+    assert client.get("/").json() == {"ok": True}
+    rerank = FakeTask("rerank", lambda p: {"results": [{"index": 0, "relevance_score": 0.5}]})
+    with client_for(fake_runtime(runtime, rerank)) as c:
+        assert c.post("/", json={"query": "q", "texts": ["a"]}).json() == [{"index": 0, "score": 0.5}]
+
+    def classify(p: dict[str, Any]) -> dict[str, Any]:
+        return {"predictions": [[{"label": "pos", "score": 0.8}] for _ in p["inputs"]]}
+
+    task = FakeTask("classify", classify)
+    with client_for(fake_runtime(runtime, task)) as c:
+        assert c.post("/", json={"inputs": "a"}).json() == [{"label": "pos", "score": 0.8}]
+        # The Inference API's shape (InferenceClient): with "parameters", a list per text, one text included.
+        r = c.post("/", json={"inputs": "a", "parameters": {"top_k": 1, "function_to_apply": "softmax"}})
+        assert r.json() == [[{"label": "pos", "score": 0.8}]] and task.seen[-1] == {"inputs": ["a"], "top_k": 1}
+        r = c.post("/predict", json={"inputs": "a", "parameters": {"function_to_apply": "sigmoid"}})
+        assert r.status_code == 400 and "softmax" in r.json()["error"]["message"]
+
+
+def test_tokenize_and_decode_round_trip(client: TestClient) -> None:
+    tokens = client.post("/tokenize", json={"inputs": ["hello world", "ünïcode"]}).json()
+    assert [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
+    ids = [[t["id"] for t in seq] for seq in tokens]
+    assert client.post("/decode", json={"ids": ids}).json() == ["hello world", "unicode"]
+    kept = client.post("/decode", json={"ids": ids[0], "skip_special_tokens": False}).json()
+    assert kept == ["[CLS] hello world [SEP]"]
+    bare = client.post("/tokenize", json={"inputs": "hello", "add_special_tokens": False}).json()
+    assert [t["id"] for t in bare[0]] == [7592]
+    r = client.post("/decode", json={"ids": [10**9]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidInputError"
+
+
+def test_function_url_tokenize_route(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import http_v2_event
+
+    monkeypatch.setattr(runtime, "workers", None)
+    reply = runtime.handle(http_v2_event("/tokenize", {"inputs": "hello"}), None)
+    assert reply["statusCode"] == 200 and json.loads(reply["body"])[0][1]["text"] == "hello"
+    reply = runtime.handle(http_v2_event("/", {"inputs": ["hello"]}), None)  # `/` on Lambda: the native route
+    assert "embeddings" in json.loads(reply["body"])

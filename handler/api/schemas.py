@@ -1,0 +1,618 @@
+"""The HTTP API's request and answer shapes, as JSON Schema: the compatible routes validate requests with
+them (`check`), and `GET /openapi.json` is written from them (`openapi`), so the document cannot drift from
+what is served. Tests validate real answers against the answer schemas (tests/functional/test_openapi.py).
+
+`check` is a small validator for the subset used here (type, enum, const, minimum, minItems, maxItems,
+items, properties, required, anyOf, $ref): no third-party import on any path (a full validator costs tens of
+milliseconds to import, and Lambda imports this module). Requests may carry fields not named here, as the
+APIs we follow allow (OpenAI's `user`, a client's extras): they are ignored. What a route recognises but
+refuses (token ids, `normalize: false`, `raw_scores: true`) is refused by the route first, with
+`UnsupportedRequestError` and what to do instead; the schemas say what is accepted.
+
+Native requests (`POST /invocations`) are each model's task's, validated by the task
+([events.md](../../docs/events.md)); the schema here documents them.
+
+About one thing (every route's shapes, which refer to each other, and the validator that reads them), hence
+its length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handler.core.errors import InvalidInputError
+
+Schema = dict[str, Any]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    """The schema, or JSON null (a client's "not set")."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+STRING: Schema = {"type": "string"}
+TEXTS: Schema = {
+    "anyOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}],
+    "description": "one text, or a non-empty list of texts (token ids are refused: send text)",
+}
+MODEL: Schema = _nullable(
+    {
+        "type": "string",
+        "description": "a model this instance serves (`id` or `id@version`); any other name means the default "
+        "model (clients always send one)",
+    }
+)
+FLAG: Schema = _nullable({"type": "boolean"})
+TRUNCATION_DIRECTION: Schema = _nullable(
+    {"enum": ["Right", "right"], "description": "the end of a long text is dropped (Left is refused)"}
+)
+POSITIVE: Schema = _nullable({"type": "integer", "minimum": 1})
+NUMBER: Schema = {"type": "number"}
+VECTOR: Schema = {"type": "array", "items": NUMBER}
+VECTOR_OR_BASE64: Schema = {"anyOf": [VECTOR, {"type": "string", "description": "base64 of little-endian float32"}]}
+USAGE: Schema = {"type": "object", "required": ["tokens"], "properties": {"tokens": {"type": "integer"}}}
+
+SCHEMAS: dict[str, Schema] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": STRING, "message": STRING},
+            }
+        },
+        "description": "every answer that is not 2xx; `type` is the error's class (docs/events.md#errors)",
+    },
+    # -- OpenAI
+    "OpenAIEmbeddingsRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": TEXTS,
+            "model": MODEL,
+            "encoding_format": _nullable({"enum": ["float", "base64"]}),
+            "dimensions": POSITIVE,
+            "user": _nullable(STRING),
+        },
+    },
+    "OpenAIEmbeddingsResponse": {
+        "type": "object",
+        "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["object", "index", "embedding"],
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer", "minimum": 0},
+                        "embedding": VECTOR_OR_BASE64,
+                    },
+                },
+            },
+            "model": STRING,
+            "usage": {
+                "type": "object",
+                "required": ["prompt_tokens", "total_tokens"],
+                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+            },
+        },
+    },
+    # -- text-embeddings-inference
+    "EmbedRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": TEXTS,
+            "normalize": _nullable({"enum": [True], "description": "the model's vectors are normalized"}),
+            "truncate": FLAG,
+            "truncation_direction": TRUNCATION_DIRECTION,
+            "prompt_name": _nullable(STRING),
+            "dimensions": POSITIVE,
+            "model": MODEL,
+        },
+    },
+    "EmbedResponse": {"type": "array", "items": VECTOR},
+    "SimilarityRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {
+                "type": "object",
+                "required": ["source_sentence", "sentences"],
+                "properties": {
+                    "source_sentence": STRING,
+                    "sentences": {"type": "array", "items": STRING, "minItems": 1},
+                },
+            },
+            "parameters": _nullable(
+                {
+                    "type": "object",
+                    "properties": {
+                        "prompt_name": _nullable(STRING),
+                        "truncate": FLAG,
+                        "truncation_direction": TRUNCATION_DIRECTION,
+                    },
+                }
+            ),
+            "model": MODEL,
+        },
+    },
+    "SimilarityResponse": {"type": "array", "items": NUMBER, "description": "cosine similarity per sentence"},
+    "RerankRequest": {
+        "type": "object",
+        "required": ["query", "texts"],
+        "properties": {
+            "query": STRING,
+            "texts": {"type": "array", "items": STRING, "minItems": 1},
+            "return_text": FLAG,
+            "raw_scores": _nullable({"enum": [False], "description": "scores are the model's activated ones"}),
+            "truncate": FLAG,
+            "truncation_direction": TRUNCATION_DIRECTION,
+            "model": MODEL,
+        },
+    },
+    "RerankResponse": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["index", "score"],
+            "properties": {"index": {"type": "integer", "minimum": 0}, "score": NUMBER, "text": STRING},
+        },
+        "description": "best first",
+    },
+    "PredictRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {
+                "anyOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}],
+                "description": "one text or a list of texts (a list of two strings is two texts, not a pair)",
+            },
+            "raw_scores": _nullable({"enum": [False], "description": "scores are probabilities"}),
+            "truncate": FLAG,
+            "truncation_direction": TRUNCATION_DIRECTION,
+            "parameters": _nullable(
+                {
+                    "type": "object",
+                    "description": "the Inference API's parameters (InferenceClient.text_classification): "
+                    "with them, the answer is a list per input, one text included",
+                    "properties": {
+                        "top_k": POSITIVE,
+                        "function_to_apply": _nullable(
+                            {
+                                "enum": ["softmax", "sigmoid"],
+                                "description": "the model's own: softmax (single label) or sigmoid (multi label)",
+                            }
+                        ),
+                    },
+                }
+            ),
+            "model": MODEL,
+        },
+    },
+    "Prediction": {
+        "type": "object",
+        "required": ["label", "score"],
+        "properties": {"label": STRING, "score": NUMBER},
+    },
+    "PredictResponse": {
+        "anyOf": [
+            {"type": "array", "items": ref("Prediction")},
+            {"type": "array", "items": {"type": "array", "items": ref("Prediction")}},
+        ],
+        "description": "one text: its predictions; a list (or any request with `parameters`): one list per text",
+    },
+    "TokenizeRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": TEXTS,
+            "add_special_tokens": FLAG,
+            "prompt_name": _nullable(STRING),
+            "model": MODEL,
+        },
+    },
+    "TokenizeResponse": {
+        "type": "array",
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "text", "special", "start", "stop"],
+                "properties": {
+                    "id": {"type": "integer", "minimum": 0},
+                    "text": STRING,
+                    "special": {"type": "boolean"},
+                    "start": _nullable({"type": "integer", "minimum": 0}),
+                    "stop": _nullable({"type": "integer", "minimum": 0}),
+                },
+            },
+        },
+        "description": "per input, the tokens the model sees (truncated at its length); offsets in characters",
+    },
+    "DecodeRequest": {
+        "type": "object",
+        "required": ["ids"],
+        "properties": {
+            "ids": {
+                "anyOf": [
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                        "minItems": 1,
+                    },
+                ]
+            },
+            "skip_special_tokens": FLAG,
+            "model": MODEL,
+        },
+    },
+    "DecodeResponse": {"type": "array", "items": STRING},
+    # -- Cohere / Jina / vLLM
+    "CohereRerankRequest": {
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": {
+            "query": STRING,
+            "documents": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"anyOf": [STRING, {"type": "object", "required": ["text"], "properties": {"text": STRING}}]},
+            },
+            "top_n": POSITIVE,
+            "return_documents": FLAG,
+            "model": MODEL,
+            "max_tokens_per_doc": {"type": "null", "description": "refused: documents are cut at the model's limit"},
+            "rank_fields": {"type": "null", "description": "refused: documents are text"},
+        },
+    },
+    "CohereRerankResponse": {
+        "type": "object",
+        "required": ["model", "results", "usage"],
+        "properties": {
+            "model": STRING,
+            "results": {"type": "array", "items": ref("RerankResult")},
+            "usage": {
+                "type": "object",
+                "required": ["total_tokens"],
+                "properties": {"total_tokens": {"type": "integer"}},
+            },
+        },
+    },
+    "RerankResult": {
+        "type": "object",
+        "required": ["index", "relevance_score"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0},
+            "relevance_score": NUMBER,
+            "document": {"type": "object", "required": ["text"], "properties": {"text": STRING}},
+        },
+    },
+    # -- native (POST /invocations): validated by the model's task
+    "NativeRequest": {
+        "anyOf": [
+            {
+                "title": "embedding",
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {
+                    "inputs": TEXTS,
+                    "model": MODEL,
+                    "dimensions": POSITIVE,
+                    "encoding_format": _nullable({"enum": ["float", "base64"]}),
+                    "prompt_name": _nullable(STRING),
+                    "prompt": _nullable(STRING),
+                },
+            },
+            {
+                "title": "rerank",
+                "type": "object",
+                "required": ["query", "documents"],
+                "properties": {
+                    "query": STRING,
+                    "documents": {"type": "array"},
+                    "top_n": POSITIVE,
+                    "return_documents": FLAG,
+                    "model": MODEL,
+                },
+            },
+            {
+                "title": "classify",
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {"inputs": TEXTS, "top_k": POSITIVE, "model": MODEL},
+            },
+            {
+                "title": "tensor",
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {
+                    "inputs": {"type": "object", "description": 'name → nested list, or {"npy": base64 .npy}'},
+                    "output_format": _nullable({"enum": ["list", "npy"]}),
+                    "model": MODEL,
+                },
+            },
+        ],
+        "description": "the model's task's request (docs/events.md); `application/x-npy` for a one-input tensor model",
+    },
+    "NativeResponse": {
+        "anyOf": [
+            {
+                "title": "embedding",
+                "type": "object",
+                "required": ["embeddings", "model", "usage"],
+                "properties": {
+                    "embeddings": {"type": "array", "items": VECTOR_OR_BASE64},
+                    "model": STRING,
+                    "usage": USAGE,
+                },
+            },
+            {
+                "title": "rerank",
+                "type": "object",
+                "required": ["results", "model", "usage"],
+                "properties": {
+                    "results": {"type": "array", "items": ref("RerankResult")},
+                    "model": STRING,
+                    "usage": USAGE,
+                },
+            },
+            {
+                "title": "classify",
+                "type": "object",
+                "required": ["predictions", "model", "usage"],
+                "properties": {
+                    "predictions": {"type": "array", "items": {"type": "array", "items": ref("Prediction")}},
+                    "model": STRING,
+                    "usage": USAGE,
+                },
+            },
+            {
+                "title": "tensor",
+                "type": "object",
+                "required": ["outputs", "model"],
+                "properties": {"outputs": {"type": "object"}, "model": STRING},
+            },
+        ]
+    },
+    # -- health, facts, status
+    "Ping": {
+        "type": "object",
+        "required": ["status", "instance_id", "model"],
+        "properties": {"status": {"const": "ok"}, "instance_id": STRING, "model": STRING},
+    },
+    "Draining": {
+        "type": "object",
+        "required": ["status", "instance_id"],
+        "properties": {"status": {"const": "draining"}, "instance_id": STRING},
+        "description": "503 once SIGTERM came: the platform routes elsewhere",
+    },
+    "Health": {"type": "object", "required": ["ok"], "properties": {"ok": {"const": True}}},
+    "Info": {
+        "type": "object",
+        "required": [
+            "model_id",
+            "model_dtype",
+            "model_type",
+            "max_concurrent_requests",
+            "max_input_length",
+            "max_batch_tokens",
+            "max_client_batch_size",
+            "auto_truncate",
+            "tokenization_workers",
+            "version",
+        ],
+        "properties": {
+            "model_id": STRING,
+            "model_sha": _nullable(STRING),
+            "model_dtype": STRING,
+            "model_type": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "required": ["embedding"],
+                        "properties": {
+                            "embedding": {"type": "object", "required": ["pooling"], "properties": {"pooling": STRING}}
+                        },
+                    },
+                    {"type": "object", "required": ["classifier"], "properties": {"classifier": ref("Labels")}},
+                    {"type": "object", "required": ["reranker"], "properties": {"reranker": ref("Labels")}},
+                    {"type": "object", "required": ["tensor"], "properties": {"tensor": {"type": "object"}}},
+                ]
+            },
+            "max_concurrent_requests": {"type": "integer", "minimum": 0},
+            "max_input_length": {"type": "integer", "minimum": 0},
+            "max_batch_tokens": {"type": "integer", "minimum": 0},
+            "max_batch_requests": _nullable({"type": "integer", "minimum": 0}),
+            "max_client_batch_size": {"type": "integer", "minimum": 0},
+            "auto_truncate": {"type": "boolean"},
+            "tokenization_workers": {"type": "integer", "minimum": 0},
+            "version": STRING,
+            "sha": _nullable(STRING),
+            "docker_label": _nullable(STRING),
+        },
+        "description": "text-embeddings-inference's model facts, for the default model",
+    },
+    "Labels": {
+        "type": "object",
+        "required": ["id2label", "label2id"],
+        "properties": {
+            "id2label": {"type": "object", "additionalProperties": STRING},
+            "label2id": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        },
+    },
+    "Status": {"type": "object", "description": "counts and health (WARMSTART_HTTP_STATUS=full: everything)"},
+}
+
+# The default route (`POST /`) answers as the served model's task does, as text-embeddings-inference's does.
+SCHEMAS["RootRequest"] = {
+    "anyOf": [ref("EmbedRequest"), ref("SimilarityRequest"), ref("RerankRequest"), ref("PredictRequest")],
+    "description": "embedding model: /embed's request, or /similarity's (`inputs` with `source_sentence`); "
+    "reranker: /rerank's; classifier: /predict's",
+}
+SCHEMAS["RootResponse"] = {
+    "anyOf": [ref("EmbedResponse"), ref("SimilarityResponse"), ref("RerankResponse"), ref("PredictResponse")]
+}
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+_JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def _json_type(value: Any) -> str:
+    return "null" if value is None else _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _is(value: Any, type_name: str) -> bool:
+    if isinstance(value, bool) and type_name in ("integer", "number"):
+        return False
+    return isinstance(value, _TYPES[type_name])
+
+
+def _resolve(schema: Schema) -> Schema:
+    while "$ref" in schema:
+        schema = SCHEMAS[schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def _describe(schema: Schema) -> str:
+    schema = _resolve(schema)
+    if "anyOf" in schema:
+        return " or ".join(_describe(s) for s in schema["anyOf"])
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    kind = schema.get("type", "any value")
+    if kind == "array" and "items" in schema:
+        return f"a list of {_describe(schema['items'])}"
+    return str(kind)
+
+
+def errors(value: Any, schema: Schema, where: str = "request") -> list[str]:
+    """What is wrong with `value` against `schema`: one message per fault found, naming where (empty: valid)."""
+    schema = _resolve(schema)
+    if "anyOf" in schema:
+        found = [errors(value, s, where) for s in schema["anyOf"]]
+        if all(found):
+            # One branch of the right type explains best; else say what would have been taken.
+            typed = [f for f, s in zip(found, schema["anyOf"], strict=True) if _type_matches(value, s)]
+            return typed[0] if len(typed) == 1 else [f"{_q(where)} must be {_describe(schema)}, got {_shown(value)}"]
+        return []
+    kind = schema.get("type")
+    if kind is not None and not _is(value, kind):
+        return [f"{_q(where)} must be {_describe(schema)}, got {_json_type(value)}"]
+    if "const" in schema and (value != schema["const"] or type(value) is not type(schema["const"])):
+        return [f"{_q(where)} must be {schema['const']!r}, got {_shown(value)}"]
+    if "enum" in schema and not any(value == v and type(value) is type(v) for v in schema["enum"]):
+        return [f"{_q(where)} must be {_describe(schema)}, got {_shown(value)}"]
+    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
+        return [f"{_q(where)} must be at least {schema['minimum']}, got {value!r}"]
+    out: list[str] = []
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            return [f"{_q(where)} must have at least {schema['minItems']} item(s), got {len(value)}"]
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            return [f"{_q(where)} must have at most {schema['maxItems']} item(s), got {len(value)}"]
+        if "items" in schema:
+            for i, item in enumerate(value):
+                out += errors(item, schema["items"], f"{where}[{i}]")
+                if out:
+                    return out  # the first bad item says enough
+    if isinstance(value, dict):
+        for name in schema.get("required", ()):
+            if name not in value:
+                out.append(f"{_field(where, name)} is required")
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                out += errors(value[name], sub, _field(where, name))
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for name, item in value.items():
+                if name not in schema.get("properties", {}):
+                    out += errors(item, extra, _field(where, str(name)))
+    return out
+
+
+def _type_matches(value: Any, schema: Schema) -> bool:
+    schema = _resolve(schema)
+    if "anyOf" in schema:
+        return any(_type_matches(value, s) for s in schema["anyOf"])
+    kind = schema.get("type")
+    return kind is None or _is(value, kind)
+
+
+def _field(where: str, name: str) -> str:
+    return name if where == "request" else f"{where}.{name}"
+
+
+def _q(where: str) -> str:
+    return where if where == "request" else f'"{where}"'
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check(value: Any, name: str) -> dict[str, Any]:
+    """`value` against the schema `name`: returned when valid, else InvalidInputError naming every fault."""
+    found = errors(value, SCHEMAS[name])
+    if found:
+        raise InvalidInputError("; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else ""))
+    assert isinstance(value, dict)
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ the document
+
+
+def operation(summary: str, answer: str | None, request: str | None = None, media: str = "application/json") -> Schema:
+    """One OpenAPI operation: its request body (a schema name), its 200 answer, and the error answer."""
+    op: Schema = {"summary": summary, "responses": {}}
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(request)}}}
+    ok: Schema = {"description": "OK"}
+    if answer is not None:
+        ok["content"] = {media: {"schema": ref(answer) if media == "application/json" else {"type": "string"}}}
+    op["responses"]["200"] = ok
+    op["responses"]["default"] = {
+        "description": "an error: 4xx for the request's faults, 503 busy or draining, 500 ours",
+        "content": {"application/json": {"schema": ref("Error")}},
+    }
+    return op
+
+
+def openapi(paths: dict[str, dict[str, Schema]], version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document (JSON Schema 2020-12 schemas) for `paths` (path → method → operation)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "warmstart HTTP host",
+            "version": version,
+            "description": "SageMaker's contract, OpenAI's, Cohere's and text-embeddings-inference's routes, "
+            "mapped onto the served model's task. Every answer is JSON; not 2xx: the Error schema.",
+        },
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }

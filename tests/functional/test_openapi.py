@@ -1,0 +1,207 @@
+"""`GET /openapi.json` says what every route answers: the document is valid OpenAPI 3.1, every path in it is
+exercised here with a valid request (200, the answer validated against the operation's 200 schema by
+`jsonschema`) and a bad one (not 2xx, validated against the Error schema), and the host's small validator
+(`handler.api.schemas.check`) agrees with `jsonschema` on which requests the schemas accept.
+
+Embedding routes run the real default model; rerank and classify routes a fake task of that kind (their
+answers' shapes are the routes' mapping; the real tasks' answers are checked by tests/integration/test_clients.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+from openapi_spec_validator import validate as validate_spec
+from starlette.testclient import TestClient
+
+from handler.api import schemas
+from handler.core.errors import InvalidInputError
+from handler.runtime.invocation import Runtime
+from tests.functional.test_http_compat import FakeTask, client_for, fake_runtime
+
+TEXTS = ["the quick brown fox", "jumps over the lazy dog"]
+
+
+def rerank_answer(p: dict[str, Any]) -> dict[str, Any]:
+    results = [{"index": i, "relevance_score": 1 / (i + 1)} for i in range(len(p["documents"]))]
+    if p.get("return_documents"):
+        for r in results:
+            r["document"] = {"text": "x"}
+    return {"results": results[: p.get("top_n") or None], "usage": {"tokens": 3}}
+
+
+def classify_answer(p: dict[str, Any]) -> dict[str, Any]:
+    return {"predictions": [[{"label": "pos", "score": 0.75}, {"label": "neg", "score": 0.25}] for _ in p["inputs"]]}
+
+
+# path → method → (model kind, a valid request, a bad request); every path in the document must be here.
+EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
+    "/": {
+        "get": ("embedding", None, None),
+        "post": ("embedding", {"inputs": TEXTS}, {"inputs": 3}),
+    },
+    "/invocations": {"post": ("embedding", {"inputs": TEXTS}, {"inputs": []})},
+    "/v1/embeddings": {"post": ("embedding", {"input": TEXTS, "model": "x", "dimensions": 8}, {"input": [[1]]})},
+    "/embed": {"post": ("embedding", {"inputs": TEXTS[0], "normalize": True}, {"inputs": "x", "normalize": False})},
+    "/similarity": {
+        "post": ("embedding", {"inputs": {"source_sentence": "a", "sentences": TEXTS}}, {"inputs": {"sentences": []}})
+    },
+    "/tokenize": {"post": ("embedding", {"inputs": TEXTS}, {"inputs": [True]})},
+    "/decode": {"post": ("embedding", {"ids": [[101, 7592, 102], [2088]]}, {"ids": [-1]})},
+    "/rerank": {"post": ("rerank", {"query": "q", "texts": TEXTS, "return_text": True}, {"query": "q"})},
+    "/v1/rerank": {"post": ("rerank", {"query": "q", "documents": TEXTS, "top_n": 1}, {"query": 1, "documents": []})},
+    "/v2/rerank": {
+        "post": ("rerank", {"query": "q", "documents": [{"text": "a"}], "return_documents": True}, {"documents": "a"})
+    },
+    "/predict": {"post": ("classify", {"inputs": "great", "parameters": {"top_k": 2}}, {"inputs": {}})},
+    "/ping": {"get": ("embedding", None, None)},
+    "/health": {"get": ("embedding", None, None)},
+    "/healthz": {"get": ("embedding", None, None)},
+    "/info": {"get": ("embedding", None, None)},
+    "/status": {"get": ("embedding", None, None)},
+    "/metrics": {"get": ("embedding", None, None)},
+    "/openapi.json": {"get": ("embedding", None, None)},
+}
+
+
+@pytest.fixture(scope="module")
+def clients(new_runtime: Callable[..., Runtime]) -> Iterator[dict[str, TestClient]]:
+    runtime = new_runtime()
+    made = {
+        "embedding": client_for(runtime),
+        "rerank": client_for(fake_runtime(runtime, FakeTask("rerank", rerank_answer))),
+        "classify": client_for(fake_runtime(runtime, FakeTask("classify", classify_answer))),
+    }
+    for c in made.values():
+        c.__enter__()
+    yield made
+    for c in made.values():
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def document(clients: dict[str, TestClient]) -> dict[str, Any]:
+    r = clients["embedding"].get("/openapi.json")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def validator(document: dict[str, Any], schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({**schema, "components": document["components"]})
+
+
+def test_the_document_is_valid_openapi_and_names_every_route(document: dict[str, Any]) -> None:
+    validate_spec(document)
+    assert document["openapi"] == "3.1.0"
+    assert {p: set(ops) for p, ops in document["paths"].items()} == {p: set(ops) for p, ops in EXAMPLES.items()}
+    for schema in document["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+@pytest.mark.parametrize(("path", "method"), [(p, m) for p, ops in EXAMPLES.items() for m in ops])
+def test_every_route_answers_as_the_document_says(
+    clients: dict[str, TestClient], document: dict[str, Any], path: str, method: str
+) -> None:
+    kind, good, bad = EXAMPLES[path][method]
+    client = clients[kind]
+    operation = document["paths"][path][method]
+    if good is not None:
+        request_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        validator(document, request_schema).validate(good)  # the example is what the document accepts
+    r = client.request(method.upper(), path, json=good)
+    assert r.status_code == 200, r.text
+    content = operation["responses"]["200"]["content"]
+    media = next(iter(content))
+    assert r.headers["content-type"].split(";")[0] == media.split(";")[0]
+    if media == "application/json":
+        validator(document, content[media]["schema"]).validate(r.json())
+    error_schema = operation["responses"]["default"]["content"]["application/json"]["schema"]
+    if bad is not None:
+        r = client.request(method.upper(), path, json=bad)
+        assert 400 <= r.status_code < 500, r.text
+        validator(document, error_schema).validate(r.json())
+    r = client.request("DELETE", path)  # a method the route does not take: an error, in the Error shape
+    assert r.status_code == 405
+    validator(document, error_schema).validate(r.json())
+
+
+REQUESTS: dict[str, list[Any]] = {
+    "OpenAIEmbeddingsRequest": [
+        {"input": "a"},
+        {"input": ["a", "b"], "model": None, "encoding_format": "base64", "dimensions": 3, "user": "u"},
+        {"input": []},
+        {"input": 1},
+        {"input": "a", "dimensions": 0},
+        {"input": "a", "dimensions": True},
+        {"input": "a", "encoding_format": "int8"},
+        {"model": "x"},
+        [],
+        "a",
+    ],
+    "EmbedRequest": [
+        {"inputs": "a", "normalize": True, "truncate": None, "truncation_direction": "right"},
+        {"inputs": "a", "normalize": False},
+        {"inputs": "a", "truncation_direction": "Left"},
+        {"inputs": ["a", 1]},
+    ],
+    "SimilarityRequest": [
+        {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": None}},
+        {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": []},
+        {"inputs": {"source_sentence": 1, "sentences": ["b"]}},
+        {"inputs": ["a"]},
+    ],
+    "RerankRequest": [
+        {"query": "q", "texts": ["a"], "raw_scores": False},
+        {"query": "q", "texts": ["a"], "raw_scores": True},
+        {"query": "q", "texts": []},
+        {"query": None, "texts": ["a"]},
+    ],
+    "CohereRerankRequest": [
+        {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": None},
+        {"query": "q", "documents": [{"title": "b"}]},
+        {"query": "q", "documents": ["a"], "max_tokens_per_doc": 3},
+        {"query": "q", "documents": ["a"], "top_n": -1},
+    ],
+    "PredictRequest": [
+        {"inputs": ["a", "b"], "parameters": {"top_k": 1, "function_to_apply": "softmax"}},
+        {"inputs": "a", "parameters": {"function_to_apply": "none"}},
+        {"inputs": [["a", "b"]]},
+        {"inputs": "a", "parameters": {"top_k": 0}},
+    ],
+    "TokenizeRequest": [{"inputs": ["a"], "add_special_tokens": False}, {"inputs": "a", "add_special_tokens": 1}],
+    "DecodeRequest": [
+        {"ids": [1, 2]},
+        {"ids": [[1], [2, 3]], "skip_special_tokens": False},
+        {"ids": [[]]},
+        {"ids": [1, [2]]},
+        {"ids": [[1], 2]},
+        {"ids": [[-1]]},
+        {"ids": "1"},
+    ],
+}
+
+
+def test_integral_floats_are_the_one_deliberate_difference(document: dict[str, Any]) -> None:
+    """JSON Schema counts 2.0 as an integer; the host, as its tasks always have, refuses it (a count sent as a
+    float is most likely a client's bug). Every other verdict is the same (below)."""
+    body = {"input": "a", "dimensions": 2.0}
+    assert validator(document, schemas.ref("OpenAIEmbeddingsRequest")).is_valid(body)
+    with pytest.raises(InvalidInputError, match="dimensions"):
+        schemas.check(body, "OpenAIEmbeddingsRequest")
+
+
+@pytest.mark.parametrize("name", sorted(REQUESTS))
+def test_the_hosts_validator_agrees_with_jsonschema(document: dict[str, Any], name: str) -> None:
+    full = validator(document, schemas.ref(name))
+    for body in REQUESTS[name]:
+        accepted = full.is_valid(body)
+        try:
+            schemas.check(body, name)
+            ours = True
+        except InvalidInputError:
+            ours = False
+        assert ours == accepted, (name, body)
