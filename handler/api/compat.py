@@ -36,11 +36,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from handler.api import schemas
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks.text import encoding_format as _encoding_format
 from handler.tasks.text import flag as _flag
+
+
+def _check(body: Any, schema: str) -> Any:
+    """`handler.api.schemas.check`, imported on first use: the schemas are ~0.8 ms of import that a Lambda
+    function serving only native requests never needs (the HTTP host imports them at startup anyway)."""
+    from handler.api import schemas
+
+    return schemas.check(body, schema)
+
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
 LANGCHAIN_HINT = "LangChain's OpenAIEmbeddings sends token ids unless it is made with check_embedding_ctx_length=False"
@@ -198,7 +206,7 @@ class OpenAIEmbeddings(Base):
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "input")
         _refuse_token_ids(body["input"], "input", LANGCHAIN_HINT)
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         encoding = _encoding_format(body)  # null: float
         native: dict[str, Any] = {"inputs": _texts(body["input"], "input")}
         dimensions = _dimensions(body.get("dimensions"))
@@ -237,7 +245,7 @@ class TeiEmbed(Base):
         if not _flag(body, "normalize", True):
             raise UnsupportedRequestError('"normalize": false is not served: this model\'s vectors are normalized')
         _tei_options(body)
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         native: dict[str, Any] = {"inputs": _texts(body["inputs"], "inputs")}
         dimensions = _dimensions(body.get("dimensions"))
         if dimensions is not None:
@@ -267,7 +275,7 @@ class TeiSimilarity(Base):
         parameters = body.get("parameters")
         if isinstance(parameters, dict):
             _tei_options(parameters)
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         inputs = body["inputs"]
         native: dict[str, Any] = {"inputs": [inputs["source_sentence"], *inputs["sentences"]]}
         if isinstance(parameters, dict) and parameters.get("prompt_name") is not None:
@@ -299,7 +307,7 @@ class TeiRerank(Base):
         if _flag(body, "raw_scores", False):
             raise UnsupportedRequestError('"raw_scores": true is not served: scores are the model\'s activated ones')
         _tei_options(body)
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         texts = _texts(body["texts"], "texts")
         native = {"query": body["query"], "documents": texts, "return_documents": _flag(body, "return_text", False)}
         return {**native, **model_field(body, find)}
@@ -339,7 +347,7 @@ class Rerank(Base):
                 '"max_tokens_per_doc" and "rank_fields" are not served: documents are truncated at the model\'s '
                 'own limit, and are text (or {"text"} objects)'
             )
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         native: dict[str, Any] = {"query": body["query"], "documents": body["documents"]}
         if body.get("top_n") is not None:
             native["top_n"] = body["top_n"]
@@ -372,7 +380,7 @@ class TeiPredict(Base):
         if _flag(body, "raw_scores", False):
             raise UnsupportedRequestError('"raw_scores": true is not served: scores are probabilities')
         _tei_options(body)
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         native: dict[str, Any] = {"inputs": _texts(body["inputs"], "inputs")}
         parameters = body.get("parameters") or {}
         if parameters.get("top_k") is not None:
@@ -419,7 +427,7 @@ class TeiTokenize(Base):
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "inputs")
         _refuse_token_ids(body["inputs"], "inputs")
-        schemas.check(body, self.schema)
+        _check(body, self.schema)
         native: dict[str, Any] = {
             "inputs": _texts(body["inputs"], "inputs"),
             "add_special_tokens": _flag(body, "add_special_tokens", True),
@@ -468,7 +476,7 @@ class TeiDecode(Base):
     summary = "text-embeddings-inference's decode: token ids back to text"
 
     def request(self, payload: JSON, find: Find) -> JSON:
-        body = schemas.check(_object(payload, "ids"), self.schema)
+        body = _check(_object(payload, "ids"), self.schema)
         ids = body["ids"]
         batch = ids if ids and isinstance(ids[0], list) else [ids]
         native = {"ids": batch, "skip_special_tokens": _flag(body, "skip_special_tokens", True)}

@@ -31,6 +31,7 @@ I = TypeVar("I", bound=Instance)  # noqa: E741 (the instance class init builds: 
 
 # Modules a plain single-model init never needs; the init report lists any that got imported anyway.
 DEFERRED = (
+    "handler.api.schemas",
     "handler.models.reloader",
     "handler.models.watcher",
     "handler.runtime.status",

@@ -73,6 +73,7 @@ def test_numpy_imported_first_is_reported_as_too_late() -> None:
 # -- the import chain --------------------------------------------------------------------------------------
 
 DEFERRED = {
+    "handler.api.schemas",
     "handler.models.reloader",
     "handler.models.watcher",
     "handler.models.origins",
