@@ -94,13 +94,14 @@ class Stage:
     index: int
     name: str | None
     base: str  # the FROM image, global ARGs substituted
-    instructions: list[tuple[str, str, int]]  # (INSTRUCTION, raw value, line number from 1)
+    instructions: list[tuple[str, str, int]]  # (INSTRUCTION, raw value, line number from 1), FROM first
 
 
 @dataclass
 class Dockerfile:
     path: Path
     global_args: dict[str, str]
+    preamble: list[tuple[str, str, int]]  # the ARG lines before the first FROM
     stages: list[Stage]
 
     @classmethod
@@ -108,6 +109,7 @@ class Dockerfile:
         with path.open("rb") as f:
             structure = DockerfileParser(fileobj=f, env_replace=False).structure
         global_args: dict[str, str] = {}
+        preamble: list[tuple[str, str, int]] = []
         stages: list[Stage] = []
         for item in structure:
             word, value, line = item["instruction"], item["value"], item["startline"] + 1
@@ -116,14 +118,15 @@ class Dockerfile:
             if word == "FROM":
                 image, *alias = WordSplitter(value, args=global_args).dequote().split()
                 name = alias[1] if len(alias) == 2 and alias[0].lower() == "as" else None
-                stages.append(Stage(len(stages), name, image, []))
+                stages.append(Stage(len(stages), name, image, [(word, value, line)]))
             elif not stages:
                 if word != "ARG":
                     raise BuildError(f"{path.name}:{line}: {word} before the first FROM")
                 global_args.update(extract_key_values(True, global_args, {}, value))
+                preamble.append((word, value, line))
             else:
                 stages[-1].instructions.append((word, value, line))
-        return cls(path, global_args, stages)
+        return cls(path, global_args, preamble, stages)
 
     def stage(self, ref: str) -> Stage:
         for stage in self.stages:
@@ -131,9 +134,9 @@ class Dockerfile:
                 return stage
         raise BuildError(f"{self.path.name}: no stage {ref!r}")
 
-    def instructions(self, word: str, stage: Stage | None = None) -> list[str]:
-        stages = [stage] if stage else self.stages
-        return [value for s in stages for w, value, _ in s.instructions if w == word]
+    def instructions(self) -> list[tuple[str, str, int]]:
+        """Every instruction in order, as written (continuation lines joined by the parser)."""
+        return [*self.preamble, *(i for stage in self.stages for i in stage.instructions)]
 
 
 def dockerignore_patterns(context: Path) -> list[str]:
@@ -325,7 +328,7 @@ class Builder:
                 run.cmd = []  # Docker: a new ENTRYPOINT resets an inherited CMD
             elif word == "CMD":
                 run.cmd = _exec_form(value, where)
-            elif word in ("EXPOSE", "LABEL"):
+            elif word in ("FROM", "EXPOSE", "LABEL"):
                 pass
             else:
                 raise Unemulated(f"{where}: {word}")
