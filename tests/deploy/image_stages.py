@@ -333,7 +333,8 @@ class Builder:
             else:
                 raise Unemulated(f"{where}: {word}")
             if word in ("COPY", "RUN"):
-                run.log.append(f"{word} {' '.join(value.split())[:100]} ({_since(started)})")
+                took = _since(started) if run.executed or word == "COPY" else "checked, not run"
+                run.log.append(f"{word} {' '.join(value.split())[:100]} ({took})")
         self.runs[stage.index] = run
         return run
 
@@ -456,7 +457,7 @@ def fetch_wheels(run: StageRun, download: list[str], stage_env: Mapping[str, str
     stage's own pip (its platform and Python tags), this machine's pip configuration (how it reaches the index)."""
     key = hashlib.sha256(run.python_version.rsplit(".", 1)[0].encode())
     for word in download:
-        key.update(word.encode())
+        key.update(word.replace(str(run.rootfs), "").encode())  # the image's path: the same in every run
         if Path(word).is_file():
             key.update(Path(word).read_bytes())
     marker = WHEELS / ".fetched" / key.hexdigest()

@@ -174,15 +174,18 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def test_cpu_image_entrypoint_serves_http(cpu_image: Builder) -> None:
+@pytest.mark.parametrize("args", [(), ("serve",)], ids=["cmd", "sagemaker-serve"])
+def test_cpu_image_entrypoint_serves_http(cpu_image: Builder, args: tuple[str, ...]) -> None:
+    """`docker run IMAGE` (ENTRYPOINT + CMD) and `docker run IMAGE serve` (SageMaker): the HTTP host."""
     image = cpu_image.runs[1]
     info = installed(image, ("uvicorn", "starlette", "awslambdaric", "onnxruntime", "onnx", "torch"))
     assert_isolated(image, info)
+    assert {"uvicorn", "starlette", "awslambdaric", "onnxruntime"} <= set(info["found"])
     assert not {"onnx", "torch"} & set(info["found"])  # pack-time tools stayed in the pack stage
     port = free_port()
     started = time.perf_counter()
     proc = subprocess.Popen(
-        image.entrypoint_argv(),  # ENTRYPOINT + CMD: python3 -m handler handler.app.lambda_handler
+        image.entrypoint_argv(*args),  # python3 -m handler handler.app.lambda_handler | python3 -m handler serve
         cwd=image.host(image.workdir),
         env=image.host_env({"PORT": str(port)}),
         stdout=subprocess.PIPE,
@@ -214,7 +217,8 @@ def test_cpu_image_entrypoint_serves_http(cpu_image: Builder) -> None:
     report = init_report(output)
     assert report["backend"] == "onnx" and report["model"] == "all-minilm-l6-v2@0.1.0"
     assert report["coldstart"]["onnx_optimized"]["used"] is True  # the pack stage's optimized model, loaded
-    record([f"CPU image, HTTP host: /ping answered {ready:.1f} s after start; /invocations, /v1/embeddings: 200"])
+    argv = " ".join(["python3 -m handler", *(args or image.cmd)])
+    record([f"CPU image, `{argv}`: /ping answered {ready:.1f} s after start; /invocations, /v1/embeddings: 200"])
 
 
 def test_cpu_image_entrypoint_serves_lambda(cpu_image: Builder) -> None:
