@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from handler.core.version import VERSION
 
 
 class Command(NamedTuple):
@@ -26,13 +29,19 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("infra.cli.demo", "cold start then warm calls of the default model through the local Lambda"),
     "tune": Command("infra.cli.tune", "pick a memory size: cold/warm latency under each size's CPU quota, and cost"),
 }
+DESCRIPTION = (
+    "Serve ML models from AWS Lambda, SageMaker, Cloud Run or Knative with cold starts at the floor of the stack: "
+    "pack a model, run it on a local Lambda, invoke it, keep it warm, pick its memory size."
+)
+EPILOG = "`warmstart COMMAND --help` for a command's options. Docs: README.md and docs/ in the repository."
 COMMAND_MODULES = tuple(dict.fromkeys(c.module for c in COMMANDS.values()))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, every command module imported, when `command` is None; otherwise only `command`'s
     module is imported (none for "" or an unknown name) and the other commands are listed by name and help."""
-    parser = argparse.ArgumentParser(prog="warmstart", description=__doc__)
+    parser = argparse.ArgumentParser(prog="warmstart", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"warmstart {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = COMMAND_MODULES if command is None else [COMMANDS[command].module] if command in COMMANDS else []
     for name, (module, help_) in COMMANDS.items():
@@ -52,6 +61,13 @@ def command_in(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(command_in(argv)).parse_args(argv)
-    rc: int = args.func(args)
+    try:
+        args = build_parser(command_in(argv)).parse_args(argv)
+        rc: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`warmstart invoke ... | head`): not our error, and no traceback. Point stdout at
+        # devnull so the interpreter's flush at exit does not raise again (Python's documented recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return rc

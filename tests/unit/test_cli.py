@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,33 @@ def test_pack_records_the_checkers_tolerance() -> None:
     from warmers import golden as checker
 
     assert recorded.TOLERANCE == checker.TOLERANCE
+
+
+def test_version_and_a_help_that_speaks_to_users() -> None:
+    import tomllib
+
+    out = subprocess.run([sys.executable, "-m", "infra.cli", "--version"], capture_output=True, text=True, check=True)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert out.stdout.strip() == f"warmstart {version}"
+    text = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Lambda" in text and "--version" in text
+    assert "module" not in text.lower()  # once opened with "Each subcommand lives in its own module ..."
+
+
+def test_a_reader_that_went_away_is_not_a_traceback(tmp_path: Path) -> None:
+    # `warmstart invoke ... | head`: the pipe's reader is gone when the command prints its answer. (argparse's own
+    # --help and --version output already swallow the error; a command's print() did not.)
+    read, write = os.pipe()
+    os.close(read)
+    argv = ["pack", "--default", "--backends", "onnx", "--out", str(tmp_path / "m")]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "infra.cli", *argv], stdout=write, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0
+    assert (tmp_path / "m" / "manifest.json").is_file()  # the work was done; only its report had no reader
