@@ -506,7 +506,19 @@ def _describe(schema: Schema) -> str:
     kind = schema.get("type", "any value")
     if kind == "array" and "items" in schema:
         return f"a list of {_describe(schema['items'])}"
-    return str(kind)
+    return _NAMES.get(str(kind), str(kind))
+
+
+# JSON types as a message says them ("must be a string or null").
+_NAMES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+    "null": "null",
+}
 
 
 def errors(value: Any, schema: Schema, where: str = "request") -> list[str]:
@@ -525,7 +537,8 @@ def errors(value: Any, schema: Schema, where: str = "request") -> list[str]:
     if "const" in schema and (value != schema["const"] or type(value) is not type(schema["const"])):
         return [f"{_q(where)} must be {schema['const']!r}, got {_shown(value)}"]
     if "enum" in schema and not any(value == v and type(value) is type(v) for v in schema["enum"]):
-        return [f"{_q(where)} must be {_describe(schema)}, got {_shown(value)}"]
+        valid = ", ".join(str(v) for v in schema["enum"])  # a closed set: the error lists the valid choices
+        return [f"{_q(where)} is {_shown(value)}; valid: {valid}"]
     if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
         return [f"{_q(where)} must be at least {schema['minimum']}, got {value!r}"]
     out: list[str] = []
