@@ -23,9 +23,9 @@ from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
-# Families warmstart's torch encoder (handler.backends.encoder_torch) does not build: packed onnx-only, and the manifest
-# says why, so selecting torch at run time is a ConfigError with this reason. Every family of hf_source.FAMILIES
-# has a torch encoder today (MPNet's relative attention bias included); a new family starts here.
+# Families declared onnx-only: packed without torch, and the manifest says why, so selecting torch at run time
+# is a ConfigError with this reason. The torch backend serves torch.export's program of the same module the
+# ONNX graph comes from, so a family that exports serves on torch too; none is declared here today.
 TORCH_UNSUPPORTED: dict[str, str] = {}
 WEIGHTS_FILE = "model.safetensors"
 TORCH_ARTIFACTS = ("exported-program", "hf-encoder")
