@@ -1,13 +1,18 @@
-"""PyTorch backend: the encoder built on the meta device, safetensors weights mapped in with `assign=True`.
+"""PyTorch backend: a pack-time torch.export program, or the hand-written encoder, weights mapped from
+safetensors (no copy).
 
-No `torch.load`: nothing is ever unpickled. Architectures: "hf-encoder" (a packed Hugging Face encoder of any
-family `encoder_torch` runs, with its pooling or classification head as the manifest says) and
-"bert-mean-pooled" (the default model's packs: the same encoder as a BERT with mean pooling).
+No `torch.load`: nothing is ever unpickled. Architectures:
+- "exported-program" (what `pack --from` writes): torch.export's program of the stock transformers model plus
+  the task's head, the same module the ONNX graph is exported from, so any family that exports serves here
+  too; run by `handler.backends.program` (JSON, ATen operators only) over the mapped weights.
+- "hf-encoder" (packs made before the exported program) and "bert-mean-pooled" (the default model's packs):
+  `encoder_torch`'s hand-written encoder, built on the meta device, weights adopted with `assign=True`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,20 +21,21 @@ import torch
 from handler.backends.contract import BackendSettings
 from handler.backends.encoder_torch import EncoderConfig, HFEncoder, weight_names
 from handler.backends.pool import current_arena
+from handler.backends.program import load as load_program
 from handler.backends.weights import mmap_safetensors
 from handler.core.errors import ModelLoadError
 from handler.core.manifest import Manifest
 from handler.core.types import Arrays, BackendName
 from handler.observability.report import PhaseTimer
 
-_ARCHITECTURES = ("bert-mean-pooled", "hf-encoder")
+_ARCHITECTURES = ("bert-mean-pooled", "hf-encoder", "exported-program")
 
 
 class TorchBackend:
     name: BackendName = "torch"
 
     def __init__(self) -> None:
-        self.model: HFEncoder | None = None
+        self.model: Callable[..., torch.Tensor] | None = None
         self.device = torch.device("cpu")
         self.device_reason = ""
         self.threads = 0
@@ -50,6 +56,10 @@ class TorchBackend:
             with contextlib.suppress(RuntimeError):
                 torch.set_num_interop_threads(1)
         self.output = manifest.outputs[0].name
+        if spec["architecture"] == "exported-program":
+            with timer.phase("load"):
+                self.model = self._program(manifest, spec, settings)
+            return
         with timer.phase("load"):
             weights = mmap_safetensors(path)
             model = self._build(manifest, spec)
@@ -71,6 +81,29 @@ class TorchBackend:
         elif settings.cuda.usable:
             self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
         self.model = model
+
+    def _program(
+        self, manifest: Manifest, spec: dict[str, Any], settings: BackendSettings
+    ) -> Callable[..., torch.Tensor]:
+        """The exported program over the mapped weights (moved to the GPU once when CUDA is usable)."""
+        weights = mmap_safetensors(manifest.path(spec["weights"]))
+        self.device_reason = settings.cuda.reason
+        if settings.cuda.usable and torch.cuda.is_available():
+            self.device = torch.device("cuda")
+        elif settings.cuda.usable:
+            self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
+        program = load_program(manifest.path(spec.get("program", "program.json")), weights, self.device)
+        wanted = [i.name for i in manifest.inputs]
+        if program.inputs != wanted:
+            raise ModelLoadError(
+                f"{program.path}: takes inputs {', '.join(program.inputs)}; the manifest feeds {', '.join(wanted)}"
+            )
+
+        def run(*feeds: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = program(*feeds)[0]
+            return out
+
+        return run
 
     @staticmethod
     def _build(manifest: Manifest, spec: dict[str, Any]) -> HFEncoder:

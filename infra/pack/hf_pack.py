@@ -23,11 +23,13 @@ from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
-# Families warmstart's torch encoder (handler.backends.encoder_torch) does not build: packed onnx-only, and the manifest
-# says why, so selecting torch at run time is a ConfigError with this reason. Every family of hf_source.FAMILIES
-# has a torch encoder today (MPNet's relative attention bias included); a new family starts here.
+# Families declared onnx-only: packed without torch, and the manifest says why, so selecting torch at run time
+# is a ConfigError with this reason. The torch backend serves torch.export's program of the same module the
+# ONNX graph comes from, so a family that exports serves on torch too; none is declared here today.
 TORCH_UNSUPPORTED: dict[str, str] = {}
 WEIGHTS_FILE = "model.safetensors"
+TORCH_ARTIFACTS = ("exported-program", "hf-encoder")
+TORCH_ARTIFACT = "exported-program"
 TOKENIZER_FILE = "tokenizer.json"
 _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 
@@ -71,8 +73,14 @@ def pack_from(
     backends: Iterable[str] | None = None,
     fuse: bool = True,
     force: bool = False,
+    torch_artifact: str = TORCH_ARTIFACT,
 ) -> Path:
-    """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write."""
+    """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
+
+    `torch_artifact`: what the torch backend runs, "exported-program" (the default) or "hf-encoder" (the
+    hand-written encoder, for comparison: bench/bench_torch_artifact.py)."""
+    if torch_artifact not in TORCH_ARTIFACTS:
+        raise SourceError(f"torch artifact {torch_artifact!r}; valid: {', '.join(TORCH_ARTIFACTS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
     chosen, unsupported = choose_backends(source, backends)
@@ -88,6 +96,9 @@ def pack_from(
             shapes = safetensors_shapes(staged / WEIGHTS_FILE)
             check_checkpoint(shapes, source.weights, source.model_root / "config.json", source.config, source.family)
         check_weights(source, staged)
+        program = None
+        if "torch" in chosen:
+            program, chosen, unsupported = export_torch(source, staged, torch_artifact, chosen, unsupported, backends)
 
         def build(tmp: Path) -> dict[str, Any]:
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
@@ -99,18 +110,80 @@ def pack_from(
                 save_onnx(exported.model, tmp)
                 spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
             if "torch" in chosen:
-                shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
-                spec["torch"] = {
-                    "weights": WEIGHTS_FILE,
-                    "files": [WEIGHTS_FILE],
-                    "architecture": "hf-encoder",
-                    "family": source.family,
-                    "config": source.config,
-                    "head": "sequence-classification" if source.sequence_classification else "none",
-                }
+                spec["torch"] = torch_spec(source, staged, tmp, program)
             return manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
 
         return publish(with_golden(build), out, force, [source.root])
+
+
+def export_torch(
+    source: HFSource,
+    staged: Path,
+    artifact: str,
+    chosen: tuple[str, ...],
+    unsupported: dict[str, str],
+    backends: Iterable[str] | None,
+) -> tuple[Any, tuple[str, ...], dict[str, str]]:
+    """The torch backend's exported program (None: the hand-written encoder), and the backends left to pack.
+
+    A model torch.export cannot capture faithfully falls back to the hand-written encoder when its family has
+    one (the reason is kept in the manifest); otherwise torch is dropped from the default backends with the
+    reason in `unsupported_backends`, or refused when it was asked for."""
+    if artifact != "exported-program":
+        return None, chosen, unsupported
+    from infra.pack.torch_program import ProgramExportError, export_program
+
+    try:
+        return export_program(source, staged), chosen, unsupported
+    except ProgramExportError as e:
+        from handler.backends.encoder_torch import FAMILIES as HAND_WRITTEN
+
+        if source.family in HAND_WRITTEN:
+            return ProgramFallback(str(e)), chosen, unsupported
+        if backends is not None:
+            raise UnsupportedModelError(f"backend torch is not supported for {source.family}: {e}") from None
+        return None, tuple(b for b in chosen if b != "torch"), {**unsupported, "torch": str(e)}
+
+
+class ProgramFallback(str):
+    """Why the exported program was not packed (the hand-written encoder serves instead)."""
+
+
+def torch_spec(source: HFSource, staged: Path, tmp: Path, program: Any) -> dict[str, Any]:
+    """Write the torch backend's files into `tmp`; its manifest entry.
+
+    "exported-program": torch.export's program of the same module the ONNX graph is exported from
+    (infra.pack.torch_program), program.json + model.safetensors under the program's parameter names.
+    "hf-encoder": the staged safetensors as is, for the hand-written encoder (handler.backends.encoder_torch):
+    asked for (`torch_artifact`), or the fallback when the program could not be exported."""
+    if program is not None and not isinstance(program, ProgramFallback):
+        import torch
+        from safetensors.torch import save_file
+
+        from infra.pack.torch_program import PROGRAM_FILE
+
+        (tmp / PROGRAM_FILE).write_bytes(program.program)
+        save_file(program.tensors, str(tmp / WEIGHTS_FILE))
+        return {
+            "architecture": "exported-program",
+            "program": PROGRAM_FILE,
+            "weights": WEIGHTS_FILE,
+            "files": [PROGRAM_FILE, WEIGHTS_FILE],
+            "exported_with": {"torch": torch.__version__},
+            "max_abs_diff": program.max_abs_diff,
+        }
+    shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
+    spec = {
+        "weights": WEIGHTS_FILE,
+        "files": [WEIGHTS_FILE],
+        "architecture": "hf-encoder",
+        "family": source.family,
+        "config": source.config,
+        "head": "sequence-classification" if source.sequence_classification else "none",
+    }
+    if program is not None:
+        spec["program_refused"] = str(program)
+    return spec
 
 
 def stage_safetensors(source: HFSource, staging: Path) -> Path:

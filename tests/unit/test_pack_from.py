@@ -167,7 +167,8 @@ def test_pytorch_bin_and_vocab_files_only(tmp_path: Path, family: str) -> None:
 
     src = make_model_dir(tmp_path, family, "classifier", weights="bin", tokenizer_files="vocab")
     assert not (src / "tokenizer.json").exists() and not (src / "model.safetensors").exists()
-    out = pack_from(src, tmp_path / "packed")
+    # The hand-written encoder's artifact keeps the checkpoint's names (an exported program renames them).
+    out = pack_from(src, tmp_path / "packed", torch_artifact="hf-encoder")
     state = torch.load(src / "pytorch_model.bin", weights_only=True)
     packed_weights = load_file(str(out / "model.safetensors"))
     assert set(packed_weights) == set(state)
@@ -206,13 +207,13 @@ def test_embedding_manifest(packed: Callable[..., tuple[Path, Path]]) -> None:
     assert m["tokenizer"]["file"] == "tokenizer.json" and m["tokenizer"]["pad_id"] == 0
     assert m["prompts"] == {"query": "query: "} and m["default_prompt_name"] is None
     torch_spec = m["backends"]["torch"]
-    assert torch_spec["architecture"] == "hf-encoder" and torch_spec["head"] == "none"
-    assert torch_spec["config"] == json.loads((src / "config.json").read_text())
+    assert torch_spec["architecture"] == "exported-program" and torch_spec["program"] == "program.json"
+    assert torch_spec["files"] == ["program.json", "model.safetensors"] and torch_spec["max_abs_diff"] <= 1e-4
     assert m["backends"]["onnx"]["files"] == ["model.onnx", "model.onnx.data"]
     assert isinstance(m["backends"]["onnx"]["fused"], bool)
     assert "unsupported_backends" not in m
     assert m["golden"]["cases"]  # golden answers recorded by the packed model itself
-    assert set(m["files"]) == {"model.onnx", "model.onnx.data", "model.safetensors", "tokenizer.json"}
+    assert set(m["files"]) == {"model.onnx", "model.onnx.data", "model.safetensors", "program.json", "tokenizer.json"}
 
 
 def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]]) -> None:
@@ -222,7 +223,7 @@ def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]])
     assert "labels" not in m and "problem_type" not in m
     assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     assert m["outputs"] == [{"name": "scores", "dtype": "float32", "shape": ["batch"]}]
-    assert m["backends"]["torch"]["head"] == "sequence-classification"
+    assert m["backends"]["torch"]["architecture"] == "exported-program"
     assert m["source"]["architecture"] == "BertForSequenceClassification"
     assert "pooling" not in m and "golden" not in m  # golden answers: embedding only (infra.pack.golden)
 
@@ -241,7 +242,26 @@ def test_multi_label_classifier_and_max_seq_from_positions(tmp_path: Path) -> No
     assert m["problem_type"] == "multi_label_classification"
     assert m["max_seq_length"] == 64  # max_position_embeddings 66 minus xlm-roberta's padding offset
     assert set(m["backends"]) == {"torch"} and m["default_backend"] == "torch"
-    assert set(m["files"]) == {"model.safetensors", "tokenizer.json"}
+    assert set(m["files"]) == {"model.safetensors", "program.json", "tokenizer.json"}
+
+
+def test_hand_written_encoder_on_request_and_as_the_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.pack import torch_program
+
+    src = make_model_dir(tmp_path, "bert", "cross-encoder", max_seq_length=20)
+    m = read_manifest(pack_from(src, tmp_path / "asked", backends=["torch"], torch_artifact="hf-encoder"))
+    spec = m["backends"]["torch"]
+    assert spec["architecture"] == "hf-encoder" and spec["head"] == "sequence-classification"
+    assert spec["config"] == json.loads((src / "config.json").read_text()) and "program_refused" not in spec
+
+    def refuse(*_: Any) -> None:
+        raise torch_program.ProgramExportError("torch.export cannot capture the model (test)")
+
+    monkeypatch.setattr(torch_program, "export_program", refuse)
+    m = read_manifest(pack_from(src, tmp_path / "fallback", backends=["torch"]))
+    spec = m["backends"]["torch"]
+    assert spec["architecture"] == "hf-encoder" and spec["program_refused"].endswith("(test)")
+    assert "program.json" not in m["files"]
 
 
 def test_mpnet_packs_both_backends(packed: Callable[..., tuple[Path, Path]]) -> None:
