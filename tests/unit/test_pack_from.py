@@ -385,7 +385,7 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         UnsupportedModelError,
         r"pooling mean \+ max; exactly one mode",
     ),
-    "dense-module": (
+    "dense-after-normalize": (
         "sentence-transformers",
         {},
         lambda d: _edit_json(
@@ -393,8 +393,30 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
             lambda m: m.append({"idx": 3, "name": "3", "path": "3_Dense", "type": DENSE}),
         ),
         UnsupportedModelError,
-        r"module sentence_transformers.models.Dense is not supported; supported sentence-transformers modules: "
-        r"Transformer, Pooling, Normalize",
+        r"modules Transformer -> Pooling -> Normalize -> Dense; supported: Transformer -> Pooling \(-> Dense \.\.\.\) "
+        r"\(-> Normalize\)",
+    ),
+    "dense-activation": (
+        "sentence-transformers",
+        {"dense": [(8, "torch.nn.modules.activation.Tanh")]},
+        lambda d: _edit_json(d / "2_Dense" / "config.json", lambda c: c.update(activation_function="my_code.Act")),
+        UnsupportedModelError,
+        r"2_Dense/config.json: activation_function 'my_code.Act' is not supported; supported: torch.nn.GELU",
+    ),
+    "dense-residual": (
+        "sentence-transformers",
+        {"dense": [(8, "torch.nn.modules.activation.Tanh")]},
+        lambda d: _edit_json(d / "2_Dense" / "config.json", lambda c: c.update(use_residual=True)),
+        UnsupportedModelError,
+        r"use_residual=true is not supported",
+    ),
+    "custom-only-model-type": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(model_type="new")),
+        UnsupportedModelError,
+        r"model_type 'new': Alibaba-NLP's gte 'new' architecture is custom code \(auto_map\) in transformers 5; "
+        r"transformers' own class is model_type 'gte'",
     ),
     "include-prompt": (
         "sentence-transformers",
