@@ -78,7 +78,6 @@ ST_MODULE_TYPES = {
     "sentence_transformers.sentence_transformer.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.models.Dense": "Dense",
-    "sentence_transformers.sentence_transformer.modules.dense.Dense": "Dense",
     "sentence_transformers.base.modules.dense.Dense": "Dense",
 }
 # sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
@@ -227,7 +226,7 @@ def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
     if not type_name.startswith(_ST_PACKAGE):
         raise UnsupportedModelError(
             f"{where}: module type {type_name!r} is the model's own code, not a sentence-transformers class; "
-            f"warmstart never runs it; supported: sentence_transformers.models.Transformer, Pooling, Normalize "
+            f"warmstart never runs it; supported: sentence_transformers.models.Transformer, Pooling, Dense, Normalize "
             f"(as sentence-transformers writes them); {_NATIVE}"[:600]
         )
     return type_name, path  # a stock module warmstart does not serve (Dense...): refused by name below
