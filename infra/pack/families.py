@@ -58,10 +58,6 @@ TORCH_REASON = "no torch encoder for {family} in warmstart's torch backend yet (
 DENSE_TORCH_REASON = "the torch encoder has no sentence-transformers Dense module (served by ONNX Runtime)"
 
 
-def sequence_classification_class(family: Family) -> str:
-    return f"{family.prefix}ForSequenceClassification"
-
-
 def layer_type_masks(config: Any, attention_mask: Any) -> dict[str, Any]:
     """Gemma3's additive 4D masks per layer type, the same as transformers' (gemma3 `create_causal_mask` /
     `create_sliding_window_causal_mask`), written with traceable broadcasting. Bidirectional
