@@ -23,6 +23,8 @@ Options (all keyword):
 - tokenizer_files: "json" (tokenizer.json, default) or "vocab" (vocab.txt, or vocab.json + merges.txt for
   roberta; no tokenizer.json: warmstart must build it). Not available for xlm-roberta (sentencepiece).
 - weights: "safetensors" (default) or "bin" (pytorch_model.bin, a plain state dict saved by torch.save).
+- dense: [(out_features, activation class path), ...]: sentence-transformers Dense modules after the pooling
+  (LaBSE: [(32, "torch.nn.modules.activation.Tanh")]; EmbeddingGemma: two with torch.nn.modules.linear.Identity).
 - seed, name (the directory name under tmp_path; default "<family>-<kind>").
 
 Heavy imports (torch, transformers) happen inside the functions: importing this module costs nothing.
@@ -36,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+# Served on onnx only (infra/pack/families.py): built the same way, tokenizers as their hub repositories hold them
+# (tokenizer.json; WordPiece for electra / nomic_bert, byte-level BPE with [CLS]/[SEP] for modernbert and with an
+# appended <|endoftext|> and left padding for qwen2 / qwen3, Unigram for deberta-v2 / gte / gemma3_text).
+NEW_FAMILIES = ("electra", "deberta-v2", "modernbert", "gte", "nomic_bert", "qwen2", "qwen3", "gemma3_text")
+ALL_FAMILIES = FAMILIES + NEW_FAMILIES
 KINDS = ("sentence-transformers", "cross-encoder", "classifier")
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, POSITIONS = 32, 2, 4, 64, 64
 INIT_RANGE = 0.2  # larger than the usual 0.02 so tiny random models give distinct outputs per input
@@ -123,11 +130,97 @@ def _unigram_tokenizer() -> Any:
     return tok
 
 
+def _bpe(specials: list[str], template: tuple[str, str], ids: dict[str, int]) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([" ".join(CORPUS)] * 4, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=template[0], pair=template[1], special_tokens=[(t, ids[t]) for t in ids]
+    )
+    return tok
+
+
+def _unigram(specials: list[str], template: tuple[str, str], ids: dict[str, int]) -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    pieces: list[tuple[str, float]] = [(s, 0.0) for s in specials]
+    pieces += [(f"\u2581{w}", -2.0 - i * 0.01) for i, w in enumerate(CORPUS)]
+    pieces += [(c, -8.0) for c in LETTERS] + [(f"\u2581{c}", -7.0) for c in LETTERS] + [("\u2581", -5.0)]
+    pieces = list(dict(pieces).items())
+    unk = next(i for i, s in enumerate(specials) if "unk" in s.lower())
+    tok = Tokenizer(models.Unigram(pieces, unk_id=unk, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(
+        single=template[0], pair=template[1], special_tokens=[(t, ids[t]) for t in ids]
+    )
+    return tok
+
+
+def _new_tokenizer(family: str, model_max_length: int) -> Any:
+    """The newer families' tokenizers, wrapped in transformers' generic fast tokenizer (what their hub
+    repositories' tokenizer.json + tokenizer_config.json load as)."""
+    import transformers
+
+    wrap = transformers.PreTrainedTokenizerFast
+    if family in ("electra", "nomic_bert"):
+        tok, _ = _bert_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "[CLS]", "[SEP]", False)
+        return transformers.BertTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length)
+    bert_specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    if family == "modernbert":  # ModernBERT: GPT-NeoX-style byte-level BPE, [CLS] a [SEP] b [SEP]
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        template = ("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
+        tok = _bpe(specials, template, {"[CLS]": 2, "[SEP]": 3})
+        return wrap(tokenizer_object=tok, model_max_length=model_max_length, mask_token="[MASK]", **bert_specials)
+    if family == "deberta-v2":  # DeBERTa-v3: sentencepiece Unigram, [CLS] a [SEP] b [SEP]
+        specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+        template = ("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
+        tok = _unigram(specials, template, {"[CLS]": 1, "[SEP]": 2})
+        return wrap(tokenizer_object=tok, model_max_length=model_max_length, mask_token="[MASK]", **bert_specials)
+    if family == "gte":  # gte-multilingual: XLM-R's sentencepiece, <s> a </s></s> b </s>
+        template = ("<s> $A </s>", "<s> $A </s> </s> $B </s>")
+        tok = _unigram(ROBERTA_SPECIALS[:4], template, {"<s>": 0, "</s>": 2})
+        names = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>"}
+        return wrap(
+            tokenizer_object=tok, model_max_length=model_max_length, pad_token="<pad>", unk_token="<unk>", **names
+        )
+    if family in ("qwen2", "qwen3"):  # Qwen3-Embedding: byte-level BPE, <|endoftext|> appended, padded on the left
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        template = ("$A <|endoftext|>", "$A <|endoftext|> $B:1 <|endoftext|>:1")
+        tok = _bpe(specials, template, {"<|endoftext|>": 0})
+        return wrap(
+            tokenizer_object=tok,
+            model_max_length=model_max_length,
+            pad_token="<|endoftext|>",
+            eos_token="<|endoftext|>",
+            padding_side="left",
+        )
+    if family == "gemma3_text":  # EmbeddingGemma: sentencepiece, <bos> a <eos>
+        specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+        template = ("<bos> $A <eos>", "<bos> $A <eos> $B:1 <eos>:1")
+        tok = _unigram(specials, template, {"<bos>": 2, "<eos>": 1})
+        names = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+        return wrap(tokenizer_object=tok, model_max_length=model_max_length, **names)
+    raise ValueError(f"family {family!r}; valid: {', '.join(ALL_FAMILIES)}")
+
+
 def build_tokenizer(family: str, model_max_length: int) -> tuple[Any, int]:
     """The family's transformers fast tokenizer over a `tokenizers` model built here, and its vocab size."""
     import transformers
 
-    if family in ("bert", "distilbert"):
+    if family in NEW_FAMILIES:
+        fast = _new_tokenizer(family, model_max_length)
+    elif family in ("bert", "distilbert"):
         tok, _ = _bert_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "[CLS]", "[SEP]", False)
         cls = transformers.BertTokenizerFast if family == "bert" else transformers.DistilBertTokenizerFast
         fast = cls(tokenizer_object=tok, model_max_length=model_max_length)
@@ -189,6 +282,47 @@ def build_config(family: str, vocab_size: int, **extra: Any) -> Any:
         )
     if family == "mpnet":
         return transformers.MPNetConfig(max_position_embeddings=offset, pad_token_id=1, **common)
+    common["max_position_embeddings"] = POSITIONS
+    if family == "electra":  # narrower embeddings, projected up (as ELECTRA-small)
+        return transformers.ElectraConfig(embedding_size=16, **common)
+    if family == "deberta-v2":  # DeBERTa-v3: relative attention in log buckets (8 here, so 16 tokens pass them)
+        return transformers.DebertaV2Config(
+            relative_attention=True,
+            position_buckets=8,
+            max_relative_positions=-1,
+            pos_att_type=["p2c", "c2p"],
+            position_biased_input=False,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            type_vocab_size=0,
+            pad_token_id=0,
+            **common,
+        )
+    if family == "modernbert":  # a local attention window of 8 tokens every other layer
+        return transformers.ModernBertConfig(
+            global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3,
+            bos_token_id=2, eos_token_id=3, **common,
+        )  # fmt: skip
+    if family == "gte":
+        return transformers.GteConfig(pad_token_id=1, type_vocab_size=1, **common)
+    if family == "nomic_bert":
+        return transformers.NomicBertConfig(pad_token_id=0, **common)
+    decoder = {"num_key_value_heads": 2, "head_dim": 8, "pad_token_id": 0, "eos_token_id": 0, "bos_token_id": 0}
+    if family == "qwen2":
+        decoder.pop("head_dim")
+        return transformers.Qwen2Config(**decoder, **common)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**decoder, **common)
+    if family == "gemma3_text":  # EmbeddingGemma: bidirectional, sliding (window 8) and full layers
+        decoder.update(pad_token_id=0, eos_token_id=1, bos_token_id=2)
+        return transformers.Gemma3TextConfig(
+            use_bidirectional_attention=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=8,
+            **decoder,
+            **common,
+        )
     raise ValueError(f"family {family!r}; valid: {', '.join(FAMILIES)}")
 
 
@@ -198,6 +332,14 @@ _MODEL_CLASSES = {
     "xlm-roberta": ("XLMRobertaModel", "XLMRobertaForSequenceClassification"),
     "distilbert": ("DistilBertModel", "DistilBertForSequenceClassification"),
     "mpnet": ("MPNetModel", "MPNetForSequenceClassification"),
+    "electra": ("ElectraModel", "ElectraForSequenceClassification"),
+    "deberta-v2": ("DebertaV2Model", "DebertaV2ForSequenceClassification"),
+    "modernbert": ("ModernBertModel", "ModernBertForSequenceClassification"),
+    "gte": ("GteModel", "GteForSequenceClassification"),
+    "nomic_bert": ("NomicBertModel", "NomicBertForSequenceClassification"),
+    "qwen2": ("Qwen2Model", "Qwen2ForSequenceClassification"),
+    "qwen3": ("Qwen3Model", "Qwen3ForSequenceClassification"),
+    "gemma3_text": ("Gemma3TextModel", "Gemma3TextForSequenceClassification"),
 }
 
 
@@ -255,8 +397,8 @@ def make_model_dir(tmp_path: Path, family: str, kind: str = "sentence-transforme
     import torch
     import transformers
 
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r}; valid: {', '.join(FAMILIES)}")
+    if family not in ALL_FAMILIES:
+        raise ValueError(f"family {family!r}; valid: {', '.join(ALL_FAMILIES)}")
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}; valid: {', '.join(KINDS)}")
     layout = options.pop("layout", "hub")
@@ -322,9 +464,10 @@ def _save_st_embedder(
     prompts = dict(options.pop("prompts", None) or {})
     default_prompt_name = options.pop("default_prompt_name", None)
     include_prompt = bool(options.pop("include_prompt", True))
+    dense = _dense_modules(list(options.pop("dense", None) or []))
     if layout == "st":
         _save_with_sentence_transformers(
-            model, tokenizer, out, pooling, normalize, prompts, default_prompt_name, include_prompt
+            model, tokenizer, out, pooling, normalize, prompts, default_prompt_name, include_prompt, dense
         )
         if tokenizer_files != "json" or weights != "safetensors":
             _reshape_saved(out, tokenizer, family, tokenizer_files, weights, model)
@@ -338,10 +481,18 @@ def _save_st_embedder(
     pool_config.update({key: mode == pooling for mode, key in _LEGACY_POOLING_KEYS.items()})
     pool_config["include_prompt"] = include_prompt
     _write_json(out / "1_Pooling" / "config.json", pool_config)
+    for module in dense:  # LaBSE / distiluse / EmbeddingGemma: 2_Dense (config.json, weights), 3_Dense...
+        n = len(modules)
+        (out / f"{n}_Dense").mkdir()
+        module.save(str(out / f"{n}_Dense"))
+        modules.append({"idx": n, "name": str(n), "path": f"{n}_Dense", "type": "sentence_transformers.models.Dense"})
     if normalize:
         # The hub never holds the empty 2_Normalize folder (git keeps no empty directories): only modules.json
         # names it.
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        n = len(modules)
+        modules.append(
+            {"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
     _write_json(out / "modules.json", modules)
     st_config: dict[str, Any] = {"do_lower_case": False}
     if max_seq_length is not None:
@@ -367,6 +518,7 @@ def _save_with_sentence_transformers(
     prompts: dict[str, str],
     default_prompt_name: str | None,
     include_prompt: bool,
+    dense: list[Any],
 ) -> None:
     import tempfile
 
@@ -377,11 +529,32 @@ def _save_with_sentence_transformers(
         model.save_pretrained(hf)
         tokenizer.save_pretrained(hf)
         transformer = Transformer(hf, model_kwargs={"local_files_only": True})
-        modules: list[Any] = [transformer, Pooling(HIDDEN, pooling, include_prompt=include_prompt)]
+        modules: list[Any] = [transformer, Pooling(HIDDEN, pooling, include_prompt=include_prompt), *dense]
         if normalize:
             modules.append(Normalize())
         st = SentenceTransformer(modules=modules, prompts=prompts, default_prompt_name=default_prompt_name)
         st.save(str(out))
+
+
+def _dense_modules(spec: list[tuple[int, str]]) -> list[Any]:
+    """sentence-transformers Dense modules after pooling: `dense=[(out_features, activation class path), ...]`
+    (random weights from the seeded generator), e.g. EmbeddingGemma's [(128, Identity), (32, Identity)]."""
+    if not spec:
+        return []
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    modules, width = [], HIDDEN
+    for out_features, activation in spec:
+        module_name, _, class_name = activation.rpartition(".")
+        import importlib
+
+        act = getattr(importlib.import_module(module_name), class_name)()
+        layer = Dense(width, out_features, bias=class_name != "Identity", activation_function=act)
+        torch.nn.init.normal_(layer.linear.weight, std=0.3)
+        modules.append(layer)
+        width = out_features
+    return modules
 
 
 def _reshape_saved(out: Path, tokenizer: Any, family: str, tokenizer_files: str, weights: str, model: Any) -> None:

@@ -16,7 +16,22 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "warmstart-packed-model"
 FORMAT_VERSION = 1
 TASKS = ("embedding", "rerank", "classify", "tensor")
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+FAMILIES = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    # onnx only (infra/pack/families.py): the graph holds the whole model, the run time needs nothing of the family
+    "electra",
+    "deberta-v2",
+    "modernbert",
+    "gte",
+    "nomic_bert",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+)
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid

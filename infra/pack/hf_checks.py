@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from infra.pack.families import NEW_FAMILIES
+
 # config.json keys per family (distilbert names them its own way) -> the largest value taken as plausible:
 # every real checkpoint is far below (xlm-roberta's 250,002 tokens; 4,096 hidden; 48 layers).
 _LIMITS = {"vocab": 10_000_000, "hidden": 1 << 16, "layers": 1024, "heads": 1024, "intermediate": 1 << 18}
@@ -131,12 +133,19 @@ def _tensor_entry(path: Path, name: str, entry: Any, data_size: int) -> tuple[in
     return begin, end, shape
 
 
-def check_embeddings(shapes: dict[str, list[int]], path: Path, config_path: Path, hidden: int, vocab: int) -> None:
+def check_embeddings(
+    shapes: dict[str, list[int]],
+    path: Path,
+    config_path: Path,
+    hidden: int,
+    vocab: int,
+    table: str = "embeddings.word_embeddings.weight",
+) -> None:
     """The word embedding table must be what config.json says: vocab_size x hidden (a config that does not
     describe its weights would otherwise fail inside transformers, or pack a model with random weights)."""
-    tables = [shape for name, shape in shapes.items() if name.endswith("embeddings.word_embeddings.weight")]
+    tables = [shape for name, shape in shapes.items() if name == table or name.endswith(f".{table}")]
     if len(tables) != 1:
-        raise _error(f"{path}: expected one embeddings.word_embeddings.weight tensor, found {len(tables)}")
+        raise _error(f"{path}: expected one {table} tensor, found {len(tables)}")
     if tables[0] != [vocab, hidden]:
         raise _error(
             f"{config_path}: vocab_size {vocab} x hidden size {hidden} does not match the weights' "
@@ -161,9 +170,16 @@ def check_checkpoint(
     hidden, vocab = int(config[keys["hidden"]]), int(config[keys["vocab"]])
     layers, intermediate = int(config[keys["layers"]]), int(config[keys["intermediate"]])
     positions = int(config["max_position_embeddings"])
-    check_embeddings(shapes, path, config_path, hidden, vocab)
+    new = NEW_FAMILIES.get(family)
+    # ELECTRA's embeddings are narrower than its layers (embedding_size, projected up).
+    width = int(config.get("embedding_size") or hidden) if family == "electra" else hidden
+    if new is not None:
+        check_embeddings(shapes, path, config_path, width, vocab, new.embedding_table)
+    else:
+        check_embeddings(shapes, path, config_path, hidden, vocab)
 
-    present = sorted({int(m.group(1)) for name in shapes if (m := _LAYER.fullmatch(name))})
+    layer = new.layer if new is not None else _LAYER
+    present = sorted({int(m.group(1)) for name in shapes if (m := layer.fullmatch(name))})
     if present != list(range(len(present))):
         gap = next(i for i in range(len(present) + 1) if i not in present)
         raise _error(f"{path}: no tensors for layer {gap} (layers {', '.join(map(str, present[:10]))} present)")
@@ -177,13 +193,17 @@ def check_checkpoint(
                 f"weights' {name} {shape} in {path.name}"
             )
     for name, shape in sorted(shapes.items()):
-        if name.endswith("embeddings.position_embeddings.weight") and shape != [positions, hidden]:
+        if name.endswith("embeddings.position_embeddings.weight") and shape != [positions, width]:
             raise _error(
-                f"{config_path}: max_position_embeddings {positions} x hidden size {hidden} does not match the "
+                f"{config_path}: max_position_embeddings {positions} x hidden size {width} does not match the "
                 f"weights' {name} {shape} in {path.name}"
             )
 
-    implied = _implied_parameters(config, family, hidden, vocab, layers, intermediate, positions)
+    if new is not None:  # rotary positions, grouped key/value heads, gated or fused projections: the word table
+        # and each layer's feed-forward (two hidden x intermediate matrices at the least) bound them all
+        implied = vocab * width + layers * 2 * hidden * intermediate
+    else:
+        implied = _implied_parameters(config, family, hidden, vocab, layers, intermediate, positions)
     values = sum(math.prod(shape) for shape in shapes.values())
     if implied > values:
         raise _error(

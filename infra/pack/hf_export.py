@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infra.pack.hf_checks import check_loading_info
-from infra.pack.hf_source import HFSource
+from infra.pack.families import NEW_FAMILIES, layer_type_masks
+from infra.pack.hf_checks import SourceError, check_loading_info
+from infra.pack.hf_source import DenseLayer, HFSource
 from infra.pack.onnx_io import OPSET
 
 ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
@@ -62,12 +63,16 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
     cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
     transformers.AttentionInterface.register(EXPORT_ATTENTION, _export_attention)
+    new = NEW_FAMILIES.get(source.family)
+    # MPNet has its own attention (relative position bias), outside transformers' attention interface; the newer
+    # families build their own masks (causal, local windows, disentangled attention): transformers' eager attention.
+    bert_mask = new is None or new.mask == "bert"
     model, info = cls.from_pretrained(
         str(safetensors_dir),
         local_files_only=True,
         use_safetensors=True,
         # MPNet has its own attention (relative position bias), outside transformers' attention interface.
-        attn_implementation="eager" if source.family == "mpnet" else EXPORT_ATTENTION,
+        attn_implementation=EXPORT_ATTENTION if bert_mask and source.family != "mpnet" else "eager",
         dtype="float32",
         output_loading_info=True,  # missing / unexpected / mismatched tensors: refused, never filled at random
         ignore_mismatched_sizes=True,  # reported in `info` (and refused there) rather than raised mid-load
@@ -114,23 +119,34 @@ def build_head(source: HFSource, model: Any) -> Any:
 
     pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
     with_types = source.token_types
+    new = NEW_FAMILIES.get(source.family)
+    mask_kind = new.mask if new is not None else "bert"
+    config = model.config
+    dense = [dense_module(layer) for layer in source.dense]
 
     class Head(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.dense = torch.nn.ModuleList(dense)
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
             # The additive 4D mask (0 keep, float32 min drop) is the classic BERT pattern ORT's attention fusion
             # recognizes; transformers passes a 4D mask through as is (the same scores as its 2D path).
-            keep = attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)
-            additive = (1.0 - keep) * torch.finfo(torch.float32).min
-            kwargs = {"input_ids": input_ids, "attention_mask": additive}
+            mask: Any = attention_mask  # "2d": the model builds its own masks (causal, local windows)
+            if mask_kind == "bert":
+                keep = attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)
+                mask = (1.0 - keep) * torch.finfo(torch.float32).min
+            elif mask_kind == "gemma3":
+                mask = layer_type_masks(config, attention_mask)
+            kwargs = {"input_ids": input_ids, "attention_mask": mask}
             if with_types:
                 kwargs["token_type_ids"] = token_type_ids
             out = self.model(**kwargs)
             if task == "embedding":
                 emb = pool(out.last_hidden_state, attention_mask, str(pooling))
+                for layer in self.dense:
+                    emb = layer(emb)
                 return torch.nn.functional.normalize(emb, p=2.0, dim=1) if normalize else emb
             logits = out.logits
             if task == "rerank":
@@ -139,6 +155,34 @@ def build_head(source: HFSource, model: Any) -> Any:
             return logits
 
     return Head().eval()
+
+
+_DENSE_ACTIVATIONS = {"identity": "Identity", "tanh": "Tanh", "relu": "ReLU", "gelu": "GELU", "sigmoid": "Sigmoid"}
+
+
+def dense_module(layer: DenseLayer) -> Any:
+    """A sentence-transformers Dense module as torch: Linear (+ bias) then its activation, weights from its folder
+    (safetensors, or a pytorch_model.bin through torch.load(weights_only=True)); any other tensor is refused."""
+    import torch
+
+    try:
+        if layer.weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(layer.weights))
+        else:
+            state = torch.load(str(layer.weights), map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated file, a pickle that is not plain tensors
+        raise SourceError(f"{layer.weights}: not loadable as plain tensors ({type(e).__name__}: {e})"[:400]) from None
+    want = {"linear.weight": [layer.out_features, layer.in_features]}
+    if layer.bias:
+        want["linear.bias"] = [layer.out_features]
+    got = {k: list(v.shape) for k, v in state.items()} if isinstance(state, dict) else {}
+    if got != want:
+        raise SourceError(f"{layer.weights}: tensors {got}; the Dense config says {want}"[:400])
+    linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+    linear.load_state_dict({k.removeprefix("linear."): v.to(torch.float32) for k, v in state.items()})
+    return torch.nn.Sequential(linear, getattr(torch.nn, _DENSE_ACTIVATIONS[layer.activation])()).eval()
 
 
 def pool(tokens: Any, attention_mask: Any, mode: str) -> Any:
@@ -163,7 +207,10 @@ def probe_batches(source: HFSource, vocab_size: int, seed: int = 0) -> list[dict
     """Token batches of several shapes with right padding (the runtime pads right), for export checks."""
     rng = np.random.default_rng(seed)
     batches = []
-    for batch, length in ((1, 5), (3, 11), (2, min(source.max_seq_length, 40))):
+    shapes = [(1, 5), (3, 11), (2, min(source.max_seq_length, 40))]
+    if source.max_seq_length > 40:  # past local attention windows and relative position buckets (128 at most)
+        shapes.append((2, min(source.max_seq_length, 128)))
+    for batch, length in shapes:
         ids = rng.integers(5, vocab_size, size=(batch, length), dtype=np.int64)
         mask = np.ones_like(ids)
         for row in range(1, batch):  # every row after the first shorter: padding inside the batch
@@ -214,7 +261,8 @@ def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Export
     diff = _max_diff(run_onnx(graph, probes), expected)
     if not diff <= ATOL:
         raise ExportError(f"{source.root}: the exported graph differs from the model by {diff:.3g} (> {ATOL})")
-    if not fuse:
+    new = NEW_FAMILIES.get(source.family)
+    if not fuse or (new is not None and not new.fuse):  # ORT's BERT patterns: nothing of these graphs matches
         return Exported(graph, names, output, False, diff, None)
     fused, fused_diff = _fuse(source, graph, probes)
     if fused is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from infra.pack.families import DENSE_TORCH_REASON, NEW_FAMILIES, TORCH_REASON
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -25,8 +26,9 @@ from infra.pack.publish import check_model_id, check_output, publish
 BACKENDS = ("onnx", "torch")
 # Families declared onnx-only: packed without torch, and the manifest says why, so selecting torch at run time
 # is a ConfigError with this reason. The torch backend serves torch.export's program of the same module the
-# ONNX graph comes from, so a family that exports serves on torch too; none is declared here today.
-TORCH_UNSUPPORTED: dict[str, str] = {}
+# ONNX graph comes from; the newer families (infra.pack.families) stay onnx-only until a parity test proves the
+# program for each on torch.
+TORCH_UNSUPPORTED: dict[str, str] = {name: TORCH_REASON.format(family=name) for name in NEW_FAMILIES}
 WEIGHTS_FILE = "model.safetensors"
 TORCH_ARTIFACTS = ("exported-program", "hf-encoder")
 TORCH_ARTIFACT = "exported-program"
@@ -48,6 +50,8 @@ def choose_backends(source: HFSource, backends: Iterable[str] | None) -> tuple[t
     """The backends to pack (explicit ones are checked; the default drops what the family cannot run) and the
     `unsupported_backends` entry."""
     unsupported = {"torch": TORCH_UNSUPPORTED[source.family]} if source.family in TORCH_UNSUPPORTED else {}
+    if source.dense and not unsupported:
+        unsupported = {"torch": DENSE_TORCH_REASON}
     if backends is None:
         return tuple(b for b in BACKENDS if b not in unsupported), unsupported
     chosen = tuple(dict.fromkeys(b.strip() for b in backends if b.strip()))
@@ -282,7 +286,7 @@ def manifest_for(
     output = OUTPUT_NAMES[source.task]
     shape: tuple[int | str, ...]
     if source.task == "embedding":
-        shape = ("batch", source.hidden_size)
+        shape = ("batch", source.dimension)
     elif source.task == "rerank":
         shape = ("batch",)
     else:
@@ -315,7 +319,7 @@ def manifest_for(
         manifest["unsupported_backends"] = dict(unsupported)
     if source.task == "embedding":
         manifest["pooling"] = {"mode": source.pooling, "normalize": source.normalize, "in_graph": True}
-        manifest["dimension"] = source.hidden_size
+        manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
     elif source.task == "rerank":

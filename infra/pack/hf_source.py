@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
+from infra.pack.families import CUSTOM_ONLY, NEW_FAMILIES
 from infra.pack.hf_checks import (
     SourceError,
     check_checkpoint,
@@ -38,6 +39,7 @@ FAMILIES: dict[str, str] = {
     "xlm-roberta": "xlm-roberta",
     "distilbert": "distilbert",
     "mpnet": "mpnet",
+    **{f.name: f.name for f in NEW_FAMILIES.values()},
 }
 ARCH_PREFIX = {
     "bert": "Bert",
@@ -45,11 +47,12 @@ ARCH_PREFIX = {
     "xlm-roberta": "XLMRoberta",
     "distilbert": "DistilBert",
     "mpnet": "MPNet",
+    **{f.name: f.prefix for f in NEW_FAMILIES.values()},
 }
 # Families whose position ids start after padding_idx (so max_position_embeddings counts two extra slots).
 POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2}
 # Families with a token type (segment) embedding that a sentence pair uses.
-TOKEN_TYPE_FAMILIES = frozenset({"bert"})
+TOKEN_TYPE_FAMILIES = frozenset({"bert", *(f.name for f in NEW_FAMILIES.values() if f.token_types)})
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 _LEGACY_POOLING_KEYS = {
@@ -60,7 +63,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 # modules.json `type` -> module kind, matched by exact class path (never by the last dotted name: jina-embeddings-v3's
 # `custom_st.Transformer` is its own code). The spellings are those sentence-transformers' save() writes: up to
 # 5.3 the module path `sentence_transformers.models.X`; 5.4 and 5.x Normalize under sentence_transformer.modules;
@@ -74,6 +77,23 @@ ST_MODULE_TYPES = {
     "sentence_transformers.models.Normalize": "Normalize",
     "sentence_transformers.sentence_transformer.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
+    "sentence_transformers.models.Dense": "Dense",
+    "sentence_transformers.base.modules.dense.Dense": "Dense",
+}
+# sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
+# Tanh) -> the torch module put into the graph. Another path is refused (sentence-transformers itself would fall
+# back to Tanh for a path outside torch: never what the model was trained with).
+DENSE_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.Sigmoid": "sigmoid",
 }
 _ST_PACKAGE = "sentence_transformers."  # a type outside it is code of the model's own (trust_remote_code)
 _NATIVE = "a checkpoint with native transformers support is needed (e.g. the model's -hf variant, or one whose "
@@ -93,6 +113,7 @@ TOKENIZER_SOURCES = {
     "mpnet": ("vocab.txt",),
     "roberta": ("vocab.json", "merges.txt"),
     "xlm-roberta": ("sentencepiece.bpe.model",),
+    **{f.name: f.tokenizer_sources for f in NEW_FAMILIES.values()},
 }
 _MAX_LABELS = 100_000
 _UNBOUNDED_LENGTH = 1_000_000  # transformers writes model_max_length=1e30 when a tokenizer has no limit
@@ -104,6 +125,17 @@ class UnsupportedModelError(SourceError):
 
 class MissingFileError(SourceError):
     """A file the directory needs is not there."""
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers Dense module: out = activation(x @ weight.T + bias), after pooling."""
+
+    weights: Path  # its folder's model.safetensors or pytorch_model.bin (keys linear.weight, linear.bias)
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # a DENSE_ACTIVATIONS value
 
 
 @dataclass(frozen=True)
@@ -127,6 +159,12 @@ class HFSource:
     activation: str | None = None  # rerank: "sigmoid" | "identity"
     labels: tuple[str, ...] = ()  # rerank / classify: id2label in id order
     problem_type: str | None = None  # classify
+    dense: tuple[DenseLayer, ...] = ()  # embedding: Dense modules after pooling, in order
+
+    @property
+    def dimension(self) -> int:
+        """The embedding's width: the last Dense module's output, else the hidden size."""
+        return self.dense[-1].out_features if self.dense else self.hidden_size
 
     @property
     def hidden_size(self) -> int:
@@ -188,7 +226,7 @@ def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
     if not type_name.startswith(_ST_PACKAGE):
         raise UnsupportedModelError(
             f"{where}: module type {type_name!r} is the model's own code, not a sentence-transformers class; "
-            f"warmstart never runs it; supported: sentence_transformers.models.Transformer, Pooling, Normalize "
+            f"warmstart never runs it; supported: sentence_transformers.models.Transformer, Pooling, Dense, Normalize "
             f"(as sentence-transformers writes them); {_NATIVE}"[:600]
         )
     return type_name, path  # a stock module warmstart does not serve (Dense...): refused by name below
@@ -251,6 +289,11 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         raise SourceError(f"{model_root / 'config.json'}: expected an object")
     model_type = str(config.get("model_type", ""))
     family = FAMILIES.get(model_type)
+    if family is None and model_type in CUSTOM_ONLY:
+        raise UnsupportedModelError(
+            f"{model_root / 'config.json'}: model_type {model_type!r}: {CUSTOM_ONLY[model_type]}; warmstart never "
+            f"runs a model's own code; supported families: {', '.join(FAMILIES)}"
+        )
     if family is None:
         raise UnsupportedModelError(
             f"{model_root / 'config.json'}: model_type {model_type!r} is not supported; "
@@ -304,6 +347,7 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
     hashed = [model_root / "config.json", weights]
     hashed += [p for p in _tokenizer_files(root, model_root, tokenizer_json, family) if p.is_file()]
     hashed += [p for p in _st_files(root, kinds) if p.is_file()]
+    hashed += [layer.weights for layer in fields.get("dense", ())]
     return HFSource(
         root=root,
         model_root=model_root,
@@ -418,10 +462,14 @@ def _embedding_fields(
     root: Path, kinds: list[tuple[str, str]], config: dict[str, Any], st_meta: dict[str, Any]
 ) -> dict[str, Any]:
     pooling_paths = [p for k, p in kinds if k == "Pooling"]
-    if len(pooling_paths) != 1 or [k for k, _ in kinds[:2]] != ["Transformer", "Pooling"]:
-        order = " -> ".join(k for k, _ in kinds)
+    order = [k for k, _ in kinds]
+    rest = order[2:]
+    while rest and rest[0] == "Dense":
+        rest = rest[1:]
+    if len(pooling_paths) != 1 or order[:2] != ["Transformer", "Pooling"] or rest not in ([], ["Normalize"]):
         raise UnsupportedModelError(
-            f"{root / 'modules.json'}: modules {order}; supported: Transformer -> Pooling (-> Normalize)"
+            f"{root / 'modules.json'}: modules {' -> '.join(order)}; supported: Transformer -> Pooling "
+            "(-> Dense ...) (-> Normalize)"
         )
     pool_path = root / pooling_paths[0] / "config.json"
     pool = _read_json(pool_path)
@@ -462,12 +510,52 @@ def _embedding_fields(
             f"{root / 'config_sentence_transformers.json'}: default_prompt_name {default_prompt!r} is not among "
             f"the prompts ({', '.join(prompts) or 'none'})"
         )
+    dense = _dense_layers(root, kinds, hidden)
     return {
+        "dense": dense,
         "pooling": modes[0],
         "normalize": any(k == "Normalize" for k, _ in kinds),
         "prompts": {str(k): v for k, v in prompts.items()},
         "default_prompt_name": default_prompt,
     }
+
+
+def _dense_layers(root: Path, kinds: list[tuple[str, str]], width: int) -> tuple[DenseLayer, ...]:
+    """Each Dense module's config (sizes chained from the pooled width, a known activation, no residual) and
+    weights file; the tensors themselves are checked when the export loads them."""
+    layers = []
+    for kind, path in kinds:
+        if kind != "Dense":
+            continue
+        folder = root / path
+        where = folder / "config.json"
+        config = _read_json(where)
+        if not isinstance(config, dict):
+            raise SourceError(f"{where}: expected a JSON object, found {type(config).__name__}")
+        n_in, n_out, bias = config.get("in_features"), config.get("out_features"), config.get("bias", True)
+        if not (is_int(n_in) and is_int(n_out) and 0 < n_in <= 1 << 20 and 0 < n_out <= 1 << 20):
+            raise SourceError(f"{where}: in_features {n_in!r}, out_features {n_out!r}; expected sizes")
+        if n_in != width:
+            raise SourceError(f"{where}: in_features {n_in} differs from the {width} values it is given")
+        if not isinstance(bias, bool):
+            raise SourceError(f"{where}: bias {bias!r}; expected true or false")
+        if config.get("use_residual"):
+            raise UnsupportedModelError(f"{where}: use_residual=true is not supported; supported: a plain Dense")
+        for key in ("module_input_name", "module_output_name"):
+            if config.get(key) not in (None, "sentence_embedding"):
+                raise UnsupportedModelError(f"{where}: {key} {config[key]!r}; supported: sentence_embedding")
+        activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+        if activation not in DENSE_ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"{where}: activation_function {activation!r} is not supported; supported: "
+                f"{', '.join(sorted(DENSE_ACTIVATIONS))}"[:600]
+            )
+        weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+        if weights is None:
+            raise MissingFileError(f"{folder}: no weights; expected model.safetensors (or pytorch_model.bin)")
+        layers.append(DenseLayer(weights, n_in, n_out, bias, DENSE_ACTIVATIONS[str(activation)]))
+        width = n_out
+    return tuple(layers)
 
 
 def _check_labels(config: dict[str, Any], path: Path) -> None:

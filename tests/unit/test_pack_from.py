@@ -405,7 +405,7 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         UnsupportedModelError,
         r"pooling mean \+ max; exactly one mode",
     ),
-    "dense-module": (
+    "dense-after-normalize": (
         "sentence-transformers",
         {},
         lambda d: _edit_json(
@@ -413,8 +413,30 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
             lambda m: m.append({"idx": 3, "name": "3", "path": "3_Dense", "type": DENSE}),
         ),
         UnsupportedModelError,
-        r"module sentence_transformers.models.Dense is not supported; supported sentence-transformers modules: "
-        r"Transformer, Pooling, Normalize",
+        r"modules Transformer -> Pooling -> Normalize -> Dense; supported: Transformer -> Pooling \(-> Dense \.\.\.\) "
+        r"\(-> Normalize\)",
+    ),
+    "dense-activation": (
+        "sentence-transformers",
+        {"dense": [(8, "torch.nn.modules.activation.Tanh")]},
+        lambda d: _edit_json(d / "2_Dense" / "config.json", lambda c: c.update(activation_function="my_code.Act")),
+        UnsupportedModelError,
+        r"2_Dense/config.json: activation_function 'my_code.Act' is not supported; supported: torch.nn.GELU",
+    ),
+    "dense-residual": (
+        "sentence-transformers",
+        {"dense": [(8, "torch.nn.modules.activation.Tanh")]},
+        lambda d: _edit_json(d / "2_Dense" / "config.json", lambda c: c.update(use_residual=True)),
+        UnsupportedModelError,
+        r"use_residual=true is not supported",
+    ),
+    "custom-only-model-type": (
+        "sentence-transformers",
+        {},
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(model_type="new")),
+        UnsupportedModelError,
+        r"model_type 'new': Alibaba-NLP's gte 'new' architecture is custom code \(auto_map\) in transformers 5; "
+        r"transformers' own class is model_type 'gte'",
     ),
     "include-prompt": (
         "sentence-transformers",
@@ -526,7 +548,8 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         r"config.json: auto_map names the model's own code \(AutoConfig: .*, AutoModel: jinaai/jina-bert-"
         r"implementation--modeling_bert.JinaBertModel, .*\), which warmstart never runs; a checkpoint with "
         r"native transformers support is needed \(e.g. the model's -hf variant, or one whose model_type is a "
-        r"stock bert, roberta, xlm-roberta, distilbert, mpnet without auto_map\)",
+        r"stock bert, roberta, xlm-roberta, distilbert, mpnet, electra, deberta-v2, modernbert, gte, nomic_bert, "
+        r"qwen2, qwen3, gemma3_text without auto_map\)",
     ),
     "custom-st-module-jina-v3": (  # jina-embeddings-v3: xlm-roberta + a custom_st.Transformer module
         "sentence-transformers",
@@ -542,7 +565,7 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         lambda d: _edit_json(d / "modules.json", lambda m: m[1].update(type="sentence_transformers.x.Pooling")),
         UnsupportedModelError,
         r"module sentence_transformers.x.Pooling is not supported; supported sentence-transformers modules: "
-        r"Transformer, Pooling, Normalize",
+        r"Transformer, Pooling, Dense, Normalize",
     ),
     "non-stock-architecture": (  # the same without auto_map: a class transformers does not have
         "sentence-transformers",
@@ -745,24 +768,25 @@ def test_module_types_are_matched_by_exact_class_path(tmp_path: Path) -> None:
     sentence-transformers resolves it to that stock class (without trust_remote_code); each one packs."""
     import warnings
 
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
     from sentence_transformers.util import import_module_class
 
     from infra.pack.hf_source import ST_MODULE_TYPES
 
-    stock = {"Transformer": Transformer, "Pooling": Pooling, "Normalize": Normalize}
+    stock = {"Transformer": Transformer, "Pooling": Pooling, "Dense": Dense, "Normalize": Normalize}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the pre-6.0 paths are deprecated aliases
         for type_name, kind in ST_MODULE_TYPES.items():
             assert import_module_class(type_name, str(tmp_path)) is stock[kind], type_name
-    src = make_model_dir(tmp_path, "bert", normalize=True)
+    src = make_model_dir(tmp_path, "bert", normalize=True, dense=[(24, "torch.nn.modules.activation.Tanh")])
     for type_name, kind in ST_MODULE_TYPES.items():
-        index = ["Transformer", "Pooling", "Normalize"].index(kind)
+        index = ["Transformer", "Pooling", "Dense", "Normalize"].index(kind)
         modules = json.loads((src / "modules.json").read_text())
         modules[index]["type"] = type_name
         (src / "modules.json").write_text(json.dumps(modules))
         source = read_source(src)
         assert (source.task, source.pooling, source.normalize) == ("embedding", "mean", True), type_name
+        assert [(d.out_features, d.activation) for d in source.dense] == [(24, "tanh")], type_name
         assert source.model_root == src
 
 
