@@ -62,8 +62,11 @@ _KEYWORD = 2  # torch._export.serde.schema.ArgumentKind.KEYWORD
 
 # One argument: ("v", value) a constant, ("n", name) an earlier result, ("l", [...]) a list of either.
 Arg = tuple[str, Any]
+# One node's results: a name (None: unused), or a list of names for an operator that returns several tensors
+# (a tuple, or a list: `aten.unbind`, `aten.chunk`), unpacked in order.
+Outs = str | None | list[str | None]
 # One node: operator, positional and keyword arguments, the names of its results, the names last used here.
-Step = tuple[Callable[..., Any], list[Arg], dict[str, Arg], list[str | None], tuple[str, ...]]
+Step = tuple[Callable[..., Any], list[Arg], dict[str, Arg], Outs, tuple[str, ...]]
 
 
 class ProgramError(ModelLoadError):
@@ -109,10 +112,9 @@ class Program:
 
         for op, pos, kw, outs, done in self._steps:
             result = op(*[value(a) for a in pos], **{k: value(a) for k, a in kw.items()})
-            if len(outs) == 1:
-                if outs[0] is not None:
-                    env[outs[0]] = result
-            else:
+            if isinstance(outs, str):
+                env[outs] = result
+            elif isinstance(outs, list):
                 for name, r in zip(outs, result, strict=True):
                     if name is not None:
                         env[name] = r
@@ -186,11 +188,13 @@ def _build(path: Path, raw: Any, weights: Mapping[str, torch.Tensor], device: to
         outputs.append(body["arg"]["as_tensor"]["name"])
     nodes = graph["nodes"]
     live = _live(nodes, outputs)
-    steps: list[tuple[Callable[..., Any], list[Arg], dict[str, Arg], list[str | None], Any]] = []
+    steps: list[tuple[Callable[..., Any], list[Arg], dict[str, Arg], Outs, Any]] = []
     for node in nodes:
-        outs = [_output_name(o) for o in node["outputs"]]
-        if not any(o in live for o in outs if o is not None):
+        outs = _output_names(node["outputs"])
+        if not any(o in live for o in _flat(outs)):
             continue  # dead code (e.g. a base model's pooler no head reads)
+        if isinstance(outs, list):  # the results no node reads are not kept
+            outs = [o if o in live else None for o in outs]
         op = _operator(path, node["target"])
         pos: list[Arg] = []
         kw: dict[str, Arg] = {}
@@ -212,6 +216,19 @@ def _build(path: Path, raw: Any, weights: Mapping[str, torch.Tensor], device: to
     return Program(path, constants, inputs, steps, outputs)
 
 
+def _output_names(outputs: Sequence[Mapping[str, Any]]) -> Outs:
+    if len(outputs) == 1:
+        ((kind, body),) = outputs[0].items()
+        if kind == "as_tensors":  # one list of tensors (`aten.unbind.int`, `aten.chunk.default`)
+            return [str(t["name"]) for t in body]
+        return _output_name(outputs[0])
+    return [_output_name(o) for o in outputs]
+
+
+def _flat(outs: Outs) -> list[str]:
+    return [o for o in (outs if isinstance(outs, list) else [outs]) if o is not None]
+
+
 def _output_name(out: Mapping[str, Any]) -> str | None:
     ((kind, body),) = out.items()
     if kind == "as_tensor":
@@ -227,6 +244,8 @@ def _names_in(arg: Any) -> list[str]:
     if isinstance(arg, dict):
         if "as_tensor" in arg:
             return [arg["as_tensor"]["name"]]
+        if "as_tensors" in arg:  # a list of tensors (`aten.cat`, `aten.index.Tensor`): TensorArguments, by name
+            return [t["name"] for t in arg["as_tensors"]]
         if "as_name" in arg and isinstance(arg["as_name"], str):
             return [arg["as_name"]]
         return [n for v in arg.values() for n in _names_in(v)]
@@ -238,8 +257,7 @@ def _names_in(arg: Any) -> list[str]:
 def _live(nodes: Sequence[Mapping[str, Any]], outputs: Sequence[str]) -> set[str]:
     live = set(outputs)
     for node in reversed(nodes):
-        outs = {_output_name(o) for o in node["outputs"]}
-        if live & outs:
+        if live.intersection(_flat(_output_names(node["outputs"]))):
             live.update(_names_in([i["arg"] for i in node["inputs"]]))
     return live
 

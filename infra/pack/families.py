@@ -1,10 +1,11 @@
 """What `pack --from` knows of each family beyond BERT's five (electra, deberta-v2, modernbert, gte, nomic_bert,
 qwen2, qwen3, gemma3_text): the config.json `model_type`, the class names, the tokenizer files, the checkpoint's
-tensor names, how the export builds the attention mask, and why the torch backend does not run it.
+tensor names and how the export builds the attention mask.
 
 All export through one path (infra.pack.hf_export): transformers' stock class, the task head in the graph,
-checked against the eager model at several shapes. Only `model_type`s transformers 5 implements natively are
-here; a model whose code ships with it (auto_map) is refused by hf_source as before.
+checked against the eager model at several shapes; the torch backend serves torch.export's program of the same
+module (infra.pack.torch_program). Only `model_type`s transformers 5 implements natively are here; a model
+whose code ships with it (auto_map) is refused by hf_source as before.
 """
 
 from __future__ import annotations
@@ -53,9 +54,6 @@ CUSTOM_ONLY = {
     "new": "Alibaba-NLP's gte 'new' architecture is custom code (auto_map) in transformers 5; transformers' own "
     "class is model_type 'gte' (the alibaba-nlp-community/gte-* conversions)",
 }
-
-TORCH_REASON = "no torch encoder for {family} in warmstart's torch backend yet (served by ONNX Runtime)"
-DENSE_TORCH_REASON = "the torch encoder has no sentence-transformers Dense module (served by ONNX Runtime)"
 
 
 def layer_type_masks(config: Any, attention_mask: Any) -> dict[str, Any]:

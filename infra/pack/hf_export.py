@@ -78,6 +78,10 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
         ignore_mismatched_sizes=True,  # reported in `info` (and refused there) rather than raised mid-load
     )
     check_loading_info(source.weights, type(model).__name__, info, model.base_model_prefix, source.task == "embedding")
+    # One forward pass per batch, nothing generated: no key/value cache (a decoder's default). Its sliding-window
+    # layers (Gemma 3) slice the cache by the sequence length, which torch.export cannot keep dynamic.
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False
     return model.eval()
 
 

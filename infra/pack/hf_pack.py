@@ -7,16 +7,17 @@ tokenizer.json, model.onnx + page-aligned model.onnx.data, model.safetensors (to
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack.families import DENSE_TORCH_REASON, NEW_FAMILIES, TORCH_REASON
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -24,15 +25,14 @@ from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
-# Families declared onnx-only: packed without torch, and the manifest says why, so selecting torch at run time
-# is a ConfigError with this reason. The torch backend serves torch.export's program of the same module the
-# ONNX graph comes from; the newer families (infra.pack.families) stay onnx-only until a parity test proves the
-# program for each on torch.
-TORCH_UNSUPPORTED: dict[str, str] = {name: TORCH_REASON.format(family=name) for name in NEW_FAMILIES}
 WEIGHTS_FILE = "model.safetensors"
 TORCH_ARTIFACTS = ("exported-program", "hf-encoder")
 TORCH_ARTIFACT = "exported-program"
 TOKENIZER_FILE = "tokenizer.json"
+# Why the hand-written encoder (torch_artifact="hf-encoder", or the fallback when the program is refused) cannot
+# serve a model: it has BERT's five families and no Dense module.
+HAND_WRITTEN_FAMILY = "no hand-written torch encoder for {family} (the exported program serves it)"
+HAND_WRITTEN_DENSE = "the hand-written torch encoder has no sentence-transformers Dense module"
 _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 
 
@@ -46,12 +46,15 @@ def default_version(source: HFSource) -> str:
     return f"{default_id(source.root)}-{source.content_sha256[:12]}"
 
 
-def choose_backends(source: HFSource, backends: Iterable[str] | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The backends to pack (explicit ones are checked; the default drops what the family cannot run) and the
-    `unsupported_backends` entry."""
-    unsupported = {"torch": TORCH_UNSUPPORTED[source.family]} if source.family in TORCH_UNSUPPORTED else {}
-    if source.dense and not unsupported:
-        unsupported = {"torch": DENSE_TORCH_REASON}
+def choose_backends(
+    source: HFSource, backends: Iterable[str] | None, torch_artifact: str = TORCH_ARTIFACT
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The backends to pack (explicit ones are checked; the default drops what the model cannot run) and the
+    `unsupported_backends` entry. Only the hand-written encoder is known unable before anything is exported
+    (it has the five families and no Dense module); whether the exported program serves the model is decided
+    by exporting it (export_torch)."""
+    refusal = hand_written_refusal(source) if torch_artifact == "hf-encoder" else None
+    unsupported = {"torch": refusal} if refusal is not None else {}
     if backends is None:
         return tuple(b for b in BACKENDS if b not in unsupported), unsupported
     chosen = tuple(dict.fromkeys(b.strip() for b in backends if b.strip()))
@@ -65,6 +68,15 @@ def choose_backends(source: HFSource, backends: Iterable[str] | None) -> tuple[t
             f"supported for {source.family}: {', '.join(b for b in BACKENDS if b not in unsupported)}"
         )
     return chosen, unsupported
+
+
+def hand_written_refusal(source: HFSource) -> str | None:
+    """Why the hand-written encoder (handler.backends.encoder_torch) cannot serve `source`, or None."""
+    from handler.backends.encoder_torch import FAMILIES as HAND_WRITTEN
+
+    if source.family not in HAND_WRITTEN:
+        return HAND_WRITTEN_FAMILY.format(family=source.family)
+    return HAND_WRITTEN_DENSE if source.dense else None
 
 
 def pack_from(
@@ -87,7 +99,7 @@ def pack_from(
         raise SourceError(f"torch artifact {torch_artifact!r}; valid: {', '.join(TORCH_ARTIFACTS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
-    chosen, unsupported = choose_backends(source, backends)
+    chosen, unsupported = choose_backends(source, backends, torch_artifact)
     model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
@@ -127,53 +139,80 @@ def export_torch(
     chosen: tuple[str, ...],
     unsupported: dict[str, str],
     backends: Iterable[str] | None,
-) -> tuple[Any, tuple[str, ...], dict[str, str]]:
-    """The torch backend's exported program (None: the hand-written encoder), and the backends left to pack.
+) -> tuple[StagedProgram | ProgramFallback | None, tuple[str, ...], dict[str, str]]:
+    """The torch backend's exported program, staged in `staged`/program (None: the hand-written encoder), and
+    the backends left to pack.
 
-    A model torch.export cannot capture faithfully falls back to the hand-written encoder when its family has
-    one (the reason is kept in the manifest); otherwise torch is dropped from the default backends with the
-    reason in `unsupported_backends`, or refused when it was asked for."""
+    A model torch.export cannot capture faithfully falls back to the hand-written encoder when it serves the
+    model (one of its five families, no Dense module; the reason is kept in the manifest); otherwise torch is
+    dropped from the default backends with the reason in `unsupported_backends`, or refused when it was asked
+    for. The program's files are written to the staging directory at once: its weights (the size of the model)
+    are not held in memory through the ONNX export."""
     if artifact != "exported-program":
         return None, chosen, unsupported
     from infra.pack.torch_program import ProgramExportError, export_program
 
     try:
-        return export_program(source, staged), chosen, unsupported
+        program = export_program(source, staged)
     except ProgramExportError as e:
-        from handler.backends.encoder_torch import FAMILIES as HAND_WRITTEN
-
-        if source.family in HAND_WRITTEN:
+        if hand_written_refusal(source) is None:
             return ProgramFallback(str(e)), chosen, unsupported
         if backends is not None:
             raise UnsupportedModelError(f"backend torch is not supported for {source.family}: {e}") from None
         return None, tuple(b for b in chosen if b != "torch"), {**unsupported, "torch": str(e)}
+    staged_program = StagedProgram.write(program, staged / "program")
+    del program
+    gc.collect()  # torch.export's graph and the traced module hold the model in reference cycles: freed now
+    return staged_program, chosen, unsupported
 
 
 class ProgramFallback(str):
     """Why the exported program was not packed (the hand-written encoder serves instead)."""
 
 
-def torch_spec(source: HFSource, staged: Path, tmp: Path, program: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StagedProgram:
+    """The exported program's files (program.json, model.safetensors) in a staging directory."""
+
+    where: Path
+    max_abs_diff: float
+    attention: str
+
+    @staticmethod
+    def write(program: Any, where: Path) -> StagedProgram:
+        from safetensors.torch import save_file
+
+        from infra.pack.torch_program import PROGRAM_FILE
+
+        where.mkdir()
+        (where / PROGRAM_FILE).write_bytes(program.program)
+        save_file(program.tensors, str(where / WEIGHTS_FILE))
+        return StagedProgram(where, program.max_abs_diff, program.attention)
+
+
+def torch_spec(
+    source: HFSource, staged: Path, tmp: Path, program: StagedProgram | ProgramFallback | None
+) -> dict[str, Any]:
     """Write the torch backend's files into `tmp`; its manifest entry.
 
     "exported-program": torch.export's program of the same module the ONNX graph is exported from
     (infra.pack.torch_program), program.json + model.safetensors under the program's parameter names.
     "hf-encoder": the staged safetensors as is, for the hand-written encoder (handler.backends.encoder_torch):
     asked for (`torch_artifact`), or the fallback when the program could not be exported."""
-    if program is not None and not isinstance(program, ProgramFallback):
+    if isinstance(program, StagedProgram):
         import torch
-        from safetensors.torch import save_file
 
         from infra.pack.torch_program import PROGRAM_FILE
 
-        (tmp / PROGRAM_FILE).write_bytes(program.program)
-        save_file(program.tensors, str(tmp / WEIGHTS_FILE))
+        for name in (PROGRAM_FILE, WEIGHTS_FILE):
+            shutil.move(program.where / name, tmp / name)
         return {
             "architecture": "exported-program",
             "program": PROGRAM_FILE,
             "weights": WEIGHTS_FILE,
             "files": [PROGRAM_FILE, WEIGHTS_FILE],
             "exported_with": {"torch": torch.__version__},
+            "attention": program.attention,
             "max_abs_diff": program.max_abs_diff,
         }
     shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)

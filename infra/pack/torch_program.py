@@ -3,10 +3,13 @@ the task's head), captured with `torch.export` and saved as torch.export's own s
 (`torch._export.serde`, JSON) *without* its weights, which go to `model.safetensors` under the program's
 parameter names. The run-time side is `handler.backends.program` (no torch deserializer, nothing unpickled).
 
-Attention: transformers' "sdpa" (one `aten.scaled_dot_product_attention` per layer, the kernel the
-hand-written encoder calls); MPNet's attention is its own (relative position bias) and stays "eager".
-Batch and sequence are dynamic (sequence up to the model's max_seq_length). The program is run through the
-run-time interpreter against the eager module on the probe batches and on a 1x1 batch before it is kept.
+Attention: transformers' "sdpa" where the model's class has it (one `aten.scaled_dot_product_attention` per
+layer, the kernel the hand-written encoder calls), else the attention the model was loaded with (MPNet's own,
+relative position bias; DeBERTa's disentangled attention); an sdpa program that does not match is replaced by
+one captured with the loaded attention. Batch and sequence are dynamic (sequence up to the model's
+max_seq_length). The program is run through the run-time interpreter on the probe batches and on a 1x1 batch
+against the module the ONNX graph is checked against (the model as loaded, before its attention is switched)
+before it is kept.
 """
 
 from __future__ import annotations
@@ -32,85 +35,135 @@ class ProgramExportError(RuntimeError):
 class ExportedProgram:
     program: bytes  # program.json
     tensors: dict[str, Any]  # the program's parameters, buffers and constants by name (torch tensors)
-    max_abs_diff: float
+    max_abs_diff: float  # against the model as loaded (the module the ONNX graph is checked against)
+    attention: str  # transformers' attention implementation the program was captured with
 
 
-def export_program(source: HFSource, safetensors_dir: Path) -> ExportedProgram:
+def export_program(source: HFSource, safetensors_dir: Path, model: Any = None) -> ExportedProgram:
+    """The program of `model` (else loaded from `safetensors_dir`) with the task's head, checked against the
+    module the ONNX graph is checked against: the model as loaded (eager attention, or hf_export's), its outputs
+    taken before the attention is switched. Attention: "sdpa" first where transformers has it for the model
+    (MPNet has not), then the attention as loaded; the first program that matches is kept. `model` is left as
+    it came (its attention restored)."""
     import torch
-    from torch._export.serde.serialize import serialize
 
-    from handler.backends.program import load, parameter_names
     from infra.pack.hf_export import build_head, input_names, load_torch_model, probe_batches
 
-    model = load_torch_model(source, safetensors_dir)
-    if source.family != "mpnet":
-        model.set_attn_implementation("sdpa")
+    if model is None:
+        model = load_torch_model(source, safetensors_dir)
     head = build_head(source, model)
     names = input_names(source)
     probes = probe_batches(source, int(source.config["vocab_size"]))
     probes.append({k: v[:1, :1] for k, v in probes[0].items()})  # the smallest batch: one row, one token
-    example = tuple(torch.from_numpy(probes[1][n]) for n in names)  # padded rows: the masked path is traced
+    feeds = [tuple(torch.from_numpy(p[n]) for n in names) for p in probes]
+    with torch.inference_mode():
+        want = [head(*f) for f in feeds]
+    loaded = model.config._attn_implementation
+    failures: list[str] = []
+    try:
+        for attention in _attentions(source, model, loaded):
+            try:
+                return _export(source, head, names, feeds, want, attention)
+            except ProgramExportError as e:
+                failures.append(f"{attention} attention: {e}")
+    finally:
+        if model.config._attn_implementation != loaded:
+            model.set_attn_implementation(loaded)
+    raise ProgramExportError(f"{source.root}: " + "; ".join(failures))
+
+
+def _attentions(source: HFSource, model: Any, loaded: str) -> list[str]:
+    """The attention implementations to try, in order: "sdpa" (one `aten.scaled_dot_product_attention` per
+    layer) where the model's class has it, then the one it was loaded with."""
+    if source.family == "mpnet" or not getattr(model, "_supports_sdpa", False) or loaded == "sdpa":
+        return [loaded]
+    return ["sdpa", loaded]
+
+
+def _export(
+    source: HFSource,
+    head: Any,
+    names: tuple[str, ...],
+    feeds: list[tuple[Any, ...]],
+    want: list[Any],
+    attention: str,
+) -> ExportedProgram:
+    import torch
+    from torch._export.serde.serialize import serialize
+
+    from handler.backends.program import parameter_names
+
+    model = head.model
+    if model.config._attn_implementation != attention:
+        model.set_attn_implementation(attention)
     batch = torch.export.Dim("batch", max=MAX_BATCH)
     sequence = torch.export.Dim("sequence", max=source.max_seq_length)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ep = torch.export.export(
-                head, example, dynamic_shapes={n: {0: batch, 1: sequence} for n in names}, strict=False
+            ep = torch.export.export(  # padded rows (feeds[1]): the masked path is traced
+                head, feeds[1], dynamic_shapes={n: {0: batch, 1: sequence} for n in names}, strict=False
             )
             artifact = serialize(
                 ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
             )
     except Exception as e:  # torch.export raises many types (UserError, GuardOnDataDependentSymNode, ...)
-        raise ProgramExportError(
-            f"{source.root}: torch.export cannot capture the model ({type(e).__name__}: {e})"
-        ) from e
+        raise ProgramExportError(f"torch.export cannot capture the model ({type(e).__name__}: {_short(e)})") from e
     raw = json.loads(artifact.exported_program)
     for node in raw["graph_module"]["graph"]["nodes"]:
         node["metadata"] = {}  # stack traces and module paths of the pack machine: not needed to run
     program = json.dumps(raw, separators=(",", ":"), allow_nan=False).encode()
     state = {**ep.state_dict, **ep.constants}
     tensors: dict[str, Any] = {}
+    storages: set[int] = set()
     for name in parameter_names(raw).values():
         value = state.get(name)
         if not isinstance(value, torch.Tensor):
-            raise ProgramExportError(
-                f"{source.root}: the program's input {name!r} is not a tensor ({type(value).__name__})"
-            )
-        # Own storage each (safetensors refuses shared storage: tied weights), contiguous, float32 as loaded.
-        tensors[name] = value.detach().clone().contiguous()
-    diff = _check(source, program, tensors, head, names, probes, load)
-    return ExportedProgram(program, tensors, diff)
+            raise ProgramExportError(f"the program's input {name!r} is not a tensor ({type(value).__name__})")
+        # Contiguous, one storage each (safetensors refuses shared storage: tied weights get a copy), float32 as
+        # loaded; the others are the model's own tensors, not copies (the model's size in memory, not twice it).
+        tensor = value.detach()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in storages or not tensor.is_contiguous():
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        storages.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    del ep, state
+    diff = _check(program, tensors, feeds, want)
+    return ExportedProgram(program, tensors, diff, attention)
 
 
-def _check(
-    source: HFSource,
-    program: bytes,
-    tensors: dict[str, Any],
-    head: Any,
-    names: tuple[str, ...],
-    probes: list[dict[str, Any]],
-    load: Any,
-) -> float:
+def _check(program: bytes, tensors: dict[str, Any], feeds: list[tuple[Any, ...]], want: list[Any]) -> float:
+    """Run the program through the run-time interpreter on every probe batch; its largest difference from
+    `want` (the model's outputs)."""
     import tempfile
 
     import torch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / PROGRAM_FILE
-        path.write_bytes(program)
-        run = load(path, tensors)
-    diff = 0.0
-    with torch.inference_mode():
-        for probe in probes:
-            feeds = [torch.from_numpy(probe[n]) for n in names]
-            got = run(*feeds)[0]
-            want = head(*feeds)
-            if got.shape != want.shape:
-                raise ProgramExportError(
-                    f"{source.root}: the program answers shape {tuple(got.shape)}, the model {tuple(want.shape)}"
-                )
-            diff = max(diff, float((got - want).abs().max()) if want.numel() else 0.0)
+    from handler.backends.program import load
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / PROGRAM_FILE
+            path.write_bytes(program)
+            run = load(path, tensors)
+        diff = 0.0
+        with torch.inference_mode():
+            for feed, expected in zip(feeds, want, strict=True):
+                got = run(*feed)[0]
+                if got.shape != expected.shape:
+                    raise ProgramExportError(
+                        f"the program answers shape {tuple(got.shape)}, the model {tuple(expected.shape)}"
+                    )
+                diff = max(diff, float((got - expected).abs().max()) if expected.numel() else 0.0)
+    except ProgramExportError:
+        raise
+    except Exception as e:  # the interpreter refuses it (ProgramError) or an operator fails on a probe batch
+        raise ProgramExportError(f"the run-time interpreter cannot run it ({type(e).__name__}: {_short(e)})") from e
     if not diff <= ATOL:
-        raise ProgramExportError(f"{source.root}: the exported program differs from the model by {diff:.3g} (> {ATOL})")
+        raise ProgramExportError(f"the exported program differs from the model by {diff:.3g} (> {ATOL})")
     return diff
+
+
+def _short(error: BaseException) -> str:
+    return " ".join(str(error).split())[:400]

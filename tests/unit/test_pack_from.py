@@ -271,18 +271,41 @@ def test_mpnet_packs_both_backends(packed: Callable[..., tuple[Path, Path]]) -> 
     assert "unsupported_backends" not in m
 
 
-def test_an_onnx_only_family_says_so_and_refuses_torch(
-    packed: Callable[..., tuple[Path, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_model_the_program_cannot_serve_is_onnx_only_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from infra.pack import hf_pack
+    """No hand-written encoder serves a model with Dense modules: when its program is refused, torch is dropped
+    from the default backends with the program's reason, and refused when asked for, before anything is written."""
+    from infra.pack import torch_program
 
-    monkeypatch.setitem(hf_pack.TORCH_UNSUPPORTED, "mpnet", "mpnet: no torch encoder (test)")
-    src, out = packed("mpnet", "cross-encoder", max_seq_length=18)  # not the cached pack of the test above
-    m = read_manifest(out)
+    def refuse(*_: Any) -> None:
+        raise torch_program.ProgramExportError("the exported program differs from the model by 0.5 (test)")
+
+    monkeypatch.setattr(torch_program, "export_program", refuse)
+    src = make_model_dir(tmp_path, "bert", max_seq_length=18, dense=[(24, "torch.nn.modules.activation.Tanh")])
+    m = read_manifest(pack_from(src, tmp_path / "default"))
     assert set(m["backends"]) == {"onnx"} and "model.safetensors" not in m["files"]
-    assert m["unsupported_backends"]["torch"] == "mpnet: no torch encoder (test)"
-    with pytest.raises(UnsupportedModelError, match="backend torch is not supported for mpnet"):
+    assert m["unsupported_backends"]["torch"] == "the exported program differs from the model by 0.5 (test)"
+    with pytest.raises(UnsupportedModelError, match=r"backend torch is not supported for bert: .*0\.5 \(test\)"):
         pack_from(src, tmp_path / "torch", backends=["onnx", "torch"])
+    assert not (tmp_path / "torch").exists()
+
+
+@pytest.mark.parametrize(
+    ("family", "options", "reason"),
+    [
+        ("bert", {"dense": [(24, "torch.nn.modules.activation.Tanh")]}, "no sentence-transformers Dense module"),
+        ("gte", {}, "no hand-written torch encoder for gte"),
+    ],
+)
+def test_the_hand_written_encoder_is_refused_where_it_cannot_serve(
+    tmp_path: Path, family: str, options: dict[str, Any], reason: str
+) -> None:
+    """Asked for on purpose (torch_artifact="hf-encoder"), it is refused before any export: it has five families
+    and no Dense module."""
+    src = make_model_dir(tmp_path, family, max_seq_length=18, **options)
+    with pytest.raises(UnsupportedModelError, match=f"backend torch is not supported for {family}: .*{reason}"):
+        pack_from(src, tmp_path / "torch", backends=["torch"], torch_artifact="hf-encoder")
     assert not (tmp_path / "torch").exists()
 
 

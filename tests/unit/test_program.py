@@ -68,6 +68,46 @@ def test_runs_like_the_module_at_any_batch_and_length(
             torch.testing.assert_close(run(ids, mask)[0], module(ids, mask), atol=1e-6, rtol=0)
 
 
+class Lists(torch.nn.Module):
+    """Operators that take a list of tensors (`aten.index.Tensor`, `aten.cat`) and return one (`aten.unbind`,
+    `aten.chunk`): ModernBERT's attention unbinds q, k, v and chunks its GLU; GTE and Nomic BERT index rotary
+    tables with two index tensors read nowhere else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+        self.table = torch.nn.Parameter(torch.randn(40, 40))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(*x.shape[:2], 3, 8).unbind(dim=-2)
+        a, b = torch.cat([q, k], dim=-1).chunk(2, dim=-1)
+        n = x.shape[1]
+        rows = torch.arange(n).unsqueeze(1)
+        cols = torch.arange(n).unsqueeze(0)
+        bias = self.table[rows, cols]  # [n, n], the index tensors used only in this list
+        return torch.softmax(a @ b.transpose(1, 2) + bias, dim=-1) @ v
+
+
+def test_lists_of_tensors_in_and_out(tmp_path: Path) -> None:
+    from torch._export.serde.serialize import serialize
+
+    torch.manual_seed(0)
+    module = Lists().eval()
+    seq = torch.export.Dim("sequence", max=32)
+    example = (torch.randn(2, 6, 8),)
+    ep = torch.export.export(module, example, dynamic_shapes=({0: torch.export.Dim("b"), 1: seq},), strict=False)
+    artifact = serialize(ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False)
+    raw = json.loads(artifact.exported_program)
+    targets = {node["target"] for node in raw["graph_module"]["graph"]["nodes"]}
+    assert {"torch.ops.aten.unbind.int", "torch.ops.aten.index.Tensor", "torch.ops.aten.cat.default"} <= targets
+    state = {**ep.state_dict, **ep.constants}
+    run = load(write(tmp_path, raw), {name: state[name] for name in parameter_names(raw).values()})
+    with torch.inference_mode():
+        for shape in ((1, 1, 8), (3, 17, 8)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(run(x)[0], module(x), atol=1e-6, rtol=0)
+
+
 def test_weights_are_aliased_not_copied(
     exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
 ) -> None:
