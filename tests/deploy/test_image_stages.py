@@ -151,7 +151,7 @@ def test_cpu_pack_stage_packs_with_cpu_torch_only(cpu_image: Builder) -> None:
     assert pack.host("/models/default/model.opt.onnx").is_file()  # `warmstart optimize` ran
     size = du_mb(pack.host("/var/lang"))
     record([f"pack stage: Python {pack.python_version}, its environment {size:.0f} MB (CPU torch)"])
-    assert size < 1500
+    assert size < 2000  # ~1.35 GB with torch's CPU build (0.76 GB of it), measured with Python 3.11
 
 
 def free_port() -> int:
