@@ -7,7 +7,9 @@ variant with strace; pages that other processes have mapped stay resident, as on
 
 Variants (--variants, comma-separated):
   ours            handler.app on this checkout (every saving on: docs/coldstart.md)
-  main            handler.app as on git ref --ref (default main), same model directory: today's product
+  main            handler.app as on git ref --ref (default main), same model directory (or --ref-model's):
+                  today's product
+  main-no-optimized  main on the portable ONNX model (WARMSTART_ORT_OPTIMIZED=0)
   minimal_ort     bench/handlers/minimal_ort.py: ONNX Runtime + tokenizers, defaults
   floor_ort       bench/handlers/floor_ort.py: the tuned hand-written floor (takes the free savings)
   naive_st        bench/handlers/naive_st.py: sentence-transformers loaded at init (10+ s a start)
@@ -17,6 +19,8 @@ Variants (--variants, comma-separated):
 
 Usage: .venv/bin/python bench/bench_coldstart_quota.py [--rounds 5] [--quotas 0.29,0.58,1.0,1.7]
        [--caches warm,cold] [--variants ours,main,minimal_ort,floor_ort] [--out bench-results/quota]
+       [--ref main] [--ref-model DIR]  (DIR: a packed model the `main` variants read instead of ours, e.g. a
+       default model packed by --ref's packer, to compare two packs of one model)
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from tests.integration.runtime_stub import RuntimeStub  # noqa: E402
 
 PORTABLE = ROOT / "models" / "default"
 MODEL = ROOT / "build" / "bench" / "model-optimized"  # the default model + `warmstart optimize` (see prepare_model)
+REF_MODEL = ROOT / "build" / "bench" / "ref-model-optimized"  # --ref-model's, prepared the same way
 EVENT = {"inputs": ["A cold start is the time from nothing to the first answer."]}
 # Lambda's memory sizes for these vCPU shares (1 vCPU per 1,769 MB).
 QUOTAS = {0.29: 512, 0.58: 1024, 1.0: 1769, 1.7: 3008}
@@ -54,6 +59,7 @@ APP = "handler.app.lambda_handler"
 VARIANTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "ours": ("ours", APP, {}),
     "main": ("ref", APP, {}),
+    "main-no-optimized": ("ref", APP, {"WARMSTART_ORT_OPTIMIZED": "0"}),
     "minimal_ort": ("ours", "bench.handlers.minimal_ort.lambda_handler", {}),
     "floor_ort": ("ours", "bench.handlers.floor_ort.lambda_handler", {}),
     "naive_st": ("ours", "bench.handlers.naive_st.lambda_handler", {}),
@@ -127,7 +133,9 @@ def ref_checkout(ref: str, work: Path) -> Path:
     return out
 
 
-def command(name: str, quota: float, ref_root: Path | None) -> tuple[list[str], dict[str, str], Path]:
+def command(
+    name: str, quota: float, ref_root: Path | None, ref_model: Path = MODEL
+) -> tuple[list[str], dict[str, str], Path]:
     where, handler, extra = VARIANTS[name]
     root = ROOT if where == "ours" else ref_root
     assert root is not None
@@ -136,7 +144,7 @@ def command(name: str, quota: float, ref_root: Path | None) -> tuple[list[str], 
         "AWS_LAMBDA_FUNCTION_NAME": "bench",
         "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",  # as Lambda sets it for a cold start
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(QUOTAS.get(quota, int(quota * 1769))),
-        "WARMSTART_MODEL": str(MODEL),
+        "WARMSTART_MODEL": str(MODEL if where == "ours" else ref_model),
         # The code root first: the ref's `handler` package, not this checkout's (installed editable).
         "PYTHONPATH": str(root) if root == ROOT else f"{root}:{ROOT}",
         "HF_HUB_OFFLINE": "1",
@@ -177,9 +185,9 @@ def cpu_time_ms(pid: int) -> float:
     return total / 1e6
 
 
-def opened_files(name: str, ref_root: Path | None) -> set[str]:
+def opened_files(name: str, ref_root: Path | None, ref_model: Path = MODEL) -> set[str]:
     """Every regular file a start of `name` opens (strace), plus the interpreter: what a cold start reads."""
-    argv, env, cwd = command(name, 1.0, ref_root)
+    argv, env, cwd = command(name, 1.0, ref_root, ref_model)
     with tempfile.NamedTemporaryFile(prefix="strace-", suffix=".txt") as trace:
         start(["strace", "-f", "-qq", "-e", "trace=openat,open", "-o", trace.name, *argv], env, cwd)
         text = Path(trace.name).read_text(errors="replace")
@@ -191,25 +199,25 @@ def opened_files(name: str, ref_root: Path | None) -> set[str]:
     return files
 
 
-def prepare_model() -> None:
-    """An optimized copy of the packed default model (portable files linked, not copied), as an image build
-    makes it: every variant reads the same portable files; only warmstart's finds the optimized ones."""
+def prepare_model(portable: Path = PORTABLE, model: Path = MODEL) -> None:
+    """An optimized copy of a packed model (portable files linked, not copied), as an image build makes it:
+    every variant reads the same portable files; only warmstart's finds the optimized ones."""
     import shutil
 
     from infra.pack.optimize import optimize
     from infra.pack.wordpiece import prove
 
-    raw = json.loads((PORTABLE / "manifest.json").read_text())
-    stamp = MODEL / ".source-manifest.json"
+    raw = json.loads((portable / "manifest.json").read_text())
+    stamp = model / ".source-manifest.json"
     if stamp.is_file() and stamp.read_text() == json.dumps(raw):
         return
-    shutil.rmtree(MODEL, ignore_errors=True)
-    MODEL.mkdir(parents=True)
+    shutil.rmtree(model, ignore_errors=True)
+    model.mkdir(parents=True)
     for name in raw["files"]:
-        os.link(PORTABLE / name, MODEL / name)
-    (MODEL / "manifest.json").write_text(json.dumps(raw))
-    optimize(MODEL)
-    prove(MODEL)
+        os.link(portable / name, model / name)
+    (model / "manifest.json").write_text(json.dumps(raw))
+    optimize(model)
+    prove(model)
     stamp.write_text(json.dumps(raw))
 
 
@@ -220,6 +228,7 @@ def main() -> int:
     ap.add_argument("--caches", default="warm,cold")
     ap.add_argument("--variants", default="ours,main,minimal_ort,floor_ort")
     ap.add_argument("--ref", default="main", help="git ref of today's product (the `main` variants)")
+    ap.add_argument("--ref-model", type=Path, default=None, help="packed model the `main` variants read (default ours)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "quota")
     args = ap.parse_args()
     if os.geteuid() != 0 or not CGROUP.is_dir():
@@ -234,6 +243,10 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     prepare_model()
+    ref_model = MODEL
+    if args.ref_model is not None:
+        ref_model = REF_MODEL
+        prepare_model(args.ref_model.resolve(), REF_MODEL)
     ref_root = ref_checkout(args.ref, ROOT / "build" / "bench") if any(VARIANTS[n][0] == "ref" for n in names) else None
     # Bytecode compiled once up front, as an image build does (infra/deploy/Dockerfile): no start compiles.
     for tree in [ROOT / "handler", ROOT / "bench" / "handlers", *([ref_root / "handler"] if ref_root else [])]:
@@ -241,7 +254,7 @@ def main() -> int:
     evicted: set[str] = set()
     if "cold" in caches:
         for n in names:
-            evicted |= opened_files(n, ref_root)
+            evicted |= opened_files(n, ref_root, ref_model)
         print(f"cold cache: evicting {len(evicted)} files before each cold start", file=sys.stderr)
     quota = Quota()
     runs: list[dict[str, Any]] = []
@@ -251,7 +264,7 @@ def main() -> int:
                 quota.set(q)
                 for cache in caches:
                     for n in names:
-                        argv, env, cwd = command(n, q, ref_root)
+                        argv, env, cwd = command(n, q, ref_root, ref_model)
                         if cache == "cold":
                             evict(evicted)
                         else:

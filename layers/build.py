@@ -167,7 +167,7 @@ def default_model(
     Not by default: the optimized data (127 MB for all-MiniLM) beside the portable model (88 MB) and the
     dependencies passes the 250 MB limit, and a SnapStart restore does not create the session anyway (the
     snapshot holds it). It pays for a small model on on-demand zip functions built on the target CPU."""
-    from infra.pack import pack_default  # pack-time deps (onnx, safetensors, the model package)
+    from infra.pack import pack_default  # pack-time deps (torch, transformers, onnx, the model package)
 
     out = work / "model-onnx"
     if not (out / "manifest.json").is_file():

@@ -72,5 +72,5 @@ def test_packed_from_the_directory_matches_sentence_transformers(
     ours = embed(runtime, TEXTS)  # one mixed-length batch, texts past 256 tokens included
     sims = cosine(ours, reference)
     assert sims.min() >= 0.9999, dict(zip(TEXTS, sims.round(6), strict=True))
-    # and the same answers as the embedded default model's hand-built graph
+    # and the same answers as the embedded default model (`pack --default`: the same path, from the package)
     assert cosine(ours, embed(onnx_runtime, TEXTS)).min() >= 0.9999

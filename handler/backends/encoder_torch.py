@@ -9,7 +9,8 @@ Only imported by the torch backend, which has already paid for `import torch`.
 
 Kept as the fallback, no longer what `pack --from` packs: new packs carry torch.export's program of the stock
 transformers model (`handler.backends.program`), which serves every family that exports. This encoder still
-serves (a) the default model's packs (`pack --default`, architecture "bert-mean-pooled"), (b) packs made
+serves (a) the default model's packs made before it went through `pack --from`'s path (architecture
+"bert-mean-pooled"; `pack --default` now writes the exported program too), (b) packs made
 before the exported program ("hf-encoder"), (c) a model whose program torch.export cannot capture or that does
 not match the eager model at pack time (the manifest's `program_refused` says why). Measured against the
 program on all-MiniLM-L6-v2 (docs/own-model.md#the-torch-backend): cold start 0.93x, warm 32-text batches

@@ -5,7 +5,8 @@ No `torch.load`: nothing is ever unpickled. Architectures:
 - "exported-program" (what `pack --from` writes): torch.export's program of the stock transformers model plus
   the task's head, the same module the ONNX graph is exported from, so any family that exports serves here
   too; run by `handler.backends.program` (JSON, ATen operators only) over the mapped weights.
-- "hf-encoder" (packs made before the exported program) and "bert-mean-pooled" (the default model's packs):
+- "hf-encoder" (packs made before the exported program) and "bert-mean-pooled" (the default model's packs
+  made before `pack --default` went through `pack --from`'s path):
   `encoder_torch`'s hand-written encoder, built on the meta device, weights adopted with `assign=True`.
 """
 

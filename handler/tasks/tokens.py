@@ -53,7 +53,7 @@ def usable_shortcut(root: Path, tokenizer: Mapping[str, Any], files: Mapping[str
     """The vocabulary file when the manifest's shortcut proof covers this tokenizer file; else why not."""
     shortcut = tokenizer.get("shortcut")
     if not shortcut:
-        return None, "no pack-time proof (warmstart optimize)"
+        return None, "no pack-time proof (not a plain BERT WordPiece tokenizer, or packed without the proof)"
     entry = files.get(tokenizer.get("file", ""))
     if entry is None or getattr(entry, "sha256", None) != shortcut.get("proof", {}).get("tokenizer_sha256"):
         return None, "the proof is for another tokenizer.json"

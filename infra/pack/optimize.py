@@ -138,12 +138,15 @@ def optimize(model_dir: Path) -> dict[str, Any]:
 
 def touched_ranges(model_path: Path, merge_gap: int = 1 << 16) -> list[list[int]]:
     """[offset, length] ranges of the external data that a pre-optimized session reads: each prepacked
-    initializer's packed copy (not its original), every other initializer except a Gather's table (looked up
-    a few rows at a time); ranges closer than `merge_gap` are merged."""
+    initializer's packed copy (not its original), every other initializer except an embedding table (a Gather's,
+    or a fused EmbedLayerNormalization's: looked up a few rows at a time); ranges closer than `merge_gap` are
+    merged."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
     tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
+    # ORT's fused embedding (EmbedLayerNormalization): its word, position and segment tables, read the same way.
+    tables |= {t for n in model.graph.node if n.op_type == "EmbedLayerNormalization" for t in n.input[2:5] if t}
     spans: list[tuple[int, int]] = []
     for tensor in model.graph.initializer:
         info = {e.key: e.value for e in tensor.external_data}

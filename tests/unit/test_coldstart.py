@@ -391,3 +391,48 @@ def test_optimize_remove_deletes_only_its_own_files(
     assert err.startswith(f"warmstart optimize: {packed}/manifest.json: ") and why in err
     assert len(err.splitlines()) == 1
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def test_prefetch_ranges_leave_out_every_embedding_table(tmp_path: Path) -> None:
+    """A Gather's table and a fused EmbedLayerNormalization's word, position and segment tables are looked up a
+    few rows at a time: the prefetch ranges leave them out; every other external initializer is read."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.optimize import touched_ranges
+
+    tables = {name: np.zeros((64, 256), np.float32) for name in ("gathered", "word", "position", "segment")}
+    weights = {
+        "gamma": np.ones(256, np.float32),
+        "beta": np.zeros(256, np.float32),
+        "w": np.ones((256, 256), np.float32),
+    }
+    nodes = [
+        helper.make_node("Gather", ["gathered", "ids"], ["g"]),
+        helper.make_node(
+            "EmbedLayerNormalization",
+            ["ids", "types", "word", "position", "segment", "gamma", "beta"],
+            ["e", "mask_index"],
+            domain="com.microsoft",
+        ),
+        helper.make_node("MatMul", ["e", "w"], ["y"]),
+    ]
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in ("ids", "types")]
+    graph = helper.make_graph(
+        nodes,
+        "tables",
+        ints,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in {**tables, **weights}.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    spans = touched_ranges(tmp_path / "m.onnx", merge_gap=0)
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    where = {
+        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"} for t in loaded.graph.initializer
+    }
+    read = {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
+    assert read == set(weights)

