@@ -277,6 +277,21 @@ class Builder:
     def _build(self, stage: Stage, closure_only: bool = False) -> StageRun:
         if stage.index in self.runs:
             return self.runs[stage.index]
+        try:
+            return self._build_with(stage, closure_only, self.python)
+        except BuildError as e:
+            # A wheel for the images' Python that this machine cannot fetch (torch's CPU build for 3.12 comes only
+            # from the PyTorch index): the stage is built again with this machine's Python, whose wheels its pip
+            # configuration does reach, and the log says so. The stage's files do not depend on the minor version.
+            machine = getattr(sys, "_base_executable", sys.executable)
+            if "pip download" not in str(e) or os.path.realpath(machine) == os.path.realpath(self.python):
+                raise
+            run = self._build_with(stage, closure_only, machine)
+            why = str(e).splitlines()[0][:120]
+            run.log.insert(1, f"  (Python {run.python_version}: the images' Python could not fetch `{why}` here)")
+            return run
+
+    def _build_with(self, stage: Stage, closure_only: bool, python: str) -> StageRun:
         base = BASES.get(stage.base)
         if base is None and not closure_only:
             raise Unemulated(f"{self.file.path.name}: stage {stage.name or stage.index}: base image {stage.base}")
@@ -292,7 +307,7 @@ class Builder:
         else:
             prefix = rootfs / base.python_prefix.lstrip("/")
             prefix.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([self.python, "-m", "venv", str(prefix)], check=True, capture_output=True, env=_bare_env())
+            subprocess.run([python, "-m", "venv", str(prefix)], check=True, capture_output=True, env=_bare_env())
             version = subprocess.run(
                 [str(prefix / "bin" / "python"), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                 capture_output=True,
