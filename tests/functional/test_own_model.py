@@ -43,9 +43,9 @@ EMBEDDERS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Path, Path]]]:
-    """(source, packed) per (family, kind, options), each built and packed once. bert goes through the CLI."""
+def packer(tmp_path_factory: pytest.TempPathFactory, through_cli: tuple[str, ...]) -> Callable[..., tuple[Path, Path]]:
+    """(source, packed) per (family, kind, options), each built and packed once; the families named in
+    `through_cli` are packed by `python -m infra.cli pack --from`, the others by `pack_from`."""
     cache: dict[str, tuple[Path, Path]] = {}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -55,7 +55,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
             root = tmp_path_factory.mktemp(f"{family}-{kind}")
             src = make_model_dir(root, family, kind, max_seq_length=MAX_SEQ, **options)
             out = root / "packed"
-            if family == "bert":
+            if family in through_cli:
                 cmd = [sys.executable, "-m", "infra.cli", "pack", "--from", str(src), "--out", str(out)]
                 done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
                 assert done.returncode == 0, done.stderr
@@ -64,7 +64,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
             cache[key] = (src, out)
         return cache[key]
 
-    yield make
+    return make
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Path, Path]]]:
+    """Every model packed once; bert goes through the CLI."""
+    yield packer(tmp_path_factory, ("bert",))
 
 
 # ---------------------------------------------------------------------------------------------- embedding

@@ -12,9 +12,6 @@ reason in the manifest, and `--backends torch` is refused (the last test).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,8 @@ import pytest
 from handler.core.errors import ConfigError
 from infra.pack.hf_pack import pack_from
 from infra.pack.hf_source import UnsupportedModelError
-from tests.conftest import ROOT, start
-from tests.functional.test_own_model import DOCUMENTS, LONG, MAX_SEQ, QUERY, TEXTS, pipeline_scores
+from tests.conftest import start
+from tests.functional.test_own_model import DOCUMENTS, LONG, MAX_SEQ, QUERY, TEXTS, packer, pipeline_scores
 from tests.test_parity import cosine
 from tests.tiny_models import make_model_dir
 
@@ -55,25 +52,7 @@ CLASSIFIERS = ("modernbert", "deberta-v2", "qwen3")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Path, Path]]]:
-    cache: dict[str, tuple[Path, Path]] = {}
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-    def make(family: str, kind: str, **options: Any) -> tuple[Path, Path]:
-        key = f"{family}|{kind}|{sorted(options.items())}"
-        if key not in cache:
-            root = tmp_path_factory.mktemp(f"{family}-{kind}")
-            src = make_model_dir(root, family, kind, max_seq_length=MAX_SEQ, **options)
-            out = root / "packed"
-            if family in CLI:
-                cmd = [sys.executable, "-m", "infra.cli", "pack", "--from", str(src), "--out", str(out)]
-                done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-                assert done.returncode == 0, done.stderr
-            else:
-                pack_from(src, out)
-            cache[key] = (src, out)
-        return cache[key]
-
-    yield make
+    yield packer(tmp_path_factory, CLI)
 
 
 VARIED = [*TEXTS, "the film was very good", "no", "where is the city of berlin in germany ?"]
