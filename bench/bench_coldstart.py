@@ -52,10 +52,19 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cold_start(handler: str, env: dict[str, str], event: Any, warm_calls: int, timeout: float) -> dict[str, Any]:
+def cold_start(
+    handler: str,
+    env: dict[str, str],
+    event: Any,
+    warm_calls: int,
+    timeout: float,
+    warm_events: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Spawn `python -m awslambdaric handler` against a fresh runtime stub, invoke `event` once (the cold
     start) and `warm_calls` more times. first_ms: spawn → first answer; init_ms: spawn → the runtime's first
-    `GET /next` (Lambda's Init Duration); the init report line, if the handler printed one; peak RSS."""
+    `GET /next` (Lambda's Init Duration); the init report line, if the handler printed one; peak RSS.
+    `warm_events` (name → event): the warm calls cycle through them instead, each one's median in
+    `warm_ms_by[name]`; a warm call that is not answered raises."""
     with RuntimeStub() as stub:
         first_next: list[float] = []
         handler_cls = stub.server.RequestHandlerClass
@@ -77,11 +86,15 @@ def cold_start(handler: str, env: dict[str, str], event: Any, warm_calls: int, t
         )
         outcome = stub.invoke(event, timeout=timeout)
         first_ms = (time.perf_counter() - t0) * 1000
-        warm = []
+        events = warm_events or {"event": event}
+        warm: dict[str, list[float]] = {name: [] for name in events}
         for _ in range(warm_calls):
-            t1 = time.perf_counter()
-            stub.invoke(event)
-            warm.append((time.perf_counter() - t1) * 1000)
+            for name, each in events.items():
+                t1 = time.perf_counter()
+                reply = stub.invoke(each)
+                warm[name].append((time.perf_counter() - t1) * 1000)
+                if warm_events is not None and reply.kind != "response":
+                    raise RuntimeError(reply.body[:500])
         peak = peak_rss_mb(proc.pid)
         proc.kill()
         logs = proc.communicate()[0].decode(errors="replace")
@@ -91,7 +104,8 @@ def cold_start(handler: str, env: dict[str, str], event: Any, warm_calls: int, t
     return {
         "first_ms": first_ms,
         "init_ms": (first_next[0] - t0) * 1000 if first_next else float("nan"),
-        "warm_ms": statistics.median(warm),
+        "warm_ms": statistics.median(warm[next(iter(warm))]) if warm_calls else float("nan"),
+        "warm_ms_by": {name: statistics.median(times) for name, times in warm.items() if times},
         "peak_rss_mb": peak,
         "init": init,
         "body": outcome.body,

@@ -29,17 +29,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_coldstart import peak_rss_mb  # noqa: E402
-from tests.integration.runtime_stub import RuntimeStub  # noqa: E402
+from bench.bench_coldstart import cold_start  # noqa: E402
 
 TEXT = "A cold start is the time from nothing to the first answer."
 SENTENCE = "what is the capital city of france ? paris is the capital of france , a city of good film and love ."
@@ -76,51 +73,25 @@ def one(packed: Path, calls: int) -> dict[str, Any]:
         "WARMSTART_MODEL": str(packed),
         "WARMSTART_BACKEND": "torch",
     }
-    with RuntimeStub() as stub:
-        first_next: list[float] = []
-        handler_cls = stub.server.RequestHandlerClass
-        do_get = handler_cls.do_GET  # type: ignore[attr-defined]
-
-        def timed_get(self: Any) -> None:
-            if not first_next:
-                first_next.append(time.perf_counter())
-            do_get(self)
-
-        handler_cls.do_GET = timed_get  # type: ignore[attr-defined]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"],
-            cwd=ROOT,
-            env={**env, "AWS_LAMBDA_RUNTIME_API": stub.address},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        outcome = stub.invoke({"inputs": [TEXT]}, timeout=300)
-        first_ms = (time.perf_counter() - t0) * 1000
-        warm: dict[str, list[float]] = {"b1": [], "b32": []}
-        for _ in range(calls):
-            for key, inputs in (("b1", [TEXT]), ("b32", BATCH)):
-                t1 = time.perf_counter()
-                reply = stub.invoke({"inputs": inputs})
-                warm[key].append((time.perf_counter() - t1) * 1000)
-                if reply.kind != "response":
-                    raise RuntimeError(reply.body[:500])
-        peak = peak_rss_mb(proc.pid)
-        proc.kill()
-        logs = proc.communicate()[0].decode(errors="replace")
-    if outcome.kind != "response":
-        raise RuntimeError(f"{packed}: {outcome.body[:500]!r}\n{logs[-2000:]}")
-    init = next((json.loads(line) for line in logs.splitlines() if line.startswith('{"warmstart":"init"')), {})
+    run = cold_start(
+        "handler.app.lambda_handler",
+        env,
+        {"inputs": [TEXT]},
+        calls,
+        timeout=300,
+        warm_events={"b1": {"inputs": [TEXT]}, "b32": {"inputs": BATCH}},
+    )
+    init = run["init"] or {}
     phases = init.get("phases_ms") or {}
     return {
-        "first_ms": first_ms,
-        "init_ms": (first_next[0] - t0) * 1000 if first_next else float("nan"),
+        "first_ms": run["first_ms"],
+        "init_ms": run["init_ms"],
         "load_ms": _load_phase(phases),
         "phases_ms": phases,
-        "b1_ms": statistics.median(warm["b1"]),
-        "b32_ms": statistics.median(warm["b32"]),
-        "peak_rss_mb": peak,
-        "embedding": json.loads(outcome.body)["embeddings"][0],
+        "b1_ms": run["warm_ms_by"]["b1"],
+        "b32_ms": run["warm_ms_by"]["b32"],
+        "peak_rss_mb": run["peak_rss_mb"],
+        "embedding": json.loads(run["body"])["embeddings"][0],
     }
 
 
