@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 MODEL := models/default/manifest.json
 
-.PHONY: setup run test lint bench bench-quota clean
+.PHONY: setup run test lint bench bench-quota gpu-check clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ bench: setup
 # optimized copy of the default model (`warmstart optimize`) made under build/bench.
 bench-quota: setup
 	$(BIN)/python bench/bench_coldstart_quota.py
+
+# On a machine with an NVIDIA GPU: init with the CUDA warm-up on both backends, first vs steady inference, float32 vs
+# float16, the device re-check after a snapshot restore, as one table (bench/gpu_check.py). Without one: says so, exits 0.
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) models build dist

@@ -1,0 +1,68 @@
+"""`make gpu-check` (bench/gpu_check.py): without a GPU it says so and exits 0; its rows run the real init, inference
+and snapshot-restore re-check (here on the CPU, as `--device cpu` does); its table says why a row did not run."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_a_gpu_it_says_why_and_exits_0() -> None:
+    from handler.backends.device import probe_cuda
+
+    probe = probe_cuda("auto")
+    if probe.usable:  # on a GPU machine the script runs the table instead; the no-GPU answer is the CPU machines'
+        pytest.fail("this test describes machines without a GPU; run `make gpu-check` here instead")
+    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "no usable NVIDIA GPU here" in done.stdout and probe.reason in done.stdout
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_a_row_runs_init_inference_and_the_restore_recheck(gpu_check: ModuleType, backend: str) -> None:
+    row = gpu_check.run_row(backend, ROOT / "models" / "default", "cpu", 2)
+    assert row["device"] == "cpu" and row["reason"] == "WARMSTART_DEVICE=cpu"
+    for key in ("b1_first_ms", "b1_steady_ms", "b32_first_ms", "b32_steady_ms"):
+        assert row[key] > 0
+    assert row["restore_device"] == {"cuda": False, "reason": "WARMSTART_DEVICE=cpu"}
+    assert row["after_restore_ok"] is True
+    assert len(row["answers"]) == len(gpu_check.TEXTS) and len(row["answers"][0]) == 384
+
+
+def test_the_table_says_why_a_row_did_not_run(gpu_check: ModuleType) -> None:
+    rows = [
+        {"backend": "onnx", "dtype": "float32", "device": "cuda", "init_ms": 900.0, "cosine": 0.9999991,
+         "restore_device": {"cuda": True, "reason": "1 CUDA device(s)"}, "after_restore_ok": True},
+        {"backend": "torch", "dtype": "float32", "device": "cpu",
+         "reason": "1 CUDA device(s), but this torch build has no CUDA",
+         "restore_device": {"refused": "the snapshot used CUDA but after restore: no device"}},
+        {"backend": "onnx", "dtype": "float16", "error": "pack --dtype float16 refused: no float16 kernels"},
+    ]  # fmt: skip
+    lines = gpu_check.table(rows).splitlines()
+    assert "| 0.999999 | cuda=True, serves |" in lines[2]
+    assert "refused: the snapshot used CUDA but after restore: no device" in lines[3]
+    assert "not run: pack --dtype float16 refused: no float16 kernels" in lines[4]
+    assert "- not on the GPU: torch: 1 CUDA device(s), but this torch build has no CUDA" in lines
+
+
+def test_min_cosine_finds_the_worst_answer(gpu_check: ModuleType) -> None:
+    ref = [[1.0, 0.0], [0.0, 1.0]]
+    assert gpu_check.min_cosine(ref, ref) == pytest.approx(1.0)
+    assert gpu_check.min_cosine([[1.0, 0.0], [1.0, 1.0]], ref) == pytest.approx(2**-0.5)
