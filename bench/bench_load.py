@@ -1,7 +1,8 @@
 """Load under a CPU quota: the HTTP host (`python -m handler`) in a cgroup, closed-loop clients at rising concurrency.
 
     sudo .venv/bin/python bench/bench_load.py [--quotas 1 2] [--users 1 8 32] [--duration 15]
-        [--variants ours,main] [--ref main] [--rounds 1] [--route /v1/embeddings] [--client builtin|locust]
+        [--variants ours,main,ours+WARMSTART_BATCH_WAIT_MS=0] [--ref main] [--rounds 1]
+        [--route /v1/embeddings] [--client builtin|locust]
         [--memory-mb 1024] [--retry-after honor|ignore] [--out bench/results] [--name load]
 
 For each CPU quota: a cgroup (v1 `cpu` + `memory`, or v2) with that quota and the memory limit per variant;
@@ -314,12 +315,14 @@ def start_server(variant: str, cpus: float, memory_mb: int, ref_root: Path | Non
     """`python -m handler` of `variant` (ours: this checkout; main: --ref's handler/) in its own cgroup."""
     cgroup = Cgroup(f"warmstart-bench-{os.getpid()}-{variant}-{cpus}", cpus, memory_mb)
     port = free_port()
-    root = ROOT if variant == "ours" else ref_root
+    base, *settings = variant.split("+")
+    root = ROOT if base == "ours" else ref_root
     assert root is not None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_"))}
     env.update(
         PORT=str(port), HOST="127.0.0.1", WARMSTART_LOG_LEVEL="error", PYTHONPATH=str(root), WARMSTART_MODEL=str(MODEL)
     )
+    env.update(kv.split("=", 1) for kv in settings)  # e.g. ours+WARMSTART_BATCH_WAIT_MS=0
     proc = subprocess.Popen(
         [sys.executable, "-m", "handler"], cwd=root, env=env, preexec_fn=cgroup.enter, stdout=subprocess.DEVNULL
     )
@@ -516,13 +519,22 @@ def plot(steps: list[Step], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def valid_variant(variant: str) -> bool:
+    base, *settings = variant.split("+")
+    return base in ("ours", "main") and all("=" in kv for kv in settings)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quotas", "--cpus", dest="quotas", type=float, nargs="+", default=[1.0, 2.0])
     p.add_argument("--memory-mb", type=int, default=1024)
     p.add_argument("--users", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--duration", "--step-s", dest="duration", type=int, default=15, help="seconds per step")
-    p.add_argument("--variants", default="ours", help="comma-separated: ours (this checkout), main (--ref's)")
+    p.add_argument(
+        "--variants",
+        default="ours",
+        help="comma-separated: ours (this checkout), main (--ref's), each optionally +KEY=VALUE (its server's env)",
+    )
     p.add_argument("--ref", default="main", help="git ref of the `main` variant")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--route", default="/v1/embeddings", choices=["/v1/embeddings", "/invocations"])
@@ -534,14 +546,14 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench_load needs root (it creates cgroups)")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if unknown := set(variants) - {"ours", "main"}:
-        sys.exit(f"--variants: unknown {sorted(unknown)}; valid: ours, main")
+    if bad := [v for v in variants if not valid_variant(v)]:
+        sys.exit(f"--variants: {bad}; valid: ours or main, each optionally +KEY=VALUE (its server's env)")
     if args.client == "locust" and args.route != "/invocations":
         sys.exit("--client locust posts to /invocations: add --route /invocations")
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     ref_root = None
-    if "main" in variants:
+    if any(v.split("+")[0] == "main" for v in variants):
         from bench.bench_coldstart_quota import ref_checkout
 
         ref_root = ref_checkout(args.ref, ROOT / "build" / "bench")

@@ -89,7 +89,13 @@ class EmbeddingTask(TextModel):
         texts, dimensions, fmt = self._options(payload)
         if dimensions is not None and self.dimension is not None and dimensions > self.dimension:
             self._shorten(np.zeros((0, self.dimension), np.float32), dimensions)  # its error, before the run
-        return Prepared(self.encoder.tokenize(texts), lambda rows, tokens: self._answer(rows, tokens, dimensions, fmt))
+        encodings = self.encoder.tokenize(texts)
+        if dimensions is None and fmt == "float":  # the rows as they are: formatted once for the whole run
+            return Prepared(encodings, lambda rows, tokens: self._floats(rows.tolist(), tokens), shortest=True)
+        return Prepared(encodings, lambda rows, tokens: self._answer(rows, tokens, dimensions, fmt))
+
+    def _floats(self, embeddings: Any, tokens: int) -> dict[str, Any]:
+        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
     def warmup(self) -> None:
         # A single query and a padded batch: touches every weight page, grows the arena and runs both the
