@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 from handler.core.cpu import cpu_budget
 from handler.http_host.drain import Drain
@@ -42,7 +41,6 @@ class Host:
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
             runtime = self._make_runtime()
             runtime.workers = self._workers
-            runtime.init_report["http_workers"] = host_plan(self._workers, runtime.init_report)
             self.prometheus = Prometheus(runtime.backend.name)
             self.prometheus.init_report(runtime.init_report)
             runtime.metrics = self.prometheus
@@ -62,26 +60,3 @@ class Host:
     def close(self) -> None:
         if self._workers is not None:
             self._workers.shutdown()
-
-
-def host_plan(workers: WorkerPool, init: dict[str, Any]) -> dict[str, Any]:
-    """What the host chose for its worker pool and why, beside the session's threads (init's `threads`):
-    the init report's `http_workers`, also in `/status`."""
-    sizing = workers.sizing
-    threads = init.get("threads", {}) if isinstance(init.get("threads"), dict) else {}
-    intra = int(threads.get("intra_op", 0) or 0)
-    return {
-        "max_workers": sizing.max_workers,
-        "min_workers": sizing.min_workers,
-        "cpus": workers.cpus,
-        "threads_per_worker": intra,
-        "fits": intra * sizing.max_workers <= workers.cpus if intra else None,
-        "max_batch": sizing.max_batch,
-        "batch_tokens": sizing.batch_tokens,
-        "batch_wait_ms": round(sizing.batch_wait_s * 1000, 3),
-        "max_queue": sizing.max_queue,
-        # A closed loop of this many clients never finds the queue full, and none waits past one batch.
-        "no_503_up_to": min(sizing.max_queue, sizing.max_workers * sizing.max_batch),
-        "why": "one worker per CPU (WARMSTART_WORKERS_MAX to change): queued requests share a worker's "
-        "model run, so more workers would only split the CPUs between sessions",
-    }

@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -90,7 +91,7 @@ def server(
     workers = WorkerPool(sizing_from_environ(env, cpus), cpus, name="warmstart-http")
     # Before init sizes the session's threads (init is `start`, handler.app's import: it takes no arguments):
     # each worker's run gets its share of the CPUs, so workers x intra-op threads stay within the quota.
-    loader.concurrent_runs = workers.sizing.max_workers
+    loader.host_runs = loader.HostRuns(workers.sizing.max_workers, pool_plan(workers))
     host = Host(start, workers, settings)
     # uvicorn's lines at WARMSTART_LOG_LEVEL (warnings by default: start and stop are INFO).
     level = logs.LEVELS[logs.threshold(env)] if env.get("WARMSTART_LOG_LEVEL", "").strip() else logging.WARNING
@@ -119,3 +120,21 @@ def server(
 
 def serve_http(start: Callable[[], Runtime], environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> None:
     server(start, environ, sagemaker).run()
+
+
+def pool_plan(workers: WorkerPool) -> dict[str, Any]:
+    """The host's choices for the init report's `http_workers` (init adds the threads they were sized with)."""
+    sizing = workers.sizing
+    return {
+        "max_workers": sizing.max_workers,
+        "min_workers": sizing.min_workers,
+        "cpus": workers.cpus,
+        "max_batch": sizing.max_batch,
+        "batch_tokens": sizing.batch_tokens,
+        "batch_wait_ms": round(sizing.batch_wait_s * 1000, 3),
+        "max_queue": sizing.max_queue,
+        # A closed loop of this many clients never finds the queue full, and none waits past one batch.
+        "no_503_up_to": min(sizing.max_queue, sizing.max_workers * sizing.max_batch),
+        "why": "workers: one per CPU unless WARMSTART_WORKERS_MAX (queued requests share a worker's model run, "
+        "so more workers would only split the CPUs); intra-op threads: the CPUs' share per worker",
+    }

@@ -75,17 +75,26 @@ def max_concurrency(env: Mapping[str, str]) -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
-# Model runs at once in this process when its host runs several: the HTTP host sets its worker pool's
-# bound here before init starts (init is `handler.app`'s import, which takes no arguments), so each
-# worker's session gets its share of the CPUs instead of all of them. None: Lambda's one run per process
-# (or `AWS_LAMBDA_MAX_CONCURRENCY` processes).
-concurrent_runs: int | None = None
+@dataclass(frozen=True)
+class HostRuns:
+    """What a host that runs several model runs at once (the HTTP host's worker pool) tells init before it
+    starts: how many runs share the CPUs, and its choices for the init report (`http_workers`)."""
+
+    runs: int
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+# Set by the HTTP host before init starts (init is `handler.app`'s import, which takes no arguments), so each
+# worker's session gets its share of the CPUs instead of all of them, for the default model and every model
+# loaded later (extra models, reloads). None: Lambda's one run per process (or `AWS_LAMBDA_MAX_CONCURRENCY`
+# processes).
+host_runs: HostRuns | None = None
 
 
 def runs_at_once(env: Mapping[str, str]) -> int:
     if "AWS_LAMBDA_MAX_CONCURRENCY" in env:  # a Lambda process is never the HTTP host
         return max_concurrency(env)
-    return concurrent_runs or 1
+    return host_runs.runs if host_runs is not None else 1
 
 
 def load_model(

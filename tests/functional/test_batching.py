@@ -164,7 +164,7 @@ def test_a_failing_model_run_falls_back_to_one_run_per_request(
 def test_http_host_sizes_session_threads_for_its_workers(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The host sizes its pool before init, so workers x intra-op threads fit the CPUs (it used to give every
     worker's runs all the CPUs: 2 workers x 2 spinning threads on 2 CPUs)."""
-    monkeypatch.setattr(loader, "concurrent_runs", None)
+    monkeypatch.setattr(loader, "host_runs", None)
     cpus = cpu_budget({}).cpus
     workers = max(2, cpus)
     env = {"WARMSTART_WORKERS_MAX": str(workers), "PORT": "8125"}

@@ -18,7 +18,7 @@ from handler.models import loader
 @pytest.fixture(autouse=True)
 def _own_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """`server()` sets the process's runs at once for the init it starts: back as it was after each test."""
-    monkeypatch.setattr(loader, "concurrent_runs", loader.concurrent_runs)
+    monkeypatch.setattr(loader, "host_runs", loader.host_runs)
 
 
 @pytest.fixture
