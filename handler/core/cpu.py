@@ -82,3 +82,36 @@ def cpu_budget(
         source=source,
         detail={"affinity": affinity, "cgroup_quota": quota, "lambda_vcpus": lambda_vcpus},
     )
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Intra-op threads per model run, for a process running `runs` model runs at once on `cpus` CPUs."""
+
+    threads: int
+    runs: int
+    cpus: int
+    spin: bool
+    why: str
+
+    def describe(self) -> dict[str, int | bool | str]:
+        return {"intra_op": self.threads, "runs": self.runs, "spin": self.spin, "why": self.why}
+
+
+def plan_threads(cpus: int, runs: int = 1, threads: int | None = None, spin_allowed: bool = True) -> ThreadPlan:
+    """The CPUs' share per model run (`cpus // runs`, at least 1) unless `threads` is set; spinning only
+    where every intra-op thread of every run has a CPU to itself (a spinning thread on a shared CPU takes
+    the time the other run needed) and `spin_allowed` (not on Lambda, where spinning is billed)."""
+    cpus, runs = max(1, cpus), max(1, runs)
+    chosen = threads or max(1, cpus // runs)
+    fits = chosen * runs <= cpus
+    spin = spin_allowed and chosen > 1 and fits
+    if threads:
+        why = f"set (WARMSTART_THREADS or the caller): {chosen} x {runs} runs"
+    else:
+        why = f"{cpus} CPUs / {runs} runs at once"
+    if not fits:
+        why += f"; over-subscribed ({chosen * runs} threads on {cpus} CPUs): no spinning"
+    elif chosen > 1 and not spin_allowed:
+        why += "; no spinning (billed CPU time)"
+    return ThreadPlan(chosen, runs, cpus, spin, why)

@@ -36,10 +36,10 @@ class Host:
     def start(self) -> Runtime:
         """The runtime, its worker pool and the Prometheus registry: made on the first call, then the same."""
         if self._runtime is None:
-            runtime = self._make_runtime()
             if self._workers is None:
                 cpus = cpu_budget(os.environ).cpus
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
+            runtime = self._make_runtime()
             runtime.workers = self._workers
             self.prometheus = Prometheus(runtime.backend.name)
             self.prometheus.init_report(runtime.init_report)

@@ -45,6 +45,7 @@ from handler.http_host.host import Host
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
+from handler.runtime.invocation import HttpCall
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
@@ -126,7 +127,9 @@ class Routes:
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))
-            future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, rid)
+            # Queued as one of a batch: requests waiting together for the same model share its run.
+            call = HttpCall(raw, route, content, accept, limit, trace_id, rid)
+            future = host.workers.submit_batch(runtime.handle_http_batch, call)
             status, body, media = await drain.track(future)
         except RequestError as e:
             host.runtime.count("rejected")
@@ -178,8 +181,9 @@ class Routes:
                 "max_concurrent_requests": workers.sizing.max_workers + workers.sizing.max_queue,
                 "max_input_length": max_length,
                 # One request's texts are one batch: at most max_client_batch_size texts of max_input_length.
-                "max_batch_tokens": max_length * runtime.config.max_inputs,
-                "max_batch_requests": None,
+                "max_batch_tokens": max(workers.sizing.batch_tokens, max_length * runtime.config.max_inputs),
+                # Requests queued together for the same model share one model run (dynamic batching).
+                "max_batch_requests": workers.sizing.max_batch,
                 "max_client_batch_size": runtime.config.max_inputs,
                 "auto_truncate": True,  # long texts always lose their end, as sentence-transformers does
                 "tokenization_workers": workers.sizing.max_workers,

@@ -11,16 +11,20 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from handler.core.cpu import cpu_budget
 from handler.http_host.drain import CloseWhileDraining, Drain
 from handler.http_host.host import Host
 from handler.http_host.protocol import HostProtocol
 from handler.http_host.routes import create_app
 from handler.http_host.settings import HostSettings, accept_backlog
+from handler.models import loader
 from handler.observability import logs
 from handler.runtime.invocation import Runtime
+from handler.runtime.workers import WorkerPool, sizing_from_environ
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
@@ -33,9 +37,10 @@ class DrainingServer(uvicorn.Server):
     `Connection: close`, so no client reconnects into a backlog that closing would reset. Connections the
     kernel already completed are accepted first and answered (503)."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, host: Host | None = None) -> None:
         super().__init__(config)
         self.drain = drain
+        self.host = host
         self.accepting: set[asyncio.Task[object]] = set()
         drain.on_begin.append(self.stop_listening)
 
@@ -82,7 +87,12 @@ def server(
     """uvicorn serving the host's app; `start` builds the runtime (the entry point's: importing handler.app)."""
     env = os.environ if environ is None else environ
     settings = HostSettings.from_environ(env, serve=sagemaker)
-    host = Host(start, settings=settings)
+    cpus = cpu_budget(env).cpus
+    workers = WorkerPool(sizing_from_environ(env, cpus), cpus, name="warmstart-http")
+    # Before init sizes the session's threads (init is `start`, handler.app's import: it takes no arguments):
+    # each worker's run gets its share of the CPUs, so workers x intra-op threads stay within the quota.
+    loader.host_runs = loader.HostRuns(workers.sizing.max_workers, pool_plan(workers))
+    host = Host(start, workers, settings)
     # uvicorn's lines at WARMSTART_LOG_LEVEL (warnings by default: start and stop are INFO).
     level = logs.LEVELS[logs.threshold(env)] if env.get("WARMSTART_LOG_LEVEL", "").strip() else logging.WARNING
     route_uvicorn_logs(level)
@@ -105,8 +115,26 @@ def server(
         # A backstop only: the drain answers every request by drain_s, so uvicorn never has to cancel one.
         timeout_graceful_shutdown=settings.drain_s + 1,
     )
-    return DrainingServer(config, host.drain)
+    return DrainingServer(config, host.drain, host)
 
 
 def serve_http(start: Callable[[], Runtime], environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> None:
     server(start, environ, sagemaker).run()
+
+
+def pool_plan(workers: WorkerPool) -> dict[str, Any]:
+    """The host's choices for the init report's `http_workers` (init adds the threads they were sized with)."""
+    sizing = workers.sizing
+    return {
+        "max_workers": sizing.max_workers,
+        "min_workers": sizing.min_workers,
+        "cpus": workers.cpus,
+        "max_batch": sizing.max_batch,
+        "batch_tokens": sizing.batch_tokens,
+        "batch_wait_ms": round(sizing.batch_wait_s * 1000, 3),
+        "max_queue": sizing.max_queue,
+        # A closed loop of this many clients never finds the queue full, and none waits past one batch.
+        "no_503_up_to": min(sizing.max_queue, sizing.max_workers * sizing.max_batch),
+        "why": "workers: one per CPU unless WARMSTART_WORKERS_MAX (queued requests share a worker's model run, "
+        "so more workers would only split the CPUs); intra-op threads: the CPUs' share per worker",
+    }

@@ -17,7 +17,7 @@ from handler.backends.contract import Backend, BackendSettings, create_backend
 from handler.backends.device import probe_cuda
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
-from handler.core.cpu import cpu_budget
+from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
 from handler.core.manifest import Manifest, load_manifest, verify_sha256
 from handler.observability.report import PhaseTimer
@@ -75,6 +75,28 @@ def max_concurrency(env: Mapping[str, str]) -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
+@dataclass(frozen=True)
+class HostRuns:
+    """What a host that runs several model runs at once (the HTTP host's worker pool) tells init before it
+    starts: how many runs share the CPUs, and its choices for the init report (`http_workers`)."""
+
+    runs: int
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+# Set by the HTTP host before init starts (init is `handler.app`'s import, which takes no arguments), so each
+# worker's session gets its share of the CPUs instead of all of them, for the default model and every model
+# loaded later (extra models, reloads). None: Lambda's one run per process (or `AWS_LAMBDA_MAX_CONCURRENCY`
+# processes).
+host_runs: HostRuns | None = None
+
+
+def runs_at_once(env: Mapping[str, str]) -> int:
+    if "AWS_LAMBDA_MAX_CONCURRENCY" in env:  # a Lambda process is never the HTTP host
+        return max_concurrency(env)
+    return host_runs.runs if host_runs is not None else 1
+
+
 def load_model(
     model_dir: Path,
     config: Config,
@@ -113,13 +135,13 @@ def load_model(
                 verify_paced(manifest, checked, busy)
         verified = len(checked)
     budget = cpu_budget(env)
-    # Lambda Managed Instances: awslambdaric forks one process per concurrency slot, each with its own
-    # session; their intra-op threads share the CPUs, so each gets its share instead of all of them.
-    slots = max_concurrency(env)
-    threads = threads or config.threads or max(1, budget.cpus // slots)
+    # Runs at once share the CPUs: the HTTP host's workers (each a session run), or Lambda Managed
+    # Instances' processes (awslambdaric forks one per concurrency slot, each with its own session).
     on_lambda = "AWS_LAMBDA_FUNCTION_NAME" in env
+    plan = plan_threads(budget.cpus, runs_at_once(env), threads or config.threads, spin_allowed=not on_lambda)
+    threads = plan.threads
     cuda = probe_cuda(config.device)
-    settings = BackendSettings.from_environ(env, threads, cuda, spin=not on_lambda and threads > 1)
+    settings = BackendSettings.from_environ(env, threads, cuda, spin=plan.spin)
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):
         device = backend.warm_device()
@@ -139,7 +161,7 @@ def load_model(
                 warmup_error = f"{type(e).__name__}: {e}"
     facts = {
         **backend.describe(),
-        "threads": {"intra_op": threads, "cpus": budget.cpus, "bound_by": bound_by or budget.source, **budget.detail},
+        "threads": {**plan.describe(), "cpus": budget.cpus, "bound_by": bound_by or budget.source, **budget.detail},
         "device_warmup": device,
     }
     return Loaded(

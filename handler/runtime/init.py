@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from handler.core.config import Config, init_type, snapshot_mode
+from handler.models import loader
 from handler.models.loader import Loaded, load_model, max_concurrency
 from handler.models.registry import Registry
 from handler.observability import report
@@ -73,6 +74,11 @@ def start(
                 model_dir = sources.resolve(source)
     loaded = load_model(model_dir, config, env, timer, threads=threads, bound_by=bound_by)
     init = _report(loaded, env, snapshot, timer, age_at_start)
+    host = loader.host_runs
+    if host is not None and "AWS_LAMBDA_MAX_CONCURRENCY" not in env:
+        # The HTTP host's pool and batch bounds beside the threads they were sized with: what was chosen, why.
+        intra = int(init.get("threads", {}).get("intra_op", 0))
+        init["http_workers"] = {**host.report, "threads_per_worker": intra, "fits": intra * host.runs <= loaded.cpus}
     workers = None
     if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
         from handler.runtime.workers import WorkerPool, sizing_from_environ

@@ -13,21 +13,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Route, model_field
+from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
 from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
-from handler.core.errors import RequestError, internal_error_body
+from handler.core.errors import RequestError, UnsupportedRequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
+from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
 from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
+from handler.tasks.batch import BatchModel, Prepared, run_prepared
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
@@ -61,15 +64,25 @@ class Runtime(Instance):
 
     # -- the request paths ---------------------------------------------------------------------------------
 
-    @contextmanager
-    def _invocation(self, request_id: str | None, trace_id: str | None) -> Iterator[tuple[logs.Invocation, int]]:
-        """One invocation's bracket, for both paths: counted, logged in its context (request id, trace id,
-        cold), and recorded as metrics however it ends; an error escaping it is marked fault or not."""
+    def _begin(self, request_id: str | None, trace_id: str | None) -> tuple[logs.Invocation, int, float]:
+        """An invocation starts: counted, and logged in its context (request id, trace id, cold)."""
         started = time.perf_counter()
         count = self.next_invocation()
         self._tick()
         inv = logs.Invocation(request_id, trace_id, count == 1, self.manifest.key)
         logs.enter(inv)
+        return inv, count, started
+
+    def _end(self, inv: logs.Invocation, started: float) -> None:
+        """An invocation ends: recorded as metrics however it ended."""
+        self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
+        logs.enter(None)
+
+    @contextmanager
+    def _invocation(self, request_id: str | None, trace_id: str | None) -> Iterator[tuple[logs.Invocation, int]]:
+        """One invocation's bracket, for both paths: `_begin` and `_end` around it; an error escaping it is
+        marked fault or not."""
+        inv, count, started = self._begin(request_id, trace_id)
         try:
             yield inv, count
         except Exception as e:
@@ -77,8 +90,7 @@ class Runtime(Instance):
                 inv.error, inv.fault = type(e).__name__, not isinstance(e, RequestError)
             raise
         finally:
-            self.metrics.invocation(inv, (time.perf_counter() - started) * 1000, "restore" in self.init_report)
-            logs.enter(None)
+            self._end(inv, started)
 
     def handle(self, event: Event, context: Any = None) -> JSON:
         """One Lambda invocation: served by `_handle` inside the invocation bracket (and a span when traced)."""
@@ -148,23 +160,108 @@ class Runtime(Instance):
         request. `content`/`accept`: the negotiated media kinds (`handler.api.media`); errors are always JSON."""
         with self._invocation(request_id, trace_id) as (inv, _):
             try:
-                payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
-                if isinstance(payload, dict) and "warmstart" in payload and admin_action(payload):
-                    raise AdminNotAllowedError(ADMIN_OVER_HTTP)
-                if route is ROOT:  # TEI's default route: the served model's task's route
-                    route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
-                native = route.request(payload, self.find)
-                if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
-                    native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
-                self.count("inference")
+                route, payload, native = self._http_request(raw, route, content, accept, limit)
                 answer = self.serve(native, route.task, route.run)
-                usage(inv, native, answer)
-                if accept == "npy":
-                    return 200, npy_answer(answer), MEDIA_TYPES["npy"]
-                body: JSON = route.response(answer, payload)
-                status = 200
+                return self._http_answer(inv, route, payload, native, answer, accept)
             except Exception as e:
                 status, body = self._failure(e, "http")
+        return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+
+    def _http_request(
+        self, raw: bytes, route: Route, content: Kind, accept: Kind, limit: int
+    ) -> tuple[Route, JSON, JSON]:
+        """A POSTed body → (the route that serves it, the client's payload, the native request), checked."""
+        payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
+        if isinstance(payload, dict) and "warmstart" in payload and admin_action(payload):
+            raise AdminNotAllowedError(ADMIN_OVER_HTTP)
+        if route is ROOT:  # TEI's default route: the served model's task's route
+            route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
+        native = route.request(payload, self.find)
+        if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
+            native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
+        self.count("inference")
+        return route, payload, native
+
+    def _http_answer(
+        self, inv: logs.Invocation, route: Route, payload: JSON, native: JSON, answer: dict[str, Any], accept: Kind
+    ) -> tuple[int, bytes, str]:
+        usage(inv, native, answer)
+        if accept == "npy":
+            return 200, npy_answer(answer), MEDIA_TYPES["npy"]
+        body: JSON = route.response(answer, payload)
+        return 200, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+
+    def handle_http_batch(self, calls: Sequence[HttpCall]) -> list[tuple[int, bytes, str]]:
+        """Several POSTed bodies (`HttpCall`s the worker pool gathered) → one answer each, as `handle_http`
+        gives it. Each is checked and tokenized on its own; those for the same model run as one batch
+        (`handler.tasks.batch`); one request's error is its own. Never raises."""
+        if len(calls) == 1:  # no batch-mates: the single request's path, unchanged
+            c = calls[0]
+            return [self.handle_http(c.raw, c.route, c.content, c.accept, c.limit, c.trace_id, c.request_id)]
+        out: list[tuple[int, bytes, str] | None] = [None] * len(calls)
+        waiting: dict[str | None, list[_Pending]] = {}  # by the model each names
+        for i, call in enumerate(calls):
+            inv, _, started = self._begin(call.request_id, call.trace_id)
+            try:
+                route, payload, native = self._http_request(call.raw, call.route, call.content, call.accept, call.limit)
+                if batchable(route):
+                    waiting.setdefault(requested_model(native), []).append(
+                        _Pending(i, call, inv, started, route, payload, native)
+                    )
+                    continue
+                answer = self.serve(native, route.task, route.run)
+                out[i] = self._http_answer(inv, route, payload, native, answer, call.accept)
+            except Exception as e:
+                out[i] = self._http_error(e)
+            self._end(inv, started)
+        for model, pending in waiting.items():
+            self._run_batch(model, pending, out)
+        return [answer or (500, b"{}", MEDIA_TYPES["json"]) for answer in out]
+
+    def _run_batch(self, model_key: str | None, pending: list[_Pending], out: list[Any]) -> None:
+        """Requests for one model: prepared one by one, run together, answered one by one."""
+        max_tokens = self.workers.sizing.batch_tokens if self.workers is not None else 1 << 30
+        try:
+            with self.registry.lease(model_key) as model:
+                ready: list[tuple[_Pending, Prepared]] = []
+                for p in pending:
+                    logs.enter(p.inv)
+                    try:
+                        if p.route.task is not None and model.task.name != p.route.task:
+                            raise UnsupportedRequestError(
+                                f"this route needs a {p.route.task} model; {model.key} is {model.task.name}"
+                            )
+                        prepare = getattr(model.task, "prepare", None)
+                        if prepare is None:  # a task that does not batch (tensor): run alone
+                            answer = p.route.run(model.task, p.native)
+                            self._settle(p, out, answer)
+                            continue
+                        ready.append((p, prepare(p.native)))
+                    except Exception as e:
+                        self._settle(p, out, e)
+                logs.enter(None)
+                if ready:
+                    results = run_prepared(cast(BatchModel, model.task), [prep for _, prep in ready], max_tokens)
+                    for (p, _), result in zip(ready, results, strict=True):
+                        self._settle(p, out, result)
+        except Exception as e:  # the lease itself (an unknown model): every request it named
+            for p in pending:
+                if out[p.index] is None:
+                    self._settle(p, out, e)
+
+    def _settle(self, p: _Pending, out: list[Any], outcome: Any) -> None:
+        """One batched request's answer (or error) written, and its invocation ended."""
+        logs.enter(p.inv)
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            out[p.index] = self._http_answer(p.inv, p.route, p.payload, p.native, outcome, p.call.accept)
+        except Exception as e:
+            out[p.index] = self._http_error(e)
+        self._end(p.inv, p.started)
+
+    def _http_error(self, error: Exception) -> tuple[int, bytes, str]:
+        status, body = self._failure(error, "http")
         return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
 
     def _npy_request(self, raw: bytes) -> JSON:
@@ -191,6 +288,44 @@ class Runtime(Instance):
         if log_internal:
             log.error("internal error", exc_info=error)
         return 500, internal_error_body(error)
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One POSTed body as the HTTP host queues it for `Runtime.handle_http_batch`."""
+
+    raw: bytes
+    route: Route = NATIVE
+    content: Kind = "json"
+    accept: Kind = "json"
+    limit: int = LAMBDA_PAYLOAD_LIMIT
+    trace_id: str | None = None
+    request_id: str | None = None
+
+
+class _Pending:
+    """A request of a batch between its check and its answer."""
+
+    __slots__ = ("call", "index", "inv", "native", "payload", "route", "started")
+
+    def __init__(
+        self,
+        index: int,
+        call: HttpCall,
+        inv: logs.Invocation,
+        started: float,
+        route: Route,
+        payload: JSON,
+        native: JSON,
+    ) -> None:
+        self.index, self.call, self.inv, self.started = index, call, inv, started
+        self.route, self.payload, self.native = route, payload, native
+
+
+def batchable(route: Route) -> bool:
+    """An inference route whose run is the task's own call (not `/tokenize`, not a route that checks more
+    in its run): its requests may share a model run."""
+    return getattr(type(route), "run", None) is Base.run
 
 
 def _is_status(payload: JSON) -> bool:

@@ -1,8 +1,15 @@
-"""A bounded worker pool with a bounded queue, sized from load with hysteresis and hard bounds.
+"""A bounded worker pool with a bounded queue, sized from load with hysteresis and hard bounds, and
+dynamic batching: queued requests with the same batch key run as one call.
 
 Inference runs here; warm pings and status requests never do (their callers answer them inline), so they
 are never stuck behind a model run. When the queue is full a request is refused at once with 503
 (`ServiceBusyError`) instead of waiting without bound.
+
+Batching (`submit_batch`): a worker that takes a request also takes every queued request with the same key,
+up to `max_batch`, and runs them in one call of the key, which answers each its own result or its own error.
+When others were already waiting as it took the first (the instance is under load), it waits up to
+`batch_wait_s` for more to fill the batch; with nothing queued it runs at once, so a lone request never waits.
+A batch call that fails as a whole is run again one request at a time, so each caller gets its own answer.
 
 Sizing: one more worker when requests have been waiting for `grow_after` consecutive checks and the
 process is not already using the CPUs it has (more threads on saturated cores only add latency); one less
@@ -12,18 +19,21 @@ hysteresis. Never fewer than `min_workers`, never more than `max_workers`.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from handler.core.config import env_int
 from handler.core.errors import ServiceBusyError
 
 T = TypeVar("T")
+# A batch key: called with the items of one batch, it returns one result (or exception) per item, in order.
+RunMany = Callable[[Sequence[Any]], Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,9 @@ class Sizing:
     cpu_high: float = 0.9  # of the CPUs this process may use
     idle_s: float = 10.0  # a worker idle this long retires (down to min_workers)
     check_s: float = 0.05  # at most one sizing decision per interval
+    max_batch: int = 32  # requests one worker takes into one batch
+    batch_tokens: int = 8192  # padded tokens (rows x longest) of one model run; a longer request runs alone
+    batch_wait_s: float = 0.002  # under load only: how long a batch may wait for more requests
 
 
 def decide(workers: int, waiting: int, cpu: float, streak: int, sizing: Sizing) -> tuple[int, int]:
@@ -45,13 +58,21 @@ def decide(workers: int, waiting: int, cpu: float, streak: int, sizing: Sizing) 
     return workers, streak
 
 
+class _Job:
+    __slots__ = ("call", "future", "item", "key")
+
+    def __init__(self, future: Future[Any], call: Callable[[], Any] | None, key: Hashable, item: Any) -> None:
+        self.future, self.call, self.key, self.item = future, call, key, item
+
+
 class WorkerPool:
     def __init__(self, sizing: Sizing | None = None, cpus: int = 1, name: str = "warmstart-worker") -> None:
         self.sizing = sizing or Sizing()
         self.cpus = max(1, cpus)
         self.name = name
-        self._queue: queue.Queue[tuple[Future[Any], Callable[[], Any]] | None] = queue.Queue(self.sizing.max_queue)
+        self._jobs: deque[_Job | None] = deque()  # None: a worker's stop signal
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._workers = 0
         self._busy = 0
         self._serial = 0
@@ -67,27 +88,39 @@ class WorkerPool:
         self.grown = 0
         self.retired = 0
         self.high_water = 0
+        self.batches = 0  # batch calls run (of any size)
+        self.batched = 0  # requests answered by them
+        self.largest_batch = 0
+        self.batch_fallbacks = 0  # batch calls that failed as a whole and were run one request at a time
         for _ in range(self.sizing.min_workers):
             self._spawn()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         future: Future[T] = Future()
-        if self._draining is not None:
-            with self._lock:
-                self.rejected += 1
-            raise ServiceBusyError(self._draining)
-        try:
-            self._queue.put_nowait((future, lambda: fn(*args)))
-        except queue.Full:
-            with self._lock:
-                self.rejected += 1
-            raise ServiceBusyError(
-                f"{self.sizing.max_queue} requests already waiting; retry shortly (instance at capacity)"
-            ) from None
-        with self._lock:
-            self.submitted += 1
-        self._maybe_resize()
+        self._put(_Job(future, lambda: fn(*args), None, None))
         return future
+
+    def submit_batch(self, run_many: RunMany, item: Any) -> Future[Any]:
+        """Queue `item`; it runs in a call `run_many([item, ...])` with others queued under the same key
+        (`run_many`, compared with ==: a bound method is the same key each time it is looked up)."""
+        future: Future[Any] = Future()
+        self._put(_Job(future, None, run_many, item))
+        return future
+
+    def _put(self, job: _Job) -> None:
+        with self._lock:
+            if self._draining is not None:
+                self.rejected += 1
+                raise ServiceBusyError(self._draining)
+            if len(self._jobs) >= self.sizing.max_queue:
+                self.rejected += 1
+                raise ServiceBusyError(
+                    f"{self.sizing.max_queue} requests already waiting; retry shortly (instance at capacity)"
+                )
+            self._jobs.append(job)
+            self.submitted += 1
+            self._ready.notify()
+        self._maybe_resize()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` on a worker and wait for it (the synchronous callers: Lambda mode)."""
@@ -102,7 +135,7 @@ class WorkerPool:
             # Process CPU seconds per wall second per usable CPU: 1.0 means every CPU we have is busy.
             self.cpu = (cpu_now - self._last_cpu) / max(now - self._last_check, 1e-6) / self.cpus
             self._last_check, self._last_cpu = now, cpu_now
-            waiting = self._queue.qsize()
+            waiting = len(self._jobs)
             self.high_water = max(self.high_water, waiting)
             wanted, self._streak = decide(self._workers, waiting, self.cpu, self._streak, self.sizing)
             grow = wanted > self._workers
@@ -120,55 +153,115 @@ class WorkerPool:
             name = f"{self.name}-{self._serial}"
         threading.Thread(target=self._work, name=name, daemon=True).start()
 
-    def _work(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=self.sizing.idle_s)
-            except queue.Empty:
-                with self._lock:
-                    if self._workers > self.sizing.min_workers:
+    def _gather_locked(self, key: Hashable, batch: list[_Job]) -> None:
+        """Move queued jobs with `key` into `batch` (in arrival order), up to `max_batch`; the rest keep
+        their places."""
+        room = self.sizing.max_batch - len(batch)
+        if room <= 0 or not self._jobs:
+            return
+        kept: deque[_Job | None] = deque()
+        for job in self._jobs:
+            if room > 0 and job is not None and job.key is not None and job.key == key:
+                batch.append(job)
+                room -= 1
+            else:
+                kept.append(job)
+        self._jobs = kept
+
+    def _take(self) -> list[_Job] | None:
+        """The next job, with its batch-mates; None: stop (shutdown, or retired after `idle_s` idle)."""
+        sizing = self.sizing
+        with self._lock:
+            deadline = time.monotonic() + sizing.idle_s
+            while not self._jobs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if self._workers > sizing.min_workers:
                         self._workers -= 1
                         self.retired += 1
-                        return
-                continue
-            if item is None:  # shutdown
+                        return None
+                    deadline = time.monotonic() + sizing.idle_s
+                    continue
+                self._ready.wait(left)
+            first = self._jobs.popleft()
+            if first is None:
+                return None
+            batch = [first]
+            if first.key is None:
+                return batch
+            loaded = bool(self._jobs)  # others were waiting: the instance is busy, a short wait fills a batch
+            self._gather_locked(first.key, batch)
+            if loaded and sizing.batch_wait_s > 0 and len(batch) < sizing.max_batch:
+                until = time.monotonic() + sizing.batch_wait_s
+                while len(batch) < sizing.max_batch and (left := until - time.monotonic()) > 0:
+                    self._ready.wait(left)
+                    self._gather_locked(first.key, batch)
+            if self._jobs:
+                self._ready.notify()  # what is left (other keys, past max_batch) is another worker's
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
                 return
-            future, job = item
-            if not future.set_running_or_notify_cancel():
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            if not batch:
                 continue
             with self._lock:
                 self._busy += 1
             try:
-                future.set_result(job())
-            except BaseException as e:
-                future.set_exception(e)
+                if batch[0].key is None:
+                    _run_one(batch[0])
+                else:
+                    self._run_batch(batch)
             finally:
                 with self._lock:
                     self._busy -= 1
-                    self.completed += 1
-            del future, job, item  # drop the request's objects now, not when the next one arrives
+                    self.completed += len(batch)
+            del batch  # drop the requests' objects now, not when the next one arrives
             self._maybe_resize()
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        run_many = batch[0].key
+        assert callable(run_many)
+        with self._lock:
+            self.batches += 1
+            self.batched += len(batch)
+            self.largest_batch = max(self.largest_batch, len(batch))
+        try:
+            outcomes = run_many([job.item for job in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} got {len(outcomes)} answers")
+        except BaseException as e:
+            if len(batch) == 1:
+                batch[0].future.set_exception(e)
+                return
+            # The batch failed as a whole: each request alone, so each caller gets its own answer or error.
+            with self._lock:
+                self.batch_fallbacks += 1
+            for job in batch:
+                _run_one(_Job(job.future, partial(_single, run_many, job.item), None, None))
+            return
+        for job, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
 
     def drain(self, reason: str) -> int:
         """Graceful shutdown, first step: refuse new requests and fail every queued-but-unstarted one at once
         with `ServiceBusyError(reason)`; requests already running go on. Returns how many were failed."""
         with self._lock:
             self._draining = reason
-        failed, sentinels = 0, 0
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                sentinels += 1
-                continue
-            future, _ = item
-            if future.set_running_or_notify_cancel():
-                future.set_exception(ServiceBusyError(reason))
+            queued = [job for job in self._jobs if job is not None]
+            # A shutdown already under way keeps its stop signals.
+            self._jobs = deque(job for job in self._jobs if job is None)
+        failed = 0
+        for job in queued:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(ServiceBusyError(reason))
                 failed += 1
-        for _ in range(sentinels):  # a shutdown already under way keeps its stop signals
-            self._queue.put_nowait(None)
         with self._lock:
             self.rejected += failed
         return failed
@@ -176,12 +269,8 @@ class WorkerPool:
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
-            workers = self._workers
-        for _ in range(workers):
-            try:
-                self._queue.put(None, timeout=1)
-            except queue.Full:
-                break
+            self._jobs.extend([None] * self._workers)
+            self._ready.notify_all()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -189,7 +278,7 @@ class WorkerPool:
                 "workers": self._workers,
                 "busy": self._busy,
                 "draining": self._draining is not None,
-                "queued": self._queue.qsize(),
+                "queued": sum(job is not None for job in self._jobs),
                 "queue_high_water": self.high_water,
                 "min_workers": self.sizing.min_workers,
                 "max_workers": self.sizing.max_workers,
@@ -200,21 +289,55 @@ class WorkerPool:
                 "rejected": self.rejected,
                 "grown": self.grown,
                 "retired": self.retired,
+                "max_batch": self.sizing.max_batch,
+                "batch_tokens": self.sizing.batch_tokens,
+                "batch_wait_ms": round(self.sizing.batch_wait_s * 1000, 3),
+                "batches": self.batches,
+                "batched": self.batched,
+                "largest_batch": self.largest_batch,
+                "batch_fallbacks": self.batch_fallbacks,
             }
 
 
-# Requests waiting per worker before 503: enough to keep every worker busy through a burst, few enough that
-# a request is never queued for more than a few service times (bench/bench_load.py measures the trade).
-QUEUE_PER_WORKER = 8
+def _run_one(job: _Job) -> None:
+    assert job.call is not None
+    try:
+        job.future.set_result(job.call())
+    except BaseException as e:
+        job.future.set_exception(e)
+
+
+def _single(run_many: RunMany, item: Any) -> Any:
+    (outcome,) = run_many([item])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+# Queued requests per worker before 503: one full batch each. With batching, a closed loop of N clients
+# never has more than N requests in the queue, so N <= max_queue gets no 503, and N <= workers x max_batch
+# means each request waits for at most one batch ahead of it (bench/bench_load.py measures the trade).
+BATCHES_QUEUED_PER_WORKER = 1
+DEFAULT_MAX_BATCH = Sizing.max_batch
+DEFAULT_BATCH_TOKENS = Sizing.batch_tokens
+DEFAULT_BATCH_WAIT_MS = 2
 
 
 def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
-    """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs, at least 2) and
-    WARMSTART_QUEUE_MAX (default: 8 per worker). `cpus` is the quota's (`handler.core.cpu`), never the host's
-    core count, so both follow the CPU the instance really has."""
-    max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(2, cpus), 1, 256)
+    """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs: with batching one
+    worker per CPU keeps them busy, and each worker's run gets a CPU to itself), WARMSTART_BATCH_MAX (requests
+    per batch, default 32), WARMSTART_BATCH_TOKENS (padded tokens per model run, default 8192),
+    WARMSTART_BATCH_WAIT_MS (default 2; 0: never wait) and WARMSTART_QUEUE_MAX (default: one full batch per
+    worker). `cpus` is the quota's (`handler.core.cpu`), never the host's core count, so all follow the CPU
+    the instance really has."""
+    max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(1, cpus), 1, 256)
+    max_batch = env_int(environ, "WARMSTART_BATCH_MAX", DEFAULT_MAX_BATCH, 1, 4096)
+    default_queue = BATCHES_QUEUED_PER_WORKER * max_batch * max_workers
     return Sizing(
         min_workers=env_int(environ, "WARMSTART_WORKERS_MIN", 1, 1, max_workers),
         max_workers=max_workers,
-        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", QUEUE_PER_WORKER * max_workers, 1, 100_000),
+        max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", default_queue, 1, 100_000),
+        max_batch=max_batch,
+        batch_tokens=env_int(environ, "WARMSTART_BATCH_TOKENS", DEFAULT_BATCH_TOKENS, 1, 1 << 24),
+        batch_wait_s=env_int(environ, "WARMSTART_BATCH_WAIT_MS", DEFAULT_BATCH_WAIT_MS, 0, 1000) / 1000,
     )

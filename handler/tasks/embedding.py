@@ -14,6 +14,7 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
+from handler.tasks.batch import Prepared
 from handler.tasks.text import (
     TextModel,
     base64_rows,
@@ -56,7 +57,8 @@ class EmbeddingTask(TextModel):
         norms = np.linalg.norm(cut, axis=1, keepdims=True)
         return (cut / np.where(norms > 0, norms, 1)).astype(np.float32)
 
-    def __call__(self, payload: JSON) -> dict[str, Any]:
+    def _options(self, payload: JSON) -> tuple[list[str], int | None, str]:
+        """The request's texts (prompt prepended), `dimensions` and encoding format, checked."""
         texts = self.texts(payload)
         body = require_object(payload, "inputs")
         prompt = prompt_for(body, self.prompts, self.default_prompt)
@@ -64,12 +66,35 @@ class EmbeddingTask(TextModel):
         fmt = encoding_format(body)
         if prompt:
             texts = [prompt + text for text in texts]
+        return texts, dimensions, fmt
+
+    def _answer(
+        self, vectors: npt.NDArray[np.float32], tokens: int, dimensions: int | None, fmt: str
+    ) -> dict[str, Any]:
+        if dimensions is not None:
+            vectors = self._shorten(vectors, dimensions)
+        # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
+        embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
+        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        texts, dimensions, fmt = self._options(payload)
         with self.pool.request():
             vectors, tokens = self._run(texts)
-            if dimensions is not None:
-                vectors = self._shorten(vectors, dimensions)
-            # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
-            embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
+            return self._answer(vectors, tokens, dimensions, fmt)
+
+    def prepare(self, payload: JSON) -> Prepared:
+        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`);
+        its `dimensions` and format are applied to its own rows only."""
+        texts, dimensions, fmt = self._options(payload)
+        if dimensions is not None and self.dimension is not None and dimensions > self.dimension:
+            self._shorten(np.zeros((0, self.dimension), np.float32), dimensions)  # its error, before the run
+        encodings = self.encoder.tokenize(texts)
+        if dimensions is None and fmt == "float":  # the rows as they are: formatted once for the whole run
+            return Prepared(encodings, lambda rows, tokens: self._floats(rows.tolist(), tokens), shortest=True)
+        return Prepared(encodings, lambda rows, tokens: self._answer(rows, tokens, dimensions, fmt))
+
+    def _floats(self, embeddings: Any, tokens: int) -> dict[str, Any]:
         return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
     def warmup(self) -> None:

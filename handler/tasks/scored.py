@@ -20,6 +20,7 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
+from handler.tasks.batch import Prepared
 from handler.tasks.scoring import rank, sigmoid, softmax
 from handler.tasks.text import TextModel, check_text, check_texts, flag, float_lists, positive_int, require_object
 
@@ -43,13 +44,21 @@ class RerankTask(TextModel):
             for i, d in enumerate(docs)
         ]
 
-    def __call__(self, payload: JSON) -> dict[str, Any]:
+    def prepare(self, payload: JSON) -> Prepared:
+        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
         body = require_object(payload, "query")
         query = check_text(body["query"], "query", self.max_chars)
         docs = self.documents(body)
         top_n = positive_int(body, "top_n")  # more than there are documents: all of them
         with_docs = flag(body, "return_documents")
-        scores, tokens = self.run_copy([(query, doc) for doc in docs])
+        pairs = [(query, doc) for doc in docs]
+
+        def finish(scores: Any, tokens: int) -> dict[str, Any]:
+            return self._answer(scores, tokens, docs, top_n, with_docs)
+
+        return Prepared(self.encoder.tokenize(pairs), finish)
+
+    def _answer(self, scores: Any, tokens: int, docs: list[str], top_n: int | None, with_docs: bool) -> dict[str, Any]:
         scores = scores.reshape(len(docs))
         order = rank(scores, top_n)
         values = float_lists(scores[order])
@@ -60,6 +69,15 @@ class RerankTask(TextModel):
                 item["document"] = {"text": docs[i]}
             results.append(item)
         return {"results": results, "model": self.model, "usage": {"tokens": tokens}}
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        body = require_object(payload, "query")
+        query = check_text(body["query"], "query", self.max_chars)
+        docs = self.documents(body)
+        top_n = positive_int(body, "top_n")  # more than there are documents: all of them
+        with_docs = flag(body, "return_documents")
+        scores, tokens = self.run_copy([(query, doc) for doc in docs])
+        return self._answer(scores, tokens, docs, top_n, with_docs)
 
     def warmup(self) -> None:
         # One pair, then a padded batch of two: both shapes a first real request takes.
@@ -75,11 +93,14 @@ class ClassifyTask(TextModel):
         self.labels = manifest.labels
         self.multi_label = manifest.problem_type == "multi_label_classification"
 
-    def __call__(self, payload: JSON) -> dict[str, Any]:
+    def prepare(self, payload: JSON) -> Prepared:
+        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
         body = require_object(payload, "inputs")
         texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
         top_k = positive_int(body, "top_k")  # more than there are labels: all of them
-        logits, tokens = self.run_copy(texts)
+        return Prepared(self.encoder.tokenize(texts), lambda logits, tokens: self._answer(logits, tokens, top_k))
+
+    def _answer(self, logits: Any, tokens: int, top_k: int | None) -> dict[str, Any]:
         if logits.ndim != 2 or logits.shape[1] != len(self.labels):
             raise RuntimeError(f"the model gave logits of shape {list(logits.shape)} for {len(self.labels)} labels")
         probs = (sigmoid(logits) if self.multi_label else softmax(logits)).astype(np.float32)
@@ -91,6 +112,13 @@ class ClassifyTask(TextModel):
                 [{"label": self.labels[j], "score": s} for j, s in zip(order.tolist(), scores, strict=True)]
             )
         return {"predictions": predictions, "model": self.model, "usage": {"tokens": tokens}}
+
+    def __call__(self, payload: JSON) -> dict[str, Any]:
+        body = require_object(payload, "inputs")
+        texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
+        top_k = positive_int(body, "top_k")  # more than there are labels: all of them
+        logits, tokens = self.run_copy(texts)
+        return self._answer(logits, tokens, top_k)
 
     def warmup(self) -> None:
         self.run_copy(["warm-up"])

@@ -80,6 +80,7 @@ class TextEncoder:
         pad_token = self._tok.id_to_token(pad_id) or "[PAD]"
         self._tok.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the longest in the batch
         self.max_length = max_length
+        self.pad_id = pad_id  # what a batch of several requests pads their rows with (handler.tasks.batch)
 
     def encode(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         encodings = self.tokenize(texts)

@@ -18,7 +18,9 @@ import yaml
 from cfnlint.api import lint_file
 from referencing import Registry, Resource
 
+from handler.core.cpu import plan_threads
 from handler.http_host.settings import DEFAULT_DRAIN_S, HostSettings
+from handler.runtime.workers import WorkerPool, sizing_from_environ
 from tests.deploy.sam import ROOT
 
 DEPLOY = ROOT / "infra" / "deploy"
@@ -166,10 +168,16 @@ def test_probes_hit_real_routes_and_pool_matches_concurrency(
     assert container["startupProbe"]["httpGet"]["path"] == "/ping"  # 200 only once init is done
     env = env_of(container)
     settings = HostSettings.from_environ(env)  # the settings parse as the handler would parse them
-    workers, queue = int(env["WARMSTART_WORKERS_MAX"]), int(env["WARMSTART_QUEUE_MAX"])
-    assert int(container["resources"]["limits"]["cpu"]) >= workers  # one worker per vCPU at most
-    if "containerConcurrency" in spec:  # what the platform sends at once fits the pool and its queue
-        assert spec["containerConcurrency"] == workers + queue
+    cpus = int(container["resources"]["limits"]["cpu"])
+    sizing = sizing_from_environ(env, cpus)  # as the host sizes its pool from the file's env and quota
+    assert cpus >= sizing.max_workers  # one worker per vCPU at most: each run's threads get a CPU
+    assert plan_threads(cpus, sizing.max_workers).threads * sizing.max_workers <= cpus
+    if "containerConcurrency" in spec:
+        # What the platform sends at once is what the pool absorbs: a closed loop of that many clients never
+        # finds the queue full (no 503), and none waits behind more than one batch per worker.
+        concurrency = spec["containerConcurrency"]
+        assert concurrency <= sizing.max_queue
+        assert concurrency <= sizing.max_workers * sizing.max_batch
     drain = settings.drain_s
     if name == CLOUD_RUN.name:
         assert drain < CLOUD_RUN_KILL_S
@@ -187,3 +195,45 @@ def test_default_drain_fits_every_platform() -> None:
 def test_sagemaker_serverless_sets_its_payload_limit() -> None:
     text = SAGEMAKER.read_text()
     assert "WARMSTART_HOST: sagemaker-serverless" in text and "ServerlessConfig:" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "container"),
+    [c for c in containers() if "containerConcurrency" in c[1]],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_closed_loop_at_the_files_concurrency_gets_no_503(
+    name: str, spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    """The pool as the file's env sizes it, under exactly containerConcurrency closed-loop clients (each sends
+    its next request when its last is answered) with a model run of a few ms: every request is answered."""
+    import threading
+    import time
+
+    env = env_of(container)
+    cpus = int(container["resources"]["limits"]["cpu"])
+    pool = WorkerPool(sizing_from_environ(env, cpus), cpus)
+    errors: list[BaseException] = []
+
+    def run_many(items: Any) -> list[int]:
+        time.sleep(0.002 + 0.0002 * len(items))  # a batch costs a bit more than one request, much less than n
+        return list(items)
+
+    def client(i: int) -> None:
+        for k in range(20):
+            try:
+                assert pool.submit_batch(run_many, (i, k)).result(30) == (i, k)
+            except BaseException as e:
+                errors.append(e)
+                return
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(spec["containerConcurrency"])]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(60)
+    stats = pool.stats()
+    pool.shutdown()
+    assert not errors, errors[:3]
+    assert stats["rejected"] == 0 and stats["completed"] == 20 * spec["containerConcurrency"]
+    assert stats["largest_batch"] > 1  # the load was absorbed by batching, not by luck

@@ -109,3 +109,23 @@ def test_v1_quota_of_the_process_own_cgroup_wins_over_the_root(cgroup: Path, tmp
     budget = cpu_budget({"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512"}, cgroup, proc)
     assert budget.detail["cgroup_quota"] == pytest.approx(0.28942)
     assert (budget.cpus, budget.source) == (1, "cgroup-v1")
+
+
+def test_thread_plan_shares_the_cpus_between_runs_and_spins_only_with_a_cpu_each() -> None:
+    from handler.core.cpu import plan_threads
+
+    one = plan_threads(cpus=2, runs=1)
+    assert (one.threads, one.spin) == (2, True)  # a lone run: every CPU, spinning (each thread has one)
+    shared = plan_threads(cpus=2, runs=2)
+    assert (shared.threads, shared.spin) == (1, False)  # the HTTP host's 2 workers: a thread each
+    assert plan_threads(cpus=8, runs=2).describe() == {
+        "intra_op": 4,
+        "runs": 2,
+        "spin": True,
+        "why": "8 CPUs / 2 runs at once",
+    }
+    over = plan_threads(cpus=2, runs=2, threads=2)  # WARMSTART_THREADS=2 beside 2 workers: 4 threads on 2 CPUs
+    assert (over.threads, over.spin) == (2, False) and "over-subscribed (4 threads on 2 CPUs)" in over.why
+    billed = plan_threads(cpus=4, runs=1, spin_allowed=False)  # Lambda: never spin
+    assert (billed.threads, billed.spin) == (4, False) and "billed" in billed.why
+    assert plan_threads(cpus=1, runs=4).threads == 1  # never fewer than one

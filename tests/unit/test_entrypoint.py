@@ -12,6 +12,13 @@ import pytest
 
 from handler import __main__ as entry
 from handler.http_host import server as http_server
+from handler.models import loader
+
+
+@pytest.fixture(autouse=True)
+def _own_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`server()` sets the process's runs at once for the init it starts: back as it was after each test."""
+    monkeypatch.setattr(loader, "host_runs", loader.host_runs)
 
 
 @pytest.fixture

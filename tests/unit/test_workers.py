@@ -87,7 +87,82 @@ def test_exceptions_reach_the_caller_and_the_worker_survives() -> None:
 
 
 def test_sizing_from_environ() -> None:
-    assert (sizing_from_environ({}, cpus=1).max_workers, sizing_from_environ({}, cpus=1).max_queue) == (2, 16)
-    assert (sizing_from_environ({}, cpus=4).max_workers, sizing_from_environ({}, cpus=4).max_queue) == (4, 32)
+    # One worker per CPU (each run's threads get CPUs to themselves), one full batch queued per worker.
+    assert (sizing_from_environ({}, cpus=1).max_workers, sizing_from_environ({}, cpus=1).max_queue) == (1, 32)
+    assert (sizing_from_environ({}, cpus=4).max_workers, sizing_from_environ({}, cpus=4).max_queue) == (4, 128)
+    s = sizing_from_environ({"WARMSTART_BATCH_MAX": "8", "WARMSTART_BATCH_WAIT_MS": "0"}, cpus=2)
+    assert (s.max_batch, s.max_queue, s.batch_wait_s) == (8, 16, 0.0)
     s = sizing_from_environ({"WARMSTART_WORKERS_MAX": "6", "WARMSTART_QUEUE_MAX": "9"}, cpus=2)
     assert (s.max_workers, s.max_queue) == (6, 9)
+
+
+def _gate(pool: WorkerPool) -> threading.Event:
+    """Hold the pool's one worker on a plain job, so what is submitted next queues up behind it."""
+    return _blocker(pool, 1)
+
+
+def test_queued_requests_with_the_same_key_run_as_one_batch_each_with_its_answer() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, max_batch=4, batch_wait_s=0))
+    calls: list[list[int]] = []
+
+    def double(items: list[int]) -> list[object]:
+        calls.append(list(items))
+        return [ValueError(f"bad {i}") if i == 3 else i * 2 for i in items]
+
+    def other(items: list[int]) -> list[object]:
+        calls.append([-i for i in items])
+        return list(items)
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(double, i) for i in range(6)]
+    odd = pool.submit_batch(other, 100)  # another key: never in double's batch
+    release.set()
+    assert [f.exception(10) is None and f.result() for f in futures[:3]] == [0, 2, 4]
+    with pytest.raises(ValueError, match="bad 3"):  # its own error; its batch-mates still answered
+        futures[3].result(10)
+    assert [f.result(10) for f in futures[4:]] == [8, 10]
+    assert odd.result(10) == 100
+    assert calls == [[0, 1, 2, 3], [4, 5], [-100]]  # bounded by max_batch, in arrival order, keys apart
+    s = pool.stats()
+    assert (s["batches"], s["batched"], s["largest_batch"]) == (3, 7, 4)
+    pool.shutdown()
+
+
+def test_a_lone_request_runs_at_once_without_the_batch_wait() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, batch_wait_s=5.0))
+    t0 = time.monotonic()
+    assert pool.submit_batch(lambda items: [i + 1 for i in items], 1).result(10) == 2
+    assert time.monotonic() - t0 < 1.0  # nothing was queued: no wait for batch-mates
+    pool.shutdown()
+
+
+def test_a_batch_that_fails_as_a_whole_is_retried_one_request_at_a_time() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
+
+    def fragile(items: list[int]) -> list[int]:
+        if len(items) > 1:
+            raise MemoryError("the batch did not fit")
+        if items[0] == 2:
+            raise KeyError("two")
+        return [items[0] * 10]
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(fragile, i) for i in range(4)]
+    release.set()
+    assert [futures[i].result(10) for i in (0, 1, 3)] == [0, 10, 30]
+    with pytest.raises(KeyError, match="two"):
+        futures[2].result(10)
+    assert pool.stats()["batch_fallbacks"] == 1
+    pool.shutdown()
+
+
+def test_drain_fails_queued_batch_requests_too() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100))
+    release = _gate(pool)
+    queued = [pool.submit_batch(lambda items: list(items), i) for i in range(3)]
+    assert pool.drain("going away") == 3
+    release.set()
+    for f in queued:
+        with pytest.raises(ServiceBusyError, match="going away"):
+            f.result(10)
+    pool.shutdown()

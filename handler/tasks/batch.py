@@ -1,0 +1,133 @@
+"""Dynamic batching, the model's side: several requests' texts run as one model run, each request checked
+and tokenized on its own first, so one bad input fails only its own request.
+
+A text task's `prepare(payload)` checks the request and tokenizes it, and returns a `Prepared`: the request's
+encodings and its `finish(rows, tokens)`, which turns its rows of the model's output into its answer with
+its own options (dimensions, encoding format, top_n...). `run_prepared` pads the rows of a batch to the
+longest (masked, as one request's own texts are padded), runs them in groups bounded by padded tokens
+(shortest first, so rows of like length share a run), and hands each request its rows. A model run that
+fails is run again one request at a time, so each request gets its own answer or error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from handler.backends.contract import Backend
+from handler.backends.pool import BufferPool, current_arena
+from handler.tasks.text import shortest_floats
+from handler.tasks.tokens import TextEncoder
+
+Finish = Callable[[npt.NDArray[Any], int], dict[str, Any]]
+
+
+class Prepared:
+    """One request, checked and tokenized: its encodings (padded to its own longest) and how its rows of
+    the model's output become its answer. `shortest`: its rows are wanted as they are, as JSON floats:
+    `finish` then gets them already through `shortest_floats`, done once for the whole run (measured 0.24 ms
+    a row in a run of 32 against 0.60 ms a row alone)."""
+
+    __slots__ = ("encodings", "finish", "length", "shortest")
+
+    def __init__(self, encodings: Sequence[Any], finish: Finish, shortest: bool = False) -> None:
+        self.encodings = encodings
+        self.finish = finish
+        self.shortest = shortest
+        self.length = len(encodings[0].ids) if encodings else 0
+
+
+class BatchModel(Protocol):
+    """What `run_prepared` needs of a text task (`handler.tasks.text.TextModel` has it)."""
+
+    encoder: TextEncoder
+    backend: Backend
+    output: str
+    type_ids: bool
+    pool: BufferPool
+
+
+def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
+    """Indices of `prepared` in model runs: shortest first, each run's rows x longest within `max_tokens`
+    (a request over it alone runs alone, as it would unbatched)."""
+    order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
+    out: list[list[int]] = []
+    current: list[int] = []
+    rows = longest = 0
+    for i in order:
+        n, length = len(prepared[i].encodings), prepared[i].length
+        if current and (rows + n) * max(longest, length) > max_tokens:
+            out.append(current)
+            current, rows, longest = [], 0, 0
+        current.append(i)
+        rows += n
+        longest = max(longest, length)
+    if current:
+        out.append(current)
+    return out
+
+
+def run_prepared(model: BatchModel, prepared: Sequence[Prepared], max_tokens: int) -> list[Any]:
+    """Each request's answer, or the exception that is its own error, in order."""
+    results: list[Any] = [None] * len(prepared)
+    for group in groups(prepared, max_tokens):
+        try:
+            _run_group(model, prepared, group, results)
+        except Exception as e:
+            if len(group) == 1:
+                results[group[0]] = e
+                continue
+            for i in group:  # the run failed as a whole: each request alone, each with its own outcome
+                try:
+                    _run_group(model, prepared, [i], results)
+                except Exception as alone:
+                    results[i] = alone
+    return results
+
+
+def _run_group(model: BatchModel, prepared: Sequence[Prepared], group: list[int], results: list[Any]) -> None:
+    encodings = [e for i in group for e in prepared[i].encodings]
+    with model.pool.request():
+        out, mask = run_encodings(model, encodings)
+        floats = shortest_floats(out) if any(prepared[i].shortest for i in group) else out
+        row = 0
+        for i in group:
+            n = len(prepared[i].encodings)
+            rows = (floats if prepared[i].shortest else out)[row : row + n]
+            try:  # serialized inside the arena: the answer holds Python objects, never the pooled buffer
+                results[i] = prepared[i].finish(rows, int(mask[row : row + n].sum()))
+            except Exception as e:
+                results[i] = e
+            row += n
+
+
+def run_encodings(model: BatchModel, encodings: Sequence[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    """The model's output for rows of (possibly) unequal lengths, padded to the longest with the pad id and
+    a zero mask; the caller holds the arena."""
+    arena = current_arena()
+    assert arena is not None
+    shape = (len(encodings), max(len(e.ids) for e in encodings))
+    ids, mask = arena.take(shape, np.int64), arena.take(shape, np.int64)
+    types = arena.take(shape, np.int64) if model.type_ids else None
+    if all(len(e.ids) == shape[1] for e in encodings):
+        TextEncoder.fill(encodings, ids, mask)
+        if types is not None:
+            TextEncoder.fill_type_ids(encodings, types)
+    else:
+        ids.fill(model.encoder.pad_id)
+        mask.fill(0)
+        if types is not None:
+            types.fill(0)
+        for r, e in enumerate(encodings):
+            n = len(e.ids)
+            ids[r, :n] = e.ids
+            mask[r, :n] = e.attention_mask
+            if types is not None:
+                types[r, :n] = e.type_ids
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        feeds["token_type_ids"] = types
+    return model.backend.run(feeds)[model.output], mask
