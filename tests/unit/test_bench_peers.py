@@ -26,7 +26,7 @@ def test_install_commands_pin_each_peer_in_its_own_venv(tmp_path: Path) -> None:
         assert pip[-len(pins) :] == pins
         assert all("==" in p for p in pins), pins  # pinned, every one
     assert any(p == "torch==2.13.0" for p in bp.PINS["infinity"])
-    with pytest.raises(ValueError, match="valid: fastembed, infinity"):
+    with pytest.raises(ValueError, match="valid: fastembed, infinity, export"):
         bp.install_commands("sentence-transformers")
 
 
@@ -78,10 +78,11 @@ def test_server_commands() -> None:
         bp.server_command("tei", 1)
 
 
-def test_export_command_uses_the_infinity_venvs_optimum(tmp_path: Path) -> None:
+def test_export_command_uses_its_own_venvs_optimum(tmp_path: Path) -> None:
     cmd = bp.export_command(Path("/pkg/model"), tmp_path / "out", tmp_path)
-    assert cmd[:3] == [str(tmp_path / "infinity" / "bin" / "python"), "-m", "optimum.exporters.onnx"]
+    assert cmd[:3] == [str(tmp_path / "export" / "bin" / "python"), "-m", "optimum.exporters.onnx"]
     assert cmd[cmd.index("--task") + 1] == "feature-extraction"
+    assert cmd[cmd.index("--library-name") + 1] == "transformers"
     assert cmd[-1] == str(tmp_path / "out")
 
 
