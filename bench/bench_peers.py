@@ -63,7 +63,7 @@ CGROUP = Path("/sys/fs/cgroup/cpu")
 PINS: dict[str, list[str]] = {
     "fastembed": ["fastembed==0.9.1"],
     "infinity": ["infinity-emb[server]==0.0.78", "optimum[onnxruntime]==1.24.0", "torch==2.13.0"],
-    "export": ["optimum[onnxruntime]==2.1.0", "torch==2.13.0"],
+    "export": ["optimum-onnx[onnxruntime]==0.1.0", "optimum==2.1.0", "torch==2.13.0"],
 }
 PEER_NAMES = ("fastembed", "infinity")
 IN_PROCESS = ("ours", "ours-optimized", "fastembed")
@@ -86,7 +86,7 @@ class Plan:
     quotas: tuple[float, ...] = (1.0, 2.0)
 
 
-FULL = Plan(cold_rounds=5, warm_rounds=3, warm_iters=30, http_rounds=2, step_s=8.0)
+FULL = Plan(cold_rounds=5, warm_rounds=3, warm_iters=20, http_rounds=2, step_s=8.0)
 QUICK = Plan(cold_rounds=1, warm_rounds=1, warm_iters=5, http_rounds=1, step_s=2.0)
 
 

@@ -2,7 +2,10 @@
 
 One module on purpose, so every HTTP bench drives every server with the same client: `run(...)` returns a
 `LoadResult` (latencies of the 200s, status counts, transport errors). Each user holds one keep-alive
-connection (as a pooled client would) and reconnects after a transport error. The loop is bounded in time
+connection (as a pooled client would) and reconnects after a transport error. A user told `Retry-After`
+with a 503/429 waits that long before its next request (as OpenAI's and most HTTP clients do), unless
+`honor_retry_after=False`: a client that retries at once turns one refusal into a stream of them, and the
+error rate then counts how fast refusals are, not how many users were refused. The loop is bounded in time
 and only ever targets the address it is given (a server this bench started on loopback).
 """
 
@@ -84,6 +87,7 @@ def run(
     duration_s: float,
     timeout_s: float = 30.0,
     check: Callable[[bytes], None] | None = None,
+    honor_retry_after: bool = True,
 ) -> LoadResult:
     """`users` threads in a closed loop for `duration_s`, user u sending bodies[u], bodies[u + users], ...
     (cycling). `check` (if given) sees each 200's body and raises on a wrong answer: counted as an error."""
@@ -112,6 +116,7 @@ def run(
                 resp = conn.getresponse()
                 data = resp.read()
                 status = resp.status
+                retry_after = resp.getheader("retry-after")
                 if status == 200 and check is not None:
                     try:
                         check(data)
@@ -127,6 +132,12 @@ def run(
             statuses[status] += 1
             if status == 200:
                 latencies.append(ms)
+            elif honor_retry_after and status in (429, 503) and retry_after:
+                try:
+                    wait = float(retry_after)
+                except ValueError:  # an HTTP date: not sent by either server here
+                    wait = 1.0
+                time.sleep(max(0.0, min(wait, stop_at[0] - time.perf_counter())))
         if conn is not None:
             conn.close()
         with lock:

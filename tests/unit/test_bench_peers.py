@@ -223,3 +223,34 @@ def test_closed_loop_counts_a_refused_connection_as_a_transport_error() -> None:
     port = bp.free_port()  # nothing listens there
     res = closed_loop.run("127.0.0.1", port, "/", [b"{}"], users=1, duration_s=0.05, timeout_s=1)
     assert res.transport_errors > 0 and res.ok == 0 and res.error_rate == 1.0
+
+
+class _Busy(BaseHTTPRequestHandler):
+    """Refuses every request: 503 with Retry-After: 1."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(503)
+        self.send_header("retry-after", "1")
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_closed_loop_waits_as_retry_after_says_unless_told_not_to() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = int(httpd.server_address[1])
+    try:
+        honored = closed_loop.run("127.0.0.1", port, "/", [b"{}"], users=2, duration_s=0.3)
+        ignored = closed_loop.run("127.0.0.1", port, "/", [b"{}"], users=2, duration_s=0.3, honor_retry_after=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert honored.requests == honored.statuses[503] == 2  # one each, then waiting out the step
+    assert honored.elapsed_s < 0.9  # the wait is cut at the step's end
+    assert ignored.requests == ignored.statuses[503] > 10
+    assert honored.error_rate == ignored.error_rate == 1.0
