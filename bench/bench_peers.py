@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -256,7 +257,8 @@ def summarize(data: dict[str, Any]) -> str:
         "Model: all-MiniLM-L6-v2 for all; ours from its "
         "packed directory, the peers from optimum's ONNX export of the same package's weights. "
         + (
-            f"Same answers: cosine to ours' ≥ {data['min_cosine']:.7f} for every variant (in process and over HTTP). "
+            f"Same answers: 1 - cosine to ours ≤ {max(0.0, 1 - data['min_cosine']):.1e} for every variant "
+            "(in process and over HTTP). "
             if "min_cosine" in data
             else ""
         ),
@@ -303,7 +305,8 @@ def summarize(data: dict[str, Any]) -> str:
     if http:
         rounds = max(r["round"] for r in http) + 1
         lines += [
-            f"**HTTP**, closed loop, one sentence a request, server under the quota, client outside it "
+            f"**HTTP**, closed loop, one sentence a request, server under the quota, client outside it; a user "
+            "told 503 + `Retry-After` waits it out; errors: share of requests not answered 200 "
             f"({rounds} round{'s' if rounds > 1 else ''}, {data.get('step_s', '?')} s a step):",
             "",
             "| vCPU | users | server | req/s | p50 (ms) | p99 (ms) | errors | req/s / infinity |",
@@ -329,36 +332,50 @@ def summarize(data: dict[str, Any]) -> str:
 BEGIN, END = "<!-- peers:begin (bench/bench_peers.py --write-docs) -->", "<!-- peers:end -->"
 
 
-def docs_section(results_md: str, png: str = "peers.png") -> str:
+def wrap(md: str, width: int = 112) -> str:
+    """Prose lines wrapped as the docs are; tables, fences, comments and headings left as they are."""
+    keep = ("|", "```", "<!--", "#", "!", ".venv/")
     return "\n".join(
-        [
-            BEGIN,
-            "## Beside the peers: fastembed and infinity-emb",
-            "",
-            "<!-- not run by tests: a benchmark (minutes; root for the cgroups; installs the peers under build/) -->",
-            "```sh",
-            ".venv/bin/python bench/bench_peers.py --write-docs",
-            "```",
-            "",
-            "`bench/bench_peers.py` installs fastembed and infinity-emb into their own venvs under `build/peers/` "
-            "(pinned; never on warmstart's run-time path) and measures all three on all-MiniLM-L6-v2: cold start "
-            "in process at 1 vCPU, warm batch 1 / 32 at equal (1) and default threads, and HTTP req/s, p50/p99 "
-            "and error rate at 1 / 8 / 32 users under 1 and 2 vCPU quotas (ours on OpenAI's `/v1/embeddings`, "
-            "infinity on its `/embeddings`, the same closed-loop client, `bench/closed_loop.py`). The peers "
-            "load optimum's ONNX export of the same weights: the graph infinity's optimum engine is built for "
-            "(it then applies its own ORT graph optimization, cached under `build/peers/hf-home`), and the "
-            "kind fastembed's registered source for this model is (token embeddings out; fastembed pools and "
-            "normalizes itself); ours loads its packed model (`models/default`, pooling in the graph). "
-            "infinity runs `--engine optimum --pooling-method mean`: its optimum engine pools CLS unless told, "
-            "another answer; the bench refuses figures from any variant whose embedding of a test sentence has a "
-            "cosine below 0.9999 to ours. Each server at its defaults (ours sizes threads and workers from the "
-            "quota; infinity batches up to 32).",
-            "",
-            results_md.strip(),
-            "",
-            f"![cold start, warm calls and HTTP throughput beside the peers]({png})",
-            END,
-        ]
+        line if not line or line.startswith(keep) else textwrap.fill(line, width, break_on_hyphens=False)
+        for line in md.splitlines()
+    )
+
+
+def docs_section(results_md: str, png: str = "peers.png") -> str:
+    return wrap(
+        "\n".join(
+            [
+                BEGIN,
+                "## Beside the peers: fastembed and infinity-emb",
+                "",
+                "<!-- not run by tests: a benchmark (minutes; root, for the cgroups; installs the peers) -->",
+                "```sh",
+                ".venv/bin/python bench/bench_peers.py --write-docs",
+                "```",
+                "",
+                "`bench/bench_peers.py` installs fastembed and infinity-emb into their own venvs under `build/peers/` "
+                "(pinned; never on warmstart's run-time path) and measures all three on all-MiniLM-L6-v2: cold start "
+                "in process at 1 vCPU, warm batch 1 / 32 at equal (1) and default threads, and HTTP req/s, p50/p99 "
+                "and error rate at 1 / 8 / 32 users under 1 and 2 vCPU quotas (ours on OpenAI's `/v1/embeddings`, "
+                "infinity on its `/embeddings`, the same closed-loop client, `bench/closed_loop.py`). The peers "
+                "load optimum's ONNX export of the same weights: the graph infinity's optimum engine is built for "
+                "(it then applies its own ORT graph optimization, cached beside the export as "
+                "`model_optimized.onnx`), and the "
+                "kind fastembed's registered source for this model is (token embeddings out; fastembed pools and "
+                "normalizes itself); ours loads its packed model (`models/default`, pooling in the graph). "
+                "infinity runs `--engine optimum --pooling-method mean`: its optimum engine pools CLS unless told, "
+                "another answer; the bench refuses figures from any variant whose embedding of a test sentence has a "
+                "cosine below 0.9999 to ours. Each server at its defaults (ours sizes threads and workers from the "
+                "quota; infinity batches up to 32). The run's rows are kept in `bench/results/peers-runs.json`; "
+                "`--from-json` remakes the tables, the plot and this section from such a file; `--quick` is a "
+                "smoke run (one round each, 2 s steps).",
+                "",
+                results_md.strip(),
+                "",
+                f"![cold start, warm calls and HTTP throughput beside the peers]({png})",
+                END,
+            ]
+        )
     )
 
 
@@ -617,6 +634,8 @@ def plot(data: dict[str, Any], out: Path) -> None:
             ]
             axes[2].plot(users, ys, style, color=color, marker="o", label=f"{s}, {q:g} vCPU")
     axes[2].set_xscale("log", base=2)
+    users = sorted({r["users"] for r in http})
+    axes[2].set_xticks(users, [str(u) for u in users])
     axes[2].set_xlabel("users (closed loop)")
     axes[2].set_ylabel("successful req/s (median)")
     axes[2].set_title("HTTP, one sentence a request")
@@ -634,7 +653,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="cold,warm,http", help="measures to run, comma-separated")
     ap.add_argument("--write-docs", action="store_true", help="results into docs/benchmarks.md and docs/peers.png")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "peers")
+    ap.add_argument("--from-json", type=Path, help="measure nothing: tables, plot (and docs) from a runs.json")
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        report(json.loads(args.from_json.read_text()), args.out, args.write_docs)
+        return 0
     only = args.only.split(",")
     bad = [m for m in only if m not in ("cold", "warm", "http")]
     if bad:
@@ -677,18 +700,23 @@ def main(argv: list[str] | None = None) -> int:
         data["min_cosine"] = min(cosines.values())
     data["wall_s"] = time.perf_counter() - t_start
     (args.out / "runs.json").write_text(json.dumps(data, indent=1))
-    table = summarize(data)
-    (args.out / "results.md").write_text(table)
-    print(table)
     print(f"cosine to ours: {json.dumps({k: round(v, 7) for k, v in cosines.items()})}", file=sys.stderr)
-    png = args.out / "peers.png"
+    report(data, args.out, args.write_docs)
+    print(f"wall {data['wall_s']:.0f} s; {args.out}", file=sys.stderr)
+    return 0
+
+
+def report(data: dict[str, Any], out: Path, write_docs: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    table = summarize(data)
+    (out / "results.md").write_text(table)
+    print(table)
+    png = out / "peers.png"
     plot(data, png)
-    if args.write_docs:
+    if write_docs:
         shutil.copyfile(png, ROOT / "docs" / "peers.png")
         doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(replace_section(doc.read_text(), docs_section(table)))
-    print(f"wall {data['wall_s']:.0f} s; {args.out}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
