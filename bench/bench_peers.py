@@ -87,7 +87,8 @@ class Plan:
     quotas: tuple[float, ...] = (1.0, 2.0)
 
 
-FULL = Plan(cold_rounds=5, warm_rounds=3, warm_iters=20, http_rounds=2, step_s=8.0)
+# More short rounds rather than fewer long ones: a neighbour's burst then spoils one round's ratio, not the median.
+FULL = Plan(cold_rounds=5, warm_rounds=5, warm_iters=12, http_rounds=3, step_s=6.0)
 QUICK = Plan(cold_rounds=1, warm_rounds=1, warm_iters=5, http_rounds=1, step_s=2.0)
 
 
@@ -242,7 +243,10 @@ def check_same_model(cosines: dict[str, float], floor: float = MIN_COSINE) -> No
 
 
 def fmt_ratio(xs: list[float]) -> str:
-    return f"{med(xs):.2f}x" if xs else "-"
+    """The median of the rounds' ratios, and their range when there are several: how far to trust it."""
+    if not xs:
+        return "-"
+    return f"{med(xs):.2f}x" + (f" ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else "")
 
 
 def summarize(data: dict[str, Any]) -> str:
@@ -305,12 +309,13 @@ def summarize(data: dict[str, Any]) -> str:
     if http:
         rounds = max(r["round"] for r in http) + 1
         lines += [
-            f"**HTTP**, closed loop, one sentence a request, server under the quota, client outside it; a user "
-            "told 503 + `Retry-After` waits it out; errors: share of requests not answered 200 "
+            "**HTTP**, closed loop, one sentence a request, server under the quota, client outside it (CPU: the "
+            "server's, per 200); a user told 503 + `Retry-After` waits it out; errors: share of requests not "
+            "answered 200 "
             f"({rounds} round{'s' if rounds > 1 else ''}, {data.get('step_s', '?')} s a step):",
             "",
-            "| vCPU | users | server | req/s | p50 (ms) | p99 (ms) | errors | req/s / infinity |",
-            "|---|---|---|---|---|---|---|---|",
+            "| vCPU | users | server | req/s | p50 (ms) | p99 (ms) | errors | CPU ms / answer | req/s / infinity |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for q in sorted({r["quota"] for r in http}):
             for u in sorted({r["users"] for r in http}):
@@ -323,7 +328,8 @@ def summarize(data: dict[str, Any]) -> str:
                     lines.append(
                         f"| {q:g} | {u} | {s} | {med([r['rps'] for r in xs]):.1f} | "
                         f"{med([r['p50_ms'] for r in xs]):.1f} | {med([r['p99_ms'] for r in xs]):.1f} | "
-                        f"{err:.1%} | {fmt_ratio(ratio) if s != 'infinity' else '1'} |"
+                        f"{err:.1%} | {med([r.get('cpu_ms_per_ok', math.nan) for r in xs]):.1f} | "
+                        f"{fmt_ratio(ratio) if s != 'infinity' else '1'} |"
                     )
         lines.append("")
     return "\n".join(lines)
@@ -464,6 +470,12 @@ def proc_stats(pid: int) -> tuple[float, float]:
     return cpu / 1e6, rss
 
 
+def process_cpu_ms(pid: int) -> float:
+    """User + system CPU of a process, every thread it ever had (utime + stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def run_driver(argv: list[str], env: dict[str, str], timeout: float = 300) -> tuple[dict[str, Any], float, Any]:
     """Spawn the driver; returns (its JSON line, ms from spawn to that line, the still-running process)."""
     err = tempfile.TemporaryFile()  # noqa: SIM115 (outlives this call: closed with the process's pipes)
@@ -537,8 +549,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(server: str, quota: Quota, timeout: float = 300) -> Iterator[tuple[int, float]]:
-    """The server under the quota until ready (its health route says 200); yields (port, seconds to ready)."""
+def serving(server: str, quota: Quota, timeout: float = 300) -> Iterator[tuple[int, float, int]]:
+    """The server under the quota until ready (its health route says 200); yields (port, seconds to ready,
+    its pid)."""
     port = free_port()
     argv, env = server_command(server, port)
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
@@ -554,7 +567,7 @@ def serving(server: str, quota: Quota, timeout: float = 300) -> Iterator[tuple[i
                 if r.status == 200:
                     break
             time.sleep(0.1)
-        yield port, time.perf_counter() - t0
+        yield port, time.perf_counter() - t0, proc.pid
     finally:
         stop(proc)
         log.close()
@@ -575,7 +588,7 @@ def http_runs(plan: Plan, quota: Quota, ref: list[float]) -> tuple[list[dict[str
             quota.set(q)
             order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]  # alternate who goes first: drift hits both
             for server in order:
-                with serving(server, quota) as (port, ready_s):
+                with serving(server, quota) as (port, ready_s, pid):
                     path = ROUTES[server]
                     req = urllib.request.Request(
                         f"http://127.0.0.1:{port}{path}", bodies[0], {"content-type": "application/json"}
@@ -586,8 +599,11 @@ def http_runs(plan: Plan, quota: Quota, ref: list[float]) -> tuple[list[dict[str
                     # Warm-up at the top concurrency, not counted: batch buffers, arenas, connection pools.
                     closed_loop.run("127.0.0.1", port, path, bodies, max(plan.users), min(2.0, plan.step_s))
                     for users in plan.users:
+                        cpu0 = process_cpu_ms(pid)
                         res = closed_loop.run("127.0.0.1", port, path, bodies, users, plan.step_s, check=embedding_of)
+                        cpu = (process_cpu_ms(pid) - cpu0) / max(1, res.ok)
                         row = {"round": rnd, "quota": q, "server": server, "ready_s": ready_s, **res.summary()}
+                        row["cpu_ms_per_ok"] = cpu
                         runs.append(row)
                         print(
                             f"http  round {rnd + 1}/{plan.http_rounds} {q:g} vCPU {server:9s} {users:3d} users "

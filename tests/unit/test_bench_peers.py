@@ -124,15 +124,15 @@ def test_summary_tables() -> None:
         ],
         "http": [
             {"round": 0, "quota": 1.0, "users": 32, "server": s, "rps": rps, "p50_ms": 1.0, "p99_ms": 2.0}
-            | {"requests": 100, "ok": ok}
-            for s, rps, ok in (("ours", 90.0, 84), ("infinity", 60.0, 100))
+            | {"requests": 100, "ok": ok, "cpu_ms_per_ok": cpu}
+            for s, rps, ok, cpu in (("ours", 90.0, 84, 12.0), ("infinity", 60.0, 100, 27.0))
         ],
     }
     md = bp.summarize(data)
-    assert "| ours | 600 (600-600) | 1 | 100 | 0.50x |" in md
+    assert "| ours | 600 (600-600) | 1 | 100 | 0.50x (0.50-0.50) |" in md  # two rounds: their range
     assert "| 1 | ours | 4.50 | 0.90x | 100.00 | 1.00x |" in md
-    assert "| 1 | 32 | ours | 90.0 | 1.0 | 2.0 | 16.0% | 1.50x |" in md
-    assert "| 1 | 32 | infinity | 60.0 | 1.0 | 2.0 | 0.0% | 1 |" in md
+    assert "| 1 | 32 | ours | 90.0 | 1.0 | 2.0 | 16.0% | 12.0 | 1.50x |" in md
+    assert "| 1 | 32 | infinity | 60.0 | 1.0 | 2.0 | 0.0% | 27.0 | 1 |" in md
     assert "1 - cosine to ours ≤ 1.0e-07 for every variant" in md
 
 
@@ -164,6 +164,14 @@ def test_plans() -> None:
     assert bp.FULL.quotas == (1.0, 2.0)
     assert bp.QUICK.step_s < bp.FULL.step_s and bp.QUICK.http_rounds <= bp.FULL.http_rounds
     assert len(SENTENCES) == 32 and len(set(SENTENCES)) == 32  # the batch-32 call, all distinct
+
+
+def test_process_cpu_counts_this_process() -> None:
+    import os
+
+    before = bp.process_cpu_ms(os.getpid())
+    sum(i * i for i in range(3_000_000))  # ~0.1-0.3 s of CPU
+    assert bp.process_cpu_ms(os.getpid()) - before >= 20
 
 
 def test_percentile_is_nearest_rank() -> None:
