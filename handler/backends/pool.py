@@ -137,18 +137,17 @@ class BufferPool:
     def acquire(self, nbytes: int) -> Buffer:
         cls_ = size_class(nbytes)
         with self._lock:
+            self.bytes_lent += cls_
             free = self._free.get(cls_)
-            if free:
+            if free:  # a hit, the steady state: one lock, and held + free bytes unchanged (no new high water)
                 raw = free.pop()
                 self.bytes_free -= cls_
                 self.hits += 1
-            else:
-                raw = None
-                self.misses += 1
-            self.bytes_lent += cls_
+                self._lent[id(raw)] = cls_
+                return raw
+            self.misses += 1
             self.high_water = max(self.high_water, self.bytes_lent + self.bytes_free)
-        if raw is None:
-            raw = self._alloc(cls_)  # outside the lock: a big allocation must not stall other requests
+        raw = self._alloc(cls_)  # outside the lock: a big allocation must not stall other requests
         with self._lock:
             self._lent[id(raw)] = cls_
         return raw
