@@ -268,7 +268,8 @@ class TextModel:
             feeds["token_type_ids"] = types = arena.take(shape, np.int64)
             self.encoder.fill_type_ids(encodings, types)
         out = self.backend.run(feeds)[self.output]
-        return out, int(mask.sum())
+        # One text is never padded: every position counts (no numpy reduction after the model run).
+        return out, shape[1] if shape[0] == 1 else int(mask.sum())
 
     def run_copy(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
         with self.pool.request():

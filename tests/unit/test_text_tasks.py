@@ -138,6 +138,18 @@ def test_embedding_answer_is_float32_text(tmp_path: Path) -> None:
     assert "token_type_ids" not in backend.feeds[-1]  # not in the manifest's inputs
 
 
+@pytest.mark.parametrize("texts", [["the quick fox"], ["a"], ["the quick brown fox jumps over the lazy dog"]])
+def test_one_text_counts_every_token(tmp_path: Path, texts: list[str]) -> None:
+    # A single text is counted from its shape (never padded), a batch from its mask: both the mask's sum.
+    task, backend = make(tmp_path, "embedding")
+    body = task({"inputs": texts})
+    assert (
+        body["usage"]["tokens"]
+        == int(backend.feeds[-1]["attention_mask"].sum())
+        == backend.feeds[-1]["attention_mask"].shape[1]
+    )
+
+
 def test_prompts(tmp_path: Path) -> None:
     task, backend = make(tmp_path, "embedding", prompts={"query": "query: ", "passage": "passage: "})
     ids = task.encoder.encode(["query: the fox"])[0][0].tolist()
