@@ -126,11 +126,11 @@ _CHUNK = 1024
 _ROWS = np.arange(_CHUNK) * len(_DIGITS)  # each row's first flat index in a chunk's (n, 9)
 
 
-def _candidates(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def _candidates(values: npt.NDArray[np.float64], magnitude: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """(n, 9): each value's nearest k-digit decimal for k = 1..9, as the float64 nearest to it. Each is
     values * 10^p rounded to an integer, then scaled back: one correctly rounded division (or product) of
-    two exact numbers (10^|p| is exact up to 22)."""
-    exponent = np.floor(np.log10(np.abs(values))).astype(np.intp)
+    two exact numbers (10^|p| is exact up to 22). `magnitude`: |values|, within 1e-13..1e13."""
+    exponent = np.floor(np.log10(magnitude)).astype(np.intp)
     places = _DIGITS - exponent[:, None]
     column = values[:, None]
     if exponent.max() <= 0:  # no value of 10 or more: every place is >= 0, one branch (embeddings, scores)
@@ -146,13 +146,15 @@ def _candidates(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return candidates
 
 
-def _nearest(values: npt.NDArray[np.float64], want: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float64], Any]:
+def _nearest(
+    values: npt.NDArray[np.float64], want: npt.NDArray[np.float32], magnitude: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], Any]:
     """For each value, the float64 nearest to its nearest k-digit decimal for the smallest k = 1..9 that reads
     back as the same float32 without lying on a float32 rounding midpoint; and where no k did (a mask).
 
     All nine candidates at once, one (n, 9) array per step: at batch 1 the cost was numpy's per-call overhead
     of nine passes, not arithmetic."""
-    candidates = _candidates(values)
+    candidates = _candidates(values, magnitude)
     fits = candidates.astype(np.float32) == want[:, None]
     at = fits.argmax(axis=1)  # the smallest k that reads back (0 where none does: `found` says so)
     at += _ROWS[: at.size]  # as flat indices
@@ -185,30 +187,31 @@ def shortest_floats(array: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
     if not exact.size:
         return exact.reshape(src.shape)
     magnitude = np.abs(exact)
-    # 0, inf and nan print the same either way; 1e-13..1e13 keeps every 10^p below exact (|p| <= 21).
-    in_range = (magnitude >= 1e-13) & (magnitude < 1e13)
-    everywhere = bool(in_range.all())
-    # Elsewhere a placeholder (1.0) goes through the vectorized pass, so it runs on whole slices (no gather),
-    # and the value itself is put back below: an embedding often holds a value like 2.5e-33.
-    values = exact if everywhere else np.where(in_range, exact, 1.0)
-    checked = want if everywhere else np.where(in_range, want, np.float32(1.0))
+    # Where numpy's repr answers: nonzero magnitudes outside 1e-13..1e13 (10^p may be inexact there).
     left: list[int] = []
+    values, checked, big = exact, want, None
+    if not magnitude.max() < 1e13:  # inf, nan or a huge value somewhere (never in an embedding): placeholders
+        big = ~(magnitude < 1e13)
+        left += np.flatnonzero(big & np.isfinite(exact)).tolist()
+        values, checked = np.where(big, 1.0, exact), np.where(big, np.float32(1.0), want)
+        magnitude[big] = 1.0
+    if magnitude.min() < 1e-13:  # zeros, or the odd tiny component (the default model's vectors hold 2.5e-33)
+        left += np.flatnonzero((magnitude < 1e-13) & (exact != 0)).tolist()
+        np.maximum(magnitude, 1e-13, out=magnitude)  # a zero's candidates are zeros of its sign: it fits at k = 1
     if values.size <= _CHUNK:  # batch 1: one pass, no copy
-        out, missed = _nearest(values, checked)
+        out, missed = _nearest(values, checked, magnitude)
         if missed.size:
             left += np.flatnonzero(missed).tolist()
     else:
         out = np.empty_like(exact)
         for start in range(0, out.size, _CHUNK):
             at = slice(start, start + _CHUNK)
-            out[at], missed = _nearest(values[at], checked[at])
+            out[at], missed = _nearest(values[at], checked[at], magnitude[at])
             if missed.size:
                 left += (np.flatnonzero(missed) + start).tolist()
-    if not everywhere:
-        outside = ~in_range
-        np.copyto(out, exact, where=outside)
-        left += np.flatnonzero(outside & np.isfinite(exact) & (exact != 0)).tolist()
-    for i in left:
+    if big is not None:
+        np.copyto(out, exact, where=big)  # inf and nan as they are
+    for i in set(left):
         out[i] = float(str(want[i]))  # str: numpy 2's repr says "np.float32(...)"
     return out.reshape(src.shape)
 
