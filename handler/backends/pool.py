@@ -96,7 +96,8 @@ class Arena:
             nbytes *= d
         raw = self._pool.acquire(nbytes)
         self._leases.append(raw)
-        return raw[:nbytes].view(dt).reshape(shape)
+        # A C-ordered view of the buffer's first bytes, built in one call (not a slice, a view and a reshape).
+        return np.ndarray(shape, dt, raw)
 
     def close(self) -> None:
         leases, self._leases = self._leases, []
@@ -137,18 +138,17 @@ class BufferPool:
     def acquire(self, nbytes: int) -> Buffer:
         cls_ = size_class(nbytes)
         with self._lock:
+            self.bytes_lent += cls_
             free = self._free.get(cls_)
-            if free:
+            if free:  # a hit, the steady state: one lock, and held + free bytes unchanged (no new high water)
                 raw = free.pop()
                 self.bytes_free -= cls_
                 self.hits += 1
-            else:
-                raw = None
-                self.misses += 1
-            self.bytes_lent += cls_
+                self._lent[id(raw)] = cls_
+                return raw
+            self.misses += 1
             self.high_water = max(self.high_water, self.bytes_lent + self.bytes_free)
-        if raw is None:
-            raw = self._alloc(cls_)  # outside the lock: a big allocation must not stall other requests
+        raw = self._alloc(cls_)  # outside the lock: a big allocation must not stall other requests
         with self._lock:
             self._lent[id(raw)] = cls_
         return raw

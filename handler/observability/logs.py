@@ -44,10 +44,18 @@ def keep_level(environ: Mapping[str, str] | None = None) -> str:
     return level if LEVELS[level] > LEVELS["INFO"] else "INFO"
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted: (epoch second, its text)
+
+
 def timestamp(now: float | None = None) -> str:
     """RFC 3339 with milliseconds, UTC (what Lambda's filter needs to keep a line's level)."""
+    global _second
     t = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+    second, text = _second
+    if int(t) != second:  # formatted once a second, not on every line (one tuple swap: thread-safe)
+        second = int(t)
+        _second = second, text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{text}.{int(t * 1000) % 1000:03d}Z"
 
 
 class Invocation:

@@ -81,6 +81,9 @@ class TextEncoder:
         self._tok.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the longest in the batch
         self.max_length = max_length
         self.pad_id = pad_id  # what a batch of several requests pads their rows with (handler.tasks.batch)
+        # Without character offsets (tokenizers >= 0.21): the same ids, masks and type ids, ~15% less time for a
+        # short query; nothing here reads offsets (the /tokenize route encodes through the tokenizer itself).
+        self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
 
     def encode(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         encodings = self.tokenize(texts)
@@ -92,7 +95,7 @@ class TextEncoder:
         """Encodings padded to the longest in the batch; `fill` copies them into caller-owned arrays. A
         (query, document) tuple is encoded as one pair, truncated "longest_first" (tokens come off the longer
         text first) at `max_length`, as `CrossEncoder` does; its type ids mark the document."""
-        encodings: list[Any] = self._tok.encode_batch(list(texts))
+        encodings: list[Any] = self._encode_batch(texts if isinstance(texts, list) else list(texts))
         return encodings
 
     @staticmethod

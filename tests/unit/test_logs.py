@@ -147,3 +147,14 @@ def test_spans_when_opentelemetry_is_in_use(new_runtime: Callable[..., Runtime])
     assert all(init.start_time <= s.start_time <= s.end_time <= init.end_time for s in phases)
     assert spans["warmstart.invoke"].attributes["warmstart.model"] == rt.manifest.key
     assert trace.otel_tracer({}) is not None  # in use in this process now: spans on without a setting
+
+
+def test_timestamp_is_rfc3339_utc_with_milliseconds_across_seconds() -> None:
+    # The whole-second part is formatted once per second and reused: going forward, back and across a day it
+    # must still be the moment's own.
+    import time
+
+    for t in (1_700_000_000.123, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_000.0, 1_700_086_399.9999, 0.25):
+        expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+        assert logs.timestamp(t) == expected
+    assert logs.timestamp(1_700_000_001.5) == "2023-11-14T22:13:21.500Z"

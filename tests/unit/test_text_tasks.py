@@ -33,6 +33,7 @@ from handler.tasks.embedding import EmbeddingTask
 from handler.tasks.scored import ClassifyTask, RerankTask
 from handler.tasks.scoring import softmax
 from handler.tasks.text import float_lists, shortest_floats
+from handler.tasks.tokens import TextEncoder
 
 WORDS = "the quick brown fox jumps over lazy dog query passage a b c d e f g h".split()  # noqa: SIM905
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", ":", *WORDS]
@@ -135,6 +136,18 @@ def test_embedding_answer_is_float32_text(tmp_path: Path) -> None:
     assert np.array_equal(np.asarray(body["embeddings"], np.float32), want)  # the same float32 bits
     assert len(json.dumps(body["embeddings"])) < len(json.dumps(want.tolist()))  # and shorter than float64 text
     assert "token_type_ids" not in backend.feeds[-1]  # not in the manifest's inputs
+
+
+@pytest.mark.parametrize("texts", [["the quick fox"], ["a"], ["the quick brown fox jumps over the lazy dog"]])
+def test_one_text_counts_every_token(tmp_path: Path, texts: list[str]) -> None:
+    # A single text is counted from its shape (never padded), a batch from its mask: both the mask's sum.
+    task, backend = make(tmp_path, "embedding")
+    body = task({"inputs": texts})
+    assert (
+        body["usage"]["tokens"]
+        == int(backend.feeds[-1]["attention_mask"].sum())
+        == backend.feeds[-1]["attention_mask"].shape[1]
+    )
 
 
 def test_prompts(tmp_path: Path) -> None:
@@ -412,3 +425,129 @@ def test_float32_text_is_numpys_shortest_for_embeddings() -> None:
     assert shortest_floats(v).tolist() == [[float(str(x)) for x in row] for row in v]
     special = np.array([0.0, -0.0, 1.0, 0.1, 1e-20, 3.4e38, 1e-45, np.inf, -np.inf], dtype=np.float32)
     assert [float(str(x)) for x in special] == shortest_floats(special).tolist()
+
+
+def _previous_shortest_floats(array: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """`shortest_floats` as it was before the one-pass version (main at a023f5c), verbatim but for names: the
+    answers' floats must stay exactly these."""
+    mask, midpoint = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
+
+    def exact_scale(values: npt.NDArray[np.float64], places: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        scale = 10.0 ** np.abs(places)
+        up = places >= 0
+        digits = np.where(up, np.round(values * scale), np.round(values / scale))
+        return np.where(up, digits / scale, digits * scale)  # type: ignore[no-any-return]
+
+    src = np.asarray(array, dtype=np.float32)
+    out = src.astype(np.float64)
+    flat = out.reshape(-1)
+    magnitude = np.abs(flat)
+    todo = np.flatnonzero((magnitude >= 1e-13) & (magnitude < 1e13))
+    rest = np.flatnonzero(np.isfinite(flat) & (flat != 0) & ((magnitude < 1e-13) | (magnitude >= 1e13)))
+    want = src.reshape(-1)[todo]
+    values = flat[todo]
+    exponent = np.floor(np.log10(np.abs(values))).astype(np.int64)
+    for k in range(1, 10):
+        if not todo.size:
+            break
+        candidate = exact_scale(values, (k - 1) - exponent)
+        fits = candidate.astype(np.float32) == want
+        fits &= (candidate.view(np.uint64) & mask) != midpoint
+        flat[todo[fits]] = candidate[fits]
+        keep = ~fits
+        todo, want, values, exponent = todo[keep], want[keep], values[keep], exponent[keep]
+    for i in np.concatenate([todo, rest]).tolist():
+        flat[i] = float(str(src.reshape(-1)[i]))
+    return out
+
+
+def _float32_cases() -> dict[str, npt.NDArray[np.float32]]:
+    rng = np.random.default_rng(28)
+    bits = rng.integers(0, 2**32, size=300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    embedding = rng.normal(0, 0.05, (32, 384)).astype(np.float32)
+    embedding /= np.linalg.norm(embedding, axis=1, keepdims=True)
+    with_tiny = embedding[:3].copy()
+    with_tiny[:, ::50] = np.float32(2.4921127e-33)  # as the default model's vectors hold: outside 1e-13..1e13
+    with_tiny[1, 7] = 0.0
+    with_tiny[2, 9] = -0.0
+    powers = (np.arange(0, 255, dtype=np.uint32) << 23).view(np.float32)
+    exponents = rng.integers(-15, 15, 100_000).astype(np.float32)
+    return {
+        "random bit patterns (every exponent, subnormals; no NaN)": bits[~np.isnan(bits)],
+        "unit vectors, batch 32 (several chunks)": embedding,
+        "unit vectors with tiny values and zeros among them": with_tiny,
+        "one vector": embedding[:1],
+        "integers 2^20..2^33 (float32 midpoints land on decimals)": rng.integers(2**20, 2**33, 50_000).astype(
+            np.float32
+        ),
+        "large and small exponents": rng.standard_normal(100_000).astype(np.float32) * np.float32(10.0) ** exponents,
+        "powers of two, both signs": np.concatenate([powers, -powers]),
+        "subnormals, both signs": rng.integers(1, 1 << 23, 20_000, dtype=np.uint32).view(np.float32)
+        * np.where(rng.integers(0, 2, 20_000) == 1, np.float32(-1.0), np.float32(1.0)),
+        "around the vectorized range's ends": np.array(
+            [1e-13, -1e-13, 9.9999e-14, 1e13, 9.999999e12, -1e13, 10.0, 9.999999, 1.0, 0.1, 3.4028235e38], np.float32
+        ),
+        "zeros, infinities": np.array([0.0, -0.0, np.inf, -np.inf], np.float32),
+        "empty": np.zeros((0, 384), np.float32),
+    }
+
+
+@pytest.mark.parametrize("case", list(_float32_cases()))
+def test_float32_text_is_bit_for_bit_the_previous_formatting(case: str) -> None:
+    array = _float32_cases()[case]
+    ours, before = shortest_floats(array), _previous_shortest_floats(array)
+    assert ours.shape == array.shape and ours.dtype == np.float64
+    differ = np.flatnonzero(ours.view(np.uint64).ravel() != before.view(np.uint64).ravel())
+    assert not differ.size, [(float(array.ravel()[i]), ours.ravel()[i], before.ravel()[i]) for i in differ[:5]]
+    # And the contract itself: read back as float32, the very same bits (negative zero included).
+    assert np.array_equal(ours.astype(np.float32).view(np.uint32), array.view(np.uint32))
+
+
+def test_float32_text_skips_a_candidate_on_a_float32_midpoint() -> None:
+    # 64311770 lies halfway between float32s 64311768 and 64311772: numpy's repr says "6.431177e+07", which a
+    # parser rounding straight to float32 may read as either; the answer takes 8 digits, exact either way.
+    value = np.array([64311768.0], np.float32)
+    assert str(value[0]) == "6.431177e+07"
+    assert shortest_floats(value).tolist() == [64311768.0]
+
+
+def _tokenizers(tmp_path: Path) -> dict[str, Path]:
+    from tests.tiny_models import _bert_tokenizer, _bpe_tokenizer, _unigram_tokenizer
+
+    paths = {}
+    for name, tok in (
+        ("wordpiece", _bert_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "[CLS]", "[SEP]", False)[0]),
+        ("bpe", _bpe_tokenizer()),
+        ("unigram", _unigram_tokenizer()),
+    ):
+        tok.save(str(tmp_path / f"{name}.json"))
+        paths[name] = tmp_path / f"{name}.json"
+    return paths
+
+
+TEXTS: list[Any] = [
+    ["the quick brown fox"],
+    ["a", "the quick brown fox jumps over the lazy dog again and again and again", "Fox JUMPS, café 狐 🦊!"],
+    ["  spaced\tout\n words \x00 [MASK] <mask> [CLS]"],
+    [("which fox?", "the quick brown fox jumps over the lazy dog")],
+    [("a", "b"), ("the quick brown fox jumps over the lazy dog again", "dog")],
+]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_encoder_gives_what_encode_batch_gives(tmp_path: Path, kind: str) -> None:
+    """The encoder skips character offsets (`encode_batch_fast`): ids, masks and type ids as `encode_batch`
+    gives them with the same truncation and padding, for single texts, ragged batches, pairs and long text."""
+    from tokenizers import Tokenizer
+
+    path = _tokenizers(tmp_path)[kind]
+    encoder = TextEncoder(path, max_length=12, pad_id=0)
+    plain = Tokenizer.from_file(str(path))
+    plain.enable_truncation(12, strategy="longest_first")
+    plain.enable_padding(pad_id=0, pad_token=plain.id_to_token(0) or "[PAD]")
+    for texts in TEXTS:
+        ours, theirs = encoder.tokenize(texts), plain.encode_batch(texts)
+        assert [e.ids for e in ours] == [e.ids for e in theirs], texts
+        assert [e.attention_mask for e in ours] == [e.attention_mask for e in theirs], texts
+        assert [e.type_ids for e in ours] == [e.type_ids for e in theirs], texts
+        assert len(ours[-1].ids) <= 12
