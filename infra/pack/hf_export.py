@@ -11,6 +11,12 @@ matches the eager model (checked here on every export, at several shapes, before
 ORT's transformer fusions (`onnxruntime.transformers.optimizer`: attention, skip-layernorm, gelu; not the
 embedding layernorm, slower at run time: `_fuse`) are applied at opt level 0 (the portable python fusions only,
 no device-specific rewrites) and kept only when the fused graph's outputs still match the unfused one's.
+
+Pack memory (issue 26): hf_pack loads the model once and computes its reference outputs once (`Reference`) for
+both exports; the graph is written to disk a tensor at a time (`export_graph`), then checked and fused from the
+file with the torch model freed (`check_graph`, `fuse_graph`); ONNX Runtime maps the file, without prepacking.
+What remains is torch.onnx's own: under 2 GB the TorchScript exporter serializes the graph with its weights in
+memory (a few copies of them at its peak); past 2 GB it writes each tensor to a file of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ OUTPUT_NAMES = {"embedding": "sentence_embedding", "rerank": "scores", "classify
 # ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
 # bias keeps its attention unfused; the layer norms and gelu still fuse).
 _FUSION_MODEL_TYPE = "bert"
+_PROTO_LIMIT = (2 << 30) - (64 << 20)  # protobuf's 2 GB, less room for the graph itself
 
 
 class ExportError(RuntimeError):
@@ -371,7 +378,7 @@ def _fuse(
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
+    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
 
     # The optimizer logs each fusion (and its shape-inference fallbacks) through loggers named after its
     # modules: quiet for the call, at pack time.
@@ -380,6 +387,10 @@ def _fuse(
     # unfused Gather + Add + LayerNormalization (1 thread, CPU time per call, 300 interleaved calls: 1 text 4.46 vs
     # 4.23 ms, 32 texts 132.0 vs 121.5, one 256-token text 68.7 vs 62.9), more than it saves at session build.
     options.enable_embed_layer_norm = False
+    if (where / ONNX_DATA).stat().st_size >= _PROTO_LIMIT:
+        # ORT's python fusions work on one in-memory proto (shape inference serializes it): past protobuf's 2 GB
+        # they fail, so a graph that big (bge-m3's 2.27 GB) keeps its plain graph, as before it could not pack.
+        return False, None
     graph = onnx.load(str(where / ONNX_FILE), load_external_data=True)  # the optimizer rewrites it in place
     before = {n.op_type for n in graph.graph.node}
     logging.disable(logging.WARNING)

@@ -412,7 +412,7 @@ def test_graph_written_a_tensor_at_a_time_from_a_file_per_tensor(tmp_path: Path)
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 48])],
         [numpy_helper.from_array(big, "w"), numpy_helper.from_array(small, "b")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
     exported = tmp_path / "exported"
     exported.mkdir()
     onnx.save_model(model, str(exported / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=False,
