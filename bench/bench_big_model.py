@@ -146,7 +146,6 @@ def http_host(packed: Path, calls: int) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WARMSTART_MODEL": str(packed), "PORT": str(port)}
-    env["WARMSTART_HOST"] = "127.0.0.1"
     env.pop("AWS_LAMBDA_RUNTIME_API", None)
     one, eight = json.dumps({"inputs": TEXTS[:1]}).encode(), json.dumps({"inputs": TEXTS}).encode()
     started = time.perf_counter()

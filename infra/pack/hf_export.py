@@ -17,6 +17,9 @@ both exports; the graph is written to disk a tensor at a time (`export_graph`), 
 file with the torch model freed (`check_graph`, `fuse_graph`); ONNX Runtime maps the file, without prepacking.
 What remains is torch.onnx's own: under 2 GB the TorchScript exporter serializes the graph with its weights in
 memory (a few copies of them at its peak); past 2 GB it writes each tensor to a file of its own.
+
+About one thing (one model's export: load, head, graph, check, fusion, each step freeing what the next does not
+need), hence its length.
 """
 
 from __future__ import annotations
