@@ -60,6 +60,16 @@ class Exported:
     max_abs_diff: float  # exported graph vs the eager model on the probe batches
     fused_max_abs_diff: float | None  # fused vs unfused graph, when fusion was tried
 
+    @property
+    def model(self) -> Any:
+        """The graph as one onnx.ModelProto with its weights loaded, for a caller that rewrites it (the whole
+        graph in memory: under 2 GB only)."""
+        import onnx
+
+        from infra.pack.onnx_io import ONNX_FILE
+
+        return onnx.load(str(self.where / ONNX_FILE), load_external_data=True)
+
 
 @dataclass(frozen=True)
 class Reference:
@@ -280,16 +290,17 @@ def probe_batches(source: HFSource, vocab_size: int, seed: int = 0) -> list[dict
 def export(
     source: HFSource,
     safetensors_dir: Path,
-    where: Path,
     fuse: bool = True,
     *,
+    where: Path | None = None,
     model: Any = None,
     reference: Reference | None = None,
 ) -> Exported:
-    """Export to `where` (model.onnx + model.onnx.data), check against the eager model, then try ORT's fusions
-    (kept when outputs still match). `model` (else loaded from `safetensors_dir`) is not needed by the fusion
-    step: a caller that passes it and drops its own reference lets it be freed before (export_graph +
-    fuse_graph, as hf_pack does)."""
+    """Export to `where` (default `safetensors_dir`/onnx: model.onnx + model.onnx.data), check against the eager
+    model, then try ORT's fusions (kept when outputs still match). `model` (else loaded from `safetensors_dir`)
+    is not needed by the fusion step: a caller that passes it and drops its own reference lets it be freed
+    before (export_graph + fuse_graph, as hf_pack does)."""
+    where = where or safetensors_dir / "onnx"
     if model is None:
         model = load_torch_model(source, safetensors_dir)
     reference = reference or reference_outputs(source, model)

@@ -393,6 +393,22 @@ def test_one_load_of_the_model_per_pack(tmp_path: Path, monkeypatch: pytest.Monk
     assert calls == {"load": 1, "reference": 1}
 
 
+def test_export_on_its_own_loads_checks_and_fuses(tmp_path: Path) -> None:
+    """`hf_export.export` without a model or reference outputs (what a caller outside hf_pack uses): the graph in
+    the staging directory's onnx/, checked, fused, and readable back as one proto."""
+    from infra.pack.hf_export import export
+    from infra.pack.hf_pack import stage_safetensors
+
+    source = read_source(make_model_dir(tmp_path, "bert", max_seq_length=18))
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    stage_safetensors(source, staged)
+    exported = export(source, staged)
+    assert exported.where == staged / "onnx" and exported.fused and exported.max_abs_diff <= 1e-4
+    assert sorted(p.name for p in exported.where.iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert [i.name for i in exported.model.graph.input] == ["input_ids", "attention_mask"]
+
+
 def test_graph_written_a_tensor_at_a_time_from_a_file_per_tensor(tmp_path: Path) -> None:
     """What torch.onnx writes past 2 GB (each initializer in a file of its own beside the graph) becomes one
     page-aligned model.onnx.data, small tensors back inline, and the graph answers the same."""
