@@ -11,10 +11,20 @@ matches the eager model (checked here on every export, at several shapes, before
 ORT's transformer fusions (`onnxruntime.transformers.optimizer`: attention, skip-layernorm, gelu; not the
 embedding layernorm, slower at run time: `_fuse`) are applied at opt level 0 (the portable python fusions only,
 no device-specific rewrites) and kept only when the fused graph's outputs still match the unfused one's.
+
+Pack memory (issue 26): hf_pack loads the model once and computes its reference outputs once (`Reference`) for
+both exports; the graph is written to disk a tensor at a time (`export_graph`), then checked and fused from the
+file with the torch model freed (`check_graph`, `fuse_graph`); ONNX Runtime maps the file, without prepacking.
+What remains is torch.onnx's own: under 2 GB the TorchScript exporter serializes the graph with its weights in
+memory (a few copies of them at its peak); past 2 GB it writes each tensor to a file of its own.
+
+About one thing (one model's export: load, head, graph, check, fusion, each step freeing what the next does not
+need), hence its length.
 """
 
 from __future__ import annotations
 
+import gc
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -34,6 +44,7 @@ OUTPUT_NAMES = {"embedding": "sentence_embedding", "rerank": "scores", "classify
 # ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
 # bias keeps its attention unfused; the layer norms and gelu still fuse).
 _FUSION_MODEL_TYPE = "bert"
+_PROTO_LIMIT = (2 << 30) - (64 << 20)  # protobuf's 2 GB, less room for the graph itself
 
 
 class ExportError(RuntimeError):
@@ -42,12 +53,58 @@ class ExportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Exported:
-    model: Any  # onnx.ModelProto with its initializers inline (save_onnx moves them out, page-aligned)
+    where: Path  # model.onnx + page-aligned model.onnx.data (onnx_io.save_onnx_file), the fused graph if kept
     input_names: tuple[str, ...]
     output_name: str
     fused: bool
     max_abs_diff: float  # exported graph vs the eager model on the probe batches
     fused_max_abs_diff: float | None  # fused vs unfused graph, when fusion was tried
+
+    @property
+    def model(self) -> Any:
+        """The graph as one onnx.ModelProto with its weights loaded, for a caller that rewrites it (the whole
+        graph in memory: under 2 GB only)."""
+        import onnx
+
+        from infra.pack.onnx_io import ONNX_FILE
+
+        return onnx.load(str(self.where / ONNX_FILE), load_external_data=True)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The eager model's outputs on the probe batches, computed once per pack and shared by the ONNX graph's
+    and the torch program's checks (a forward pass of a 0.6B model on each batch is seconds)."""
+
+    probes: list[dict[str, npt.NDArray[np.int64]]]
+    outputs: list[npt.NDArray[np.float32]]
+
+
+def reference_outputs(source: HFSource, model: Any) -> Reference:
+    """`model` with the task's head on `probe_batches` and on a one-token batch (the smallest shape)."""
+    import torch
+
+    head = build_head(source, model)
+    names = input_names(source)
+    probes = probe_batches(source, int(source.config["vocab_size"]))
+    probes.append({k: v[:1, :1] for k, v in probes[0].items()})
+    with torch.inference_mode():
+        outputs = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
+    return Reference(probes, outputs)
+
+
+def free_memory() -> None:
+    """Collect reference cycles (transformers' and torch.export's modules hold the model in them), then hand
+    freed heap pages back to the system (glibc keeps them for reuse otherwise: pack peaks add up across steps)."""
+    import ctypes
+    import ctypes.util
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)  # glibc only (musl, macOS: nothing to do)
+    if trim is not None:
+        trim(0)
 
 
 def input_names(source: HFSource) -> tuple[str, ...]:
@@ -230,21 +287,46 @@ def probe_batches(source: HFSource, vocab_size: int, seed: int = 0) -> list[dict
     return batches
 
 
-def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Exported:
-    """Export, check against the eager model, then try ORT's fusions (kept when outputs still match)."""
-    import onnx
+def export(
+    source: HFSource,
+    safetensors_dir: Path,
+    fuse: bool = True,
+    *,
+    where: Path | None = None,
+    model: Any = None,
+    reference: Reference | None = None,
+) -> Exported:
+    """Export to `where` (default `safetensors_dir`/onnx: model.onnx + model.onnx.data), check against the eager
+    model, then try ORT's fusions (kept when outputs still match). `model` (else loaded from `safetensors_dir`)
+    is not needed by the fusion step: a caller that passes it and drops its own reference lets it be freed
+    before (export_graph + fuse_graph, as hf_pack does)."""
+    where = where or safetensors_dir / "onnx"
+    if model is None:
+        model = load_torch_model(source, safetensors_dir)
+    reference = reference or reference_outputs(source, model)
+    export_graph(source, model, reference, where)
+    del model
+    free_memory()
+    diff, unfused = check_graph(source, where, reference)
+    return fuse_graph(source, where, reference, diff, unfused, fuse)
+
+
+def export_graph(source: HFSource, model: Any, reference: Reference, where: Path) -> None:
+    """torch.onnx's graph of `model` with the task's head, written to `where` with its weights page-aligned in
+    model.onnx.data, one tensor at a time (never the whole graph with its weights in one proto). Unchecked:
+    `check_graph` compares it with the eager model's outputs, which needs no model (free it before)."""
     import torch
 
-    model = load_torch_model(source, safetensors_dir)
+    from infra.pack.onnx_io import save_onnx_file
+
     head = build_head(source, model)
     names = input_names(source)
     output = OUTPUT_NAMES[source.task]
-    vocab_size = int(source.config["vocab_size"])
-    probes = probe_batches(source, vocab_size)
-    example = tuple(torch.from_numpy(probes[1][n]) for n in names)  # padded rows: the masked code path is traced
+    example = tuple(torch.from_numpy(reference.probes[1][n]) for n in names)  # padded rows: the masked path
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
     dynamic[output] = {0: "batch"}
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
+    where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=where.parent) as tmp, torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter warns that it is deprecated and that tracing turns python values into
         # constants (shape arithmetic in transformers' masking, exact for any shape): checked below instead.
         warnings.simplefilter("ignore")
@@ -260,31 +342,57 @@ def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Export
             do_constant_folding=True,
             dynamo=False,
         )
-        graph = onnx.load(str(path), load_external_data=True)
-        expected = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
-    diff = _max_diff(run_onnx(graph, probes), expected)
+        del head
+        free_memory()  # the exporter's graph and folded constants, before the weights are rewritten
+        # Past 2 GB the exporter writes each tensor to its own file beside the graph; below, inline: either way
+        # they are copied into one page-aligned data file a tensor at a time.
+        save_onnx_file(path, where)
+
+
+def check_graph(source: HFSource, where: Path, reference: Reference) -> tuple[float, list[npt.NDArray[np.float32]]]:
+    """The graph in `where` against the eager model's `reference` outputs: the largest difference and the
+    graph's outputs; ExportError past ATOL."""
+    from infra.pack.onnx_io import ONNX_FILE
+
+    got = run_onnx(where / ONNX_FILE, reference.probes)
+    diff = _max_diff(got, reference.outputs)
     if not diff <= ATOL:
         raise ExportError(f"{source.root}: the exported graph differs from the model by {diff:.3g} (> {ATOL})")
+    return diff, got
+
+
+def fuse_graph(
+    source: HFSource,
+    where: Path,
+    reference: Reference,
+    diff: float,
+    unfused: list[npt.NDArray[np.float32]],
+    fuse: bool = True,
+) -> Exported:
+    """ORT's fusions of the graph in `where`, kept (replacing it) when its outputs match the unfused graph's."""
+    names, output = input_names(source), OUTPUT_NAMES[source.task]
     new = NEW_FAMILIES.get(source.family)
     if not fuse or (new is not None and not new.fuse):  # ORT's BERT patterns: nothing of these graphs matches
-        return Exported(graph, names, output, False, diff, None)
-    fused, fused_diff = _fuse(source, graph, probes)
-    if fused is None:
-        return Exported(graph, names, output, False, diff, fused_diff)
-    return Exported(fused, names, output, True, diff, fused_diff)
+        return Exported(where, names, output, False, diff, None)
+    fused, fused_diff = _fuse(source, where, reference.probes, unfused)
+    return Exported(where, names, output, fused, diff, fused_diff)
 
 
 def _fuse(
-    source: HFSource, graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]]
-) -> tuple[Any | None, float | None]:
-    """ORT's transformer fusions; the fused graph, or None when nothing fused or outputs moved."""
+    source: HFSource, where: Path, probes: list[dict[str, npt.NDArray[np.int64]]], unfused: list[Any]
+) -> tuple[bool, float | None]:
+    """ORT's transformer fusions of the graph in `where`: (True, diff) when the fused graph replaced it, else
+    (False, diff or None): nothing fused, ORT cannot run it, or its outputs moved from `unfused`'s."""
     import contextlib
     import io
     import logging
+    import shutil
 
     import onnx
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
+
+    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
 
     # The optimizer logs each fusion (and its shape-inference fallbacks) through loggers named after its
     # modules: quiet for the call, at pack time.
@@ -293,12 +401,18 @@ def _fuse(
     # unfused Gather + Add + LayerNormalization (1 thread, CPU time per call, 300 interleaved calls: 1 text 4.46 vs
     # 4.23 ms, 32 texts 132.0 vs 121.5, one 256-token text 68.7 vs 62.9), more than it saves at session build.
     options.enable_embed_layer_norm = False
+    if (where / ONNX_DATA).stat().st_size >= _PROTO_LIMIT:
+        # ORT's python fusions work on one in-memory proto (shape inference serializes it): past protobuf's 2 GB
+        # they fail, so a graph that big (bge-m3's 2.27 GB) keeps its plain graph, as before it could not pack.
+        return False, None
+    graph = onnx.load(str(where / ONNX_FILE), load_external_data=True)  # the optimizer rewrites it in place
+    before = {n.op_type for n in graph.graph.node}
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # and it print()s some
             warnings.simplefilter("ignore")
             optimized = optimize_model(
-                onnx.ModelProto.FromString(graph.SerializeToString()),  # it rewrites the proto it is given
+                graph,
                 model_type=_FUSION_MODEL_TYPE,
                 num_heads=source.num_heads,
                 hidden_size=source.hidden_size,
@@ -308,28 +422,42 @@ def _fuse(
     finally:
         logging.disable(logging.NOTSET)
     fused = optimized.model
+    del optimized, graph
     domains = {o.domain for o in fused.opset_import}
     for node_domain in sorted({n.domain for n in fused.graph.node} - domains - {"", "ai.onnx"}):
         fused.opset_import.add(domain=node_domain, version=1)  # the fused contrib ops' domain (com.microsoft)
-    before = {n.op_type for n in graph.graph.node}
     after = {n.op_type for n in fused.graph.node}
     if not (after - before):
-        return None, None  # no fused operator appeared: keep the plain graph
-    unfused_out = run_onnx(graph, probes)
-    try:
-        fused_out = run_onnx(fused, probes)
-    except Exception:  # a fusion ORT cannot run on this graph: the plain graph is the safe answer
-        return None, None
-    diff = _max_diff(fused_out, unfused_out)
-    return (fused, diff) if diff <= ATOL else (None, diff)
+        return False, None  # no fused operator appeared: keep the plain graph
+    with tempfile.TemporaryDirectory(dir=where.parent) as tmp:
+        candidate = Path(tmp) / "fused"
+        save_onnx_file(fused, candidate)
+        del fused
+        free_memory()
+        try:
+            fused_out = run_onnx(candidate / ONNX_FILE, probes)
+        except Exception:  # a fusion ORT cannot run on this graph: the plain graph is the safe answer
+            return False, None
+        diff = _max_diff(fused_out, unfused)
+        if not diff <= ATOL:
+            return False, diff
+        shutil.rmtree(where)
+        shutil.move(candidate, where)
+    return True, diff
 
 
 def run_onnx(graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]]) -> list[npt.NDArray[np.float32]]:
+    """The graph's outputs on `probes`. `graph`: a model.onnx path (its page-aligned external data is mapped,
+    not read: pack memory) or an onnx.ModelProto under 2 GB."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # Pack memory: no second copy of the MatMul weights in MLAS's blocked layout, no arena kept after the run.
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
+    model = str(graph) if isinstance(graph, Path) else graph.SerializeToString()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
     return [np.asarray(session.run(None, {k: v for k, v in p.items() if k in wanted})[0]) for p in probes]
 

@@ -8,7 +8,6 @@ page-aligned model.onnx.data, program.json + model.safetensors (torch backend), 
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
-from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
+from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
@@ -114,20 +113,38 @@ def pack_from(
         if source.weights.suffix != ".safetensors":  # read_source checked a model.safetensors' header already
             shapes = safetensors_shapes(staged / WEIGHTS_FILE)
             check_checkpoint(shapes, source.weights, source.model_root / "config.json", source.config, source.family)
-        check_weights(source, staged)
+        # Pack memory (issue 26): the model is loaded once, for the refusal check, and shared by both exports;
+        # its outputs on the probe batches are computed once; the ONNX graph goes to disk a tensor at a time; the
+        # model is freed before ORT's fusions load the graph.
+        model = check_weights(source, staged)
+        from infra.pack.hf_export import free_memory, reference_outputs
+
+        reference = reference_outputs(source, model)
         program = None
         if "torch" in chosen:
-            program, chosen, unsupported = export_torch(source, staged, torch_artifact, chosen, unsupported, backends)
+            program, chosen, unsupported = export_torch(
+                source, staged, torch_artifact, chosen, unsupported, backends, model, reference
+            )
+        exported = None
+        if "onnx" in chosen:
+            from infra.pack.hf_export import check_graph, export_graph, fuse_graph
+
+            export_graph(source, model, reference, staged / "onnx")
+            del model
+            free_memory()
+            diff, unfused = check_graph(source, staged / "onnx", reference)
+            exported = fuse_graph(source, staged / "onnx", reference, diff, unfused, fuse)
+        else:
+            del model
+            free_memory()
 
         def build(tmp: Path) -> dict[str, Any]:
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
-            if "onnx" in chosen:
-                from infra.pack.hf_export import export
-
-                exported = export(source, staged, fuse=fuse)
-                save_onnx(exported.model, tmp)
+            if exported is not None:
+                for name in (ONNX_FILE, ONNX_DATA):
+                    shutil.move(exported.where / name, tmp / name)
                 spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
             if "torch" in chosen:
                 spec["torch"] = torch_spec(source, staged, tmp, program)
@@ -159,6 +176,8 @@ def export_torch(
     chosen: tuple[str, ...],
     unsupported: dict[str, str],
     backends: Iterable[str] | None,
+    model: Any = None,
+    reference: Any = None,
 ) -> tuple[StagedProgram | ProgramFallback | None, tuple[str, ...], dict[str, str]]:
     """The torch backend's exported program, staged in `staged`/program (None: the hand-written encoder), and
     the backends left to pack.
@@ -170,10 +189,11 @@ def export_torch(
     are not held in memory through the ONNX export."""
     if artifact != "exported-program":
         return None, chosen, unsupported
+    from infra.pack.hf_export import free_memory
     from infra.pack.torch_program import ProgramExportError, export_program
 
     try:
-        program = export_program(source, staged)
+        program = export_program(source, staged, model, reference)
     except ProgramExportError as e:
         if hand_written_refusal(source) is None:
             return ProgramFallback(str(e)), chosen, unsupported
@@ -182,7 +202,7 @@ def export_torch(
         return None, tuple(b for b in chosen if b != "torch"), {**unsupported, "torch": str(e)}
     staged_program = StagedProgram.write(program, staged / "program")
     del program
-    gc.collect()  # torch.export's graph and the traced module hold the model in reference cycles: freed now
+    free_memory()  # torch.export's graph and the traced module hold the model in reference cycles: freed now
     return staged_program, chosen, unsupported
 
 
@@ -270,12 +290,13 @@ def stage_safetensors(source: HFSource, staging: Path) -> Path:
     return staging
 
 
-def check_weights(source: HFSource, staged: Path) -> None:
+def check_weights(source: HFSource, staged: Path) -> Any:
     """The staged checkpoint loaded as transformers' stock class, its loading info checked (a missing, extra or
-    misshapen tensor is refused: hf_checks.check_loading_info), before anything is written, whatever the backends."""
+    misshapen tensor is refused: hf_checks.check_loading_info), before anything is written, whatever the backends.
+    The model, which both exports then share (one load per pack)."""
     from infra.pack.hf_export import load_torch_model
 
-    load_torch_model(source, staged)
+    return load_torch_model(source, staged)
 
 
 def check_transformers_config(source: HFSource) -> None:

@@ -18,9 +18,12 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.pack.hf_source import HFSource
+
+if TYPE_CHECKING:
+    from infra.pack.hf_export import Reference
 
 PROGRAM_FILE = "program.json"
 ATOL = 1e-4  # max abs difference against the eager module, as the ONNX export's check
@@ -39,25 +42,25 @@ class ExportedProgram:
     attention: str  # transformers' attention implementation the program was captured with
 
 
-def export_program(source: HFSource, safetensors_dir: Path, model: Any = None) -> ExportedProgram:
+def export_program(
+    source: HFSource, safetensors_dir: Path, model: Any = None, reference: Reference | None = None
+) -> ExportedProgram:
     """The program of `model` (else loaded from `safetensors_dir`) with the task's head, checked against the
     module the ONNX graph is checked against: the model as loaded (eager attention, or hf_export's), its outputs
-    taken before the attention is switched. Attention: "sdpa" first where transformers has it for the model
-    (MPNet has not), then the attention as loaded; the first program that matches is kept. `model` is left as
-    it came (its attention restored)."""
+    (`reference`, else computed here) taken before the attention is switched. Attention: "sdpa" first where
+    transformers has it for the model (MPNet has not), then the attention as loaded; the first program that
+    matches is kept. `model` is left as it came (its attention restored)."""
     import torch
 
-    from infra.pack.hf_export import build_head, input_names, load_torch_model, probe_batches
+    from infra.pack.hf_export import build_head, input_names, load_torch_model, reference_outputs
 
     if model is None:
         model = load_torch_model(source, safetensors_dir)
     head = build_head(source, model)
     names = input_names(source)
-    probes = probe_batches(source, int(source.config["vocab_size"]))
-    probes.append({k: v[:1, :1] for k, v in probes[0].items()})  # the smallest batch: one row, one token
-    feeds = [tuple(torch.from_numpy(p[n]) for n in names) for p in probes]
-    with torch.inference_mode():
-        want = [head(*f) for f in feeds]
+    reference = reference or reference_outputs(source, model)  # the probes, then one row of one token
+    feeds = [tuple(torch.from_numpy(p[n]) for n in names) for p in reference.probes]
+    want = [torch.from_numpy(o) for o in reference.outputs]
     loaded = model.config._attn_implementation
     failures: list[str] = []
     try:

@@ -168,3 +168,41 @@ def test_a_program_that_does_not_match_is_onnx_only_with_its_reason(
     with pytest.raises(UnsupportedModelError, match=r"backend torch is not supported for gte: .*differs"):
         pack_from(src, tmp_path / "torch", backends=["torch"])
     assert not (tmp_path / "torch").exists()
+
+
+# Qwen3-Embedding-0.6B's layout at tiny sizes, from the same builder as bench/bench_big_model.py's 0.6B model:
+# grouped-query attention 2:1, head_dim apart from hidden / heads, tied embeddings, its query prompt (with a newline),
+# a byte-level BPE over the whole vocabulary appending <|endoftext|> and padding on the left.
+QWEN3_TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "vocab_size": 2000,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.2,
+}
+
+
+def test_qwen3_embedding_layout_packs_and_equals_sentence_transformers(tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from bench.big_models import QWEN3_PROMPTS, qwen3_embedder
+
+    src = qwen3_embedder(tmp_path / "qwen3-embedding-tiny", max_seq_length=MAX_SEQ, **QWEN3_TINY)
+    config = json.loads((src / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["num_key_value_heads"] * 2 == config["num_attention_heads"]
+    packed = pack_from(src, tmp_path / "packed")
+    manifest = served_on_both(packed, "qwen3")
+    assert manifest["pooling"] == {"mode": "lasttoken", "normalize": True, "in_graph": True}
+    reference = SentenceTransformer(str(src), device="cpu")
+    for ask in ({}, {"prompt_name": "query"}):
+        want = reference.encode(VARIED, **ask)
+        for backend in BACKENDS:
+            body = start(packed, backend).handle({"inputs": VARIED, **ask}, None)
+            ours = np.asarray(body["embeddings"], np.float32)
+            assert ours.shape == want.shape == (len(VARIED), QWEN3_TINY["hidden_size"]), backend
+            assert cosine(ours, want).min() >= 0.9999, (backend, ask)
+    assert set(QWEN3_PROMPTS) == set(manifest["prompts"])

@@ -369,6 +369,81 @@ def test_external_data_is_page_aligned_and_fusion_is_optional(packed: Callable[.
     np.testing.assert_allclose(Packed(fused).run(TEXTS), Packed(plain).run(TEXTS), atol=1e-4)
 
 
+def test_one_load_of_the_model_per_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 (pack memory): the refusal check's model is the one both exports use, and the eager model's
+    reference outputs are computed once; before, the checkpoint was loaded three times and the probes run twice."""
+    from infra.pack import hf_export
+
+    calls = {"load": 0, "reference": 0}
+    load, reference = hf_export.load_torch_model, hf_export.reference_outputs
+
+    def counted_load(*args: Any, **kwargs: Any) -> Any:
+        calls["load"] += 1
+        return load(*args, **kwargs)
+
+    def counted_reference(*args: Any, **kwargs: Any) -> Any:
+        calls["reference"] += 1
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(hf_export, "load_torch_model", counted_load)
+    monkeypatch.setattr(hf_export, "reference_outputs", counted_reference)
+    src = make_model_dir(tmp_path, "bert", max_seq_length=18)
+    m = read_manifest(pack_from(src, tmp_path / "packed"))
+    assert set(m["backends"]) == {"onnx", "torch"} and m["backends"]["torch"]["architecture"] == "exported-program"
+    assert calls == {"load": 1, "reference": 1}
+
+
+def test_export_on_its_own_loads_checks_and_fuses(tmp_path: Path) -> None:
+    """`hf_export.export` without a model or reference outputs (what a caller outside hf_pack uses): the graph in
+    the staging directory's onnx/, checked, fused, and readable back as one proto."""
+    from infra.pack.hf_export import export
+    from infra.pack.hf_pack import stage_safetensors
+
+    source = read_source(make_model_dir(tmp_path, "bert", max_seq_length=18))
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    stage_safetensors(source, staged)
+    exported = export(source, staged)
+    assert exported.where == staged / "onnx" and exported.fused and exported.max_abs_diff <= 1e-4
+    assert sorted(p.name for p in exported.where.iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert [i.name for i in exported.model.graph.input] == ["input_ids", "attention_mask"]
+
+
+def test_graph_written_a_tensor_at_a_time_from_a_file_per_tensor(tmp_path: Path) -> None:
+    """What torch.onnx writes past 2 GB (each initializer in a file of its own beside the graph) becomes one
+    page-aligned model.onnx.data, small tensors back inline, and the graph answers the same."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
+
+    rng = np.random.default_rng(0)
+    big, small = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 48])],
+        [numpy_helper.from_array(big, "w"), numpy_helper.from_array(small, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    onnx.save_model(model, str(exported / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=0)  # fmt: skip
+    assert len(list(exported.iterdir())) == 3  # the graph and a file per tensor, as torch.onnx writes them
+    save_onnx_file(exported / "model.onnx", tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([ONNX_FILE, ONNX_DATA])
+    written = onnx.load(str(tmp_path / "out" / ONNX_FILE), load_external_data=False)
+    external = {t.name: ExternalDataInfo(t) for t in written.graph.initializer if uses_external_data(t)}
+    assert list(external) == ["w"] and external["w"].offset % 4096 == 0 and external["w"].location == ONNX_DATA
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "out" / ONNX_FILE), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ big + small, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 
 
