@@ -35,10 +35,10 @@ EVENT = {"inputs": ["A cold start is the time from nothing to the first answer."
 Item = tuple[Path, "list[list[int]] | None"]
 
 
-def load(backend: str, path: Path = LIST) -> tuple[list[Item] | None, str]:
+def load(backend: str, path: Path | None = None) -> tuple[list[Item] | None, str]:
     """The recorded files resolved against this interpreter's sys.path, in start order; or None and why."""
     try:
-        raw = json.loads(path.read_bytes())
+        raw = json.loads((path or LIST).read_bytes())
     except FileNotFoundError:
         return None, "none recorded"
     except (OSError, ValueError) as e:
@@ -183,7 +183,7 @@ def order(modules: Sequence[str], maps: Sequence[str], bases: Sequence[str]) -> 
     rels = [r for r in (_relative(p, bases) for p in modules) if r is not None]
     seen = set(rels)
     for lib in dict.fromkeys(r for r in (_relative(p, bases) for p in maps) if r is not None):
-        if lib in seen or not lib.endswith((".so",)) and ".so." not in lib:
+        if lib in seen or not (lib.endswith(".so") or ".so." in lib):
             continue
         seen.add(lib)
         top = lib.split("/", 1)[0].removesuffix(".libs")
@@ -192,8 +192,9 @@ def order(modules: Sequence[str], maps: Sequence[str], bases: Sequence[str]) -> 
     return rels
 
 
-def record(out: Path = LIST, model: Path | None = None, cwd: Path | None = None) -> dict[str, Any]:
+def record(out: Path | None = None, model: Path | None = None, cwd: Path | None = None) -> dict[str, Any]:
     """Run a start twice (the second from a cold page cache) and write the list; returns its summary."""
+    out = out or LIST
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_RUNTIME_API"))}
     env.update({"WARMSTART_PREFETCH": "off", "PYTHONDONTWRITEBYTECODE": "1"})
     if model is not None:
@@ -213,9 +214,13 @@ def record(out: Path = LIST, model: Path | None = None, cwd: Path | None = None)
     total = 0
     for r in rels:
         path = real[r]
-        if pinned[r] and all(pinned[r]):
-            continue
         size = os.path.getsize(path)
+        if pinned[r] and all(pinned[r]):
+            # Its pages could not be evicted (mapped by another process, or a RAM disk): which the start read
+            # is unknowable, so all of it, as the prefetch read libraries before there were lists.
+            files.append([r, None])
+            total += size
+            continue
         spans = ranges_of(resident(path), size)
         if not spans:
             continue
@@ -240,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m handler.runtime.startfiles", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, help="packed model to start with (default: as init finds it)")
-    p.add_argument("--out", type=Path, default=LIST)
+    p.add_argument("--out", type=Path, default=None, help=f"default: {LIST.name} beside this module")
     args = p.parse_args(argv)
     print(json.dumps(record(args.out, args.model)))
     return 0
