@@ -1,13 +1,14 @@
 """Overlap init's disk reads with its CPU work: started at the first line of init, a thread asks the kernel to
 read (`posix_fadvise(WILLNEED)`: asynchronous readahead into the page cache) the files init will touch, in the
-order it touches them: the shared libraries of numpy, ONNX Runtime and tokenizers (imported first), then the
-packed model's files (the session maps the weights, the tokenizer file is read last).
+order it touches them: the code (the pages of the import chain and its libraries a start reads, recorded at build
+time by handler.runtime.startfiles; without a list, the shared libraries of numpy, ONNX Runtime and tokenizers
+whole), then the packed model's files (the session maps the weights, the tokenizer file is read last).
 
 On a warm page cache this costs ~1 ms of a background thread. On a cold one (a new Lambda container reads its
 image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
-Stdlib only and no handler imports beyond `fingerprint`: it runs before numpy is imported. Switch:
+Stdlib only and no handler imports beyond `fingerprint` and `startfiles`: it runs before numpy is imported. Switch:
 WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
 """
 
