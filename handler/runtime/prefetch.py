@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -67,6 +68,9 @@ class Prefetch:
         this thread, not init's: reading and resolving the list costs ~1 ms of CPU."""
         from handler.runtime import startfiles
 
+        if getattr(sys, startfiles.ISSUED, False):
+            self.code_source = "recorded, issued at interpreter start"
+            return []
         try:
             recorded, why = startfiles.load(self.backend)
         except Exception as e:  # never fail a start over a hint; the report says what happened

@@ -62,11 +62,86 @@ def load(backend: str, path: Path | None = None) -> tuple[list[Item] | None, str
     return items, "recorded"
 
 
+# -- replay from interpreter start (a .pth file) ------------------------------------------------------------
+
+PTH = "warmstart-startfiles.pth"
+ISSUED = "_warmstart_startfiles"  # set on `sys` once the list was issued, so the prefetch thread skips it
+
+
+def boot(root: str, listing: str) -> None:
+    """Called by the .pth line at interpreter start, before awslambdaric and handler import anything: when this
+    process is a start of the function at `root` (its argv names `handler`, and `root`'s `handler` is the one
+    imports will find), a thread issues the list. Anything else, or any error: nothing, silently."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if not any(a.startswith("handler") for a in argv[1:]):
+        return
+    first = next((e for e in sys.path if e and os.path.isdir(os.path.join(e, "handler"))), None)
+    if first is None or os.path.realpath(first) != root:
+        return
+    items, _ = load(_backend_of(listing), Path(listing))
+    if not items:
+        return  # stale or broken: the prefetch thread falls back to the libraries, and its report says why
+    import threading
+
+    def run() -> None:
+        for path, ranges in items:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                for offset, length in ranges or ((0, 0),):
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    setattr(sys, ISSUED, True)
+    threading.Thread(target=run, name="warmstart-startfiles", daemon=True).start()
+
+
+def _backend_of(listing: str) -> str:
+    # The hook runs before any manifest is read: the list's own backend (a start with another one reads the
+    # same import chain up to the backend's module, and the prefetch thread then does the model as always).
+    try:
+        return str(json.loads(Path(listing).read_bytes()).get("backend", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def install_pth(site_dir: Path, listing: Path | None = None) -> Path:
+    """Write the .pth line that calls `boot` at interpreter start (in an image's site-packages: Python reads
+    .pth files only there, not from PYTHONPATH entries such as Lambda's /var/task or /opt/python)."""
+    root = os.path.realpath(Path(__file__).resolve().parents[2])
+    listing = (listing or LIST).resolve()
+    here = Path(__file__).resolve()
+    # One line, starting with `import` (site.py runs only those); guarded: a .pth error would print on every start.
+    inner = (
+        "try:\n"
+        " import importlib.util as u\n"
+        f" s = u.spec_from_file_location('_warmstart_startfiles', {str(here)!r})\n"
+        " m = u.module_from_spec(s)\n"
+        " s.loader.exec_module(m)\n"
+        f" m.boot({root!r}, {str(listing)!r})\n"
+        "except Exception:\n"
+        " pass\n"
+    )
+    line = f"import os, sys; exec({inner!r}) if os.path.isfile({str(listing)!r}) else None\n"
+    out = site_dir / PTH
+    out.write_text(line)
+    return out
+
+
 # -- recording (build time) --------------------------------------------------------------------------------
 
 _CHILD = """
 import json, os, sys
 before = set(sys.modules)
+try:
+    import awslambdaric.bootstrap  # what Lambda mode imports before handler.app: the interpreter-start hook's
+except ImportError:
+    pass
 import handler.app
 try:
     handler.app.lambda_handler(json.loads(sys.argv[2]), None)
@@ -246,8 +321,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m handler.runtime.startfiles", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, help="packed model to start with (default: as init finds it)")
     p.add_argument("--out", type=Path, default=None, help=f"default: {LIST.name} beside this module")
+    p.add_argument(
+        "--pth",
+        action="store_true",
+        help="also replay it from interpreter start: a .pth file in this interpreter's site-packages (images)",
+    )
     args = p.parse_args(argv)
-    print(json.dumps(record(args.out, args.model)))
+    summary = record(args.out, args.model)
+    if args.pth:
+        import sysconfig
+
+        summary["pth"] = str(install_pth(Path(sysconfig.get_paths()["purelib"]), args.out))
+    print(json.dumps(summary))
     return 0
 
 

@@ -231,7 +231,7 @@ def test_cpu_image_takes_the_fast_path_with_the_portable_model_beside_it() -> No
     function = stage_runs(dockerfile, str(len(Dockerfile.parse(dockerfile).stages) - 1))
     compiled = next(i for i, r in enumerate(function) if "compileall" in r)
     recorded = [i for i, r in enumerate(function) if "-m handler.runtime.startfiles" in r]
-    assert recorded and recorded[0] > compiled
+    assert recorded and recorded[0] > compiled and "--pth" in function[recorded[0]]
 
 
 def test_gpu_image_ships_no_prepacked_weights() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import json.decoder
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,7 +85,9 @@ def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
     doc = json.loads(out.read_text())
     assert summary["files"] == len(doc["files"]) > 50 and doc["backend"] == "onnx"
     names = [rel for rel, _ in doc["files"]]
-    assert names[0].startswith("handler/")  # in import order: the package the start imports first
+    # in import order: Lambda mode's runtime client first (what the .pth hook gets ahead of), then ours
+    tops = [n.split("/", 1)[0] for n in names]
+    assert tops[0] == "awslambdaric" and tops.index("awslambdaric") < tops.index("handler") < tops.index("numpy")
     assert any(n.startswith("numpy/") for n in names) and any(n.startswith("onnxruntime/") for n in names)
     assert not [n for n in names if n.startswith("models/")]  # the model's files are the manifest's to plan
     items, why = startfiles.load("onnx", out)
@@ -100,3 +103,40 @@ def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
     job._run()
     assert job.code_source == f"recorded ({len(names)} files)" and job.error is None
     assert job.report()["files"] == len(names)
+
+
+def hooked_start(site_dir: Path, argv: list[str], pythonpath: str) -> tuple[str, str]:
+    """A Python that processes `site_dir`'s .pth files, as site.py does at start; what the hook left on sys."""
+    code = f"import site, sys; site.addsitedir({str(site_dir)!r}); print(getattr(sys, {startfiles.ISSUED!r}, False))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": pythonpath}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=site_dir, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr
+
+
+def test_the_interpreter_start_hook_replays_only_for_this_functions_start(tmp_path: Path) -> None:
+    root = str(Path(startfiles.__file__).resolve().parents[2])
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    listing = write_list(tmp_path / "startfiles.json", files=[["json/decoder.py", None]])
+    pth = startfiles.install_pth(site_dir, listing)
+    assert pth.read_text().startswith("import ") and len(pth.read_text().splitlines()) == 1
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("True", "")
+    assert hooked_start(site_dir, ["serve"], root) == ("False", "")  # argv names no `handler`: not our start
+    other = tmp_path / "other"
+    (other / "handler").mkdir(parents=True)
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], f"{other}:{root}") == ("False", "")  # not this code
+    write_list(listing, cache_tag="cpython-399")  # stale: nothing issued, the prefetch falls back and says so
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    listing.write_text("{broken")
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    listing.unlink()  # gone: the line does nothing, prints nothing
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+
+
+def test_the_prefetch_thread_skips_what_the_hook_issued(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, startfiles.ISSUED, True, raising=False)
+    job = prefetch.Prefetch([], "all", "onnx")
+    assert job._code() == [] and job.code_source == "recorded, issued at interpreter start"
