@@ -75,6 +75,8 @@ def boot(root: str, listing: str) -> None:
     argv = getattr(sys, "orig_argv", sys.argv)
     if not any(a.startswith("handler") for a in argv[1:]):
         return
+    if (os.environ.get("WARMSTART_PREFETCH") or "all").strip() in ("model", "off"):
+        return  # the code prefetch switched off: this is part of it
     first = next((e for e in sys.path if e and os.path.isdir(os.path.join(e, "handler"))), None)
     if first is None or os.path.realpath(first) != root:
         return

@@ -116,7 +116,9 @@ def hooked_start(site_dir: Path, argv: list[str], pythonpath: str) -> tuple[str,
     return proc.stdout.strip(), proc.stderr
 
 
-def test_the_interpreter_start_hook_replays_only_for_this_functions_start(tmp_path: Path) -> None:
+def test_the_interpreter_start_hook_replays_only_for_this_functions_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = str(Path(startfiles.__file__).resolve().parents[2])
     site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
@@ -125,6 +127,9 @@ def test_the_interpreter_start_hook_replays_only_for_this_functions_start(tmp_pa
     assert pth.read_text().startswith("import ") and len(pth.read_text().splitlines()) == 1
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("True", "")
     assert hooked_start(site_dir, ["serve"], root) == ("False", "")  # argv names no `handler`: not our start
+    monkeypatch.setenv("WARMSTART_PREFETCH", "model")  # the code prefetch switched off
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    monkeypatch.delenv("WARMSTART_PREFETCH")
     other = tmp_path / "other"
     (other / "handler").mkdir(parents=True)
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], f"{other}:{root}") == ("False", "")  # not this code
