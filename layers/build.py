@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -158,15 +159,11 @@ def check_limit(sizes: Sequence[Artifact], limit: int) -> None:
         )
 
 
-def default_model(
-    work: Path, optimize: bool = False, requirements: Path = ROOT / "layers" / "requirements.txt"
-) -> Path:
+def default_model(work: Path, optimize: bool = True, requirements: Path = ROOT / "layers" / "requirements.txt") -> Path:
     """The embedded default model, ONNX only (both backends would not fit beside the dependencies); with
-    `optimize`, pre-optimized for this machine when its onnxruntime is the layer's pinned one.
-
-    Not by default: the optimized data (127 MB for all-MiniLM) beside the portable model (88 MB) and the
-    dependencies passes the 250 MB limit, and a SnapStart restore does not create the session anyway (the
-    snapshot holds it). It pays for a small model on on-demand zip functions built on the target CPU."""
+    `optimize` (the default), also pre-optimized for this machine when its onnxruntime is the layer's pinned one.
+    `build` keeps the optimized files only where they fit (see `build`): the portable model is always there,
+    the fallback on a host with other CPU features."""
     from infra.pack import pack_default  # pack-time deps (torch, transformers, onnx, the model package)
 
     out = work / "model-onnx"
@@ -174,6 +171,10 @@ def default_model(
         pack_default(out, ["onnx"], force=True)
     if optimize:
         print(optimize_for_layer(out, requirements))
+    else:
+        from infra.pack.optimize import remove
+
+        remove(out)  # an earlier build's optimized files: --no-optimize means none
     return out
 
 
@@ -207,7 +208,12 @@ def build(
     limit: int = LAMBDA_UNZIPPED_LIMIT,
     code: Path = ROOT / "handler",
 ) -> list[Artifact]:
-    """Build all three zips into `out`; raises LayerSizeError (writing nothing) when over `limit`."""
+    """Build all three zips into `out`; raises LayerSizeError (writing nothing) when over `limit`.
+
+    A model with a pre-optimized copy that would pass `limit` goes without it (its manifest entry and files
+    dropped in the layer, never in `model`; `dropped` says so): the portable model serves, as it would on a
+    host the optimized one was not made for. The default model's is: 127 MB of optimized data beside the
+    88 MB portable model and ~120 MB of dependencies."""
     from handler.core.manifest import load_manifest
 
     manifest = load_manifest(model)  # a broken model fails here, not at the first cold start
@@ -218,7 +224,8 @@ def build(
         for name in ["manifest.json", *manifest.files]:
             (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (model_dir / name).symlink_to((model / name).resolve())
-        shutil.copytree(code, code_dir)
+        # Not the build machine's start list (its paths and pages are this checkout's): see record_start.
+        shutil.copytree(code, code_dir, ignore=shutil.ignore_patterns("startfiles.json"))
         deps_dir.mkdir()
         install_wheels(requirements, deps_dir, wheels)
         prune(code_dir)
@@ -228,8 +235,28 @@ def build(
             ("deps.zip", deps_dir, "python"),
             ("model.zip", model_dir, "models/default"),
         ]
-        check_limit([Artifact(name, *tree_size(src)) for name, src, _ in plan], limit)
+        sizes = [Artifact(name, *tree_size(src)) for name, src, _ in plan]
+        if sum(a.unzipped for a in sizes) > limit and "optimized" in manifest.backends.get("onnx", {}):
+            dropped = drop_optimized(model_dir)
+            print(f"optimize: the optimized model ({dropped / MB:.1f} MB) would pass the limit; the portable one ships")
+            sizes = [Artifact(name, *tree_size(src)) for name, src, _ in plan]
+        check_limit(sizes, limit)
         return [write_zip(src, prefix, out / name) for name, src, prefix in plan]
+
+
+def drop_optimized(model_dir: Path) -> int:
+    """Take the optimized model out of a layer's model tree (symlinks to the source model: the manifest is
+    replaced by a copy, the links removed, the source untouched); returns the bytes dropped."""
+    from infra.pack.optimize import remove
+
+    manifest = model_dir / "manifest.json"
+    text = manifest.read_text()
+    entry = json.loads(text)["backends"]["onnx"]["optimized"]
+    size: int = sum((model_dir / name).stat().st_size for name in entry.get("files", []))
+    manifest.unlink()
+    manifest.write_text(text)
+    remove(model_dir)
+    return size
 
 
 def build_warmer(out: Path, src: Path = ROOT / "warmers") -> Artifact | None:
@@ -251,12 +278,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--wheels", type=Path, help="install from this wheel directory only (offline)")
     p.add_argument("--limit-mb", type=float, default=LAMBDA_UNZIPPED_LIMIT / MB, help="unzipped limit (MB)")
     p.add_argument(
-        "--optimize", action="store_true", help="default model: add the pre-optimized ONNX model (prepacked weights)"
+        "--no-optimize",
+        action="store_true",
+        help="default model: the portable ONNX model only (by default also pre-optimized where it fits)",
     )
     args = p.parse_args(argv)
     from handler.core.errors import ModelLoadError
 
-    model = args.model or default_model(ROOT / "build", optimize=args.optimize, requirements=args.requirements)
+    model = args.model or default_model(ROOT / "build", optimize=not args.no_optimize, requirements=args.requirements)
     try:
         artifacts = build(args.out, model, args.requirements, args.wheels, int(args.limit_mb * MB))
     except (LayerBuildError, ModelLoadError) as e:

