@@ -138,21 +138,24 @@ def build_head(source: HFSource, model: Any) -> Any:
             # The additive 4D mask (0 keep, float32 min drop) is the classic BERT pattern ORT's attention fusion
             # recognizes; transformers passes a 4D mask through as is (the same scores as its 2D path).
             mask: Any = attention_mask  # "2d": the model builds its own masks (causal, local windows)
+            dtype = self.model.dtype  # float32, or the torch program's float16 / bfloat16 (--dtype)
             if mask_kind == "bert":
-                keep = attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)
-                mask = (1.0 - keep) * torch.finfo(torch.float32).min
+                keep = attention_mask.unsqueeze(1).unsqueeze(2).to(dtype)
+                mask = (1.0 - keep) * torch.finfo(dtype).min
             elif mask_kind == "gemma3":
                 mask = layer_type_masks(config, attention_mask)
             kwargs = {"input_ids": input_ids, "attention_mask": mask}
             if with_types:
                 kwargs["token_type_ids"] = token_type_ids
             out = self.model(**kwargs)
+            wide = dtype != torch.float32  # reduced precision: the head (pooling, normalize) runs in float32
             if task == "embedding":
-                emb = pool(out.last_hidden_state, attention_mask, str(pooling))
+                tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
+                emb = pool(tokens, attention_mask, str(pooling))
                 for layer in self.dense:
                     emb = layer(emb)
                 return torch.nn.functional.normalize(emb, p=2.0, dim=1) if normalize else emb
-            logits = out.logits
+            logits = out.logits.float() if wide else out.logits
             if task == "rerank":
                 scores = logits[:, 0]
                 return torch.sigmoid(scores) if activation == "sigmoid" else scores
@@ -230,8 +233,9 @@ def probe_batches(source: HFSource, vocab_size: int, seed: int = 0) -> list[dict
     return batches
 
 
-def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Exported:
-    """Export, check against the eager model, then try ORT's fusions (kept when outputs still match)."""
+def export(source: HFSource, safetensors_dir: Path, fuse: bool = True, fuse_attention: bool = True) -> Exported:
+    """Export, check against the eager model, then try ORT's fusions (kept when outputs still match).
+    `fuse_attention=False`: every fusion but Attention's (q, k and v stay MatMuls, for `--quantize int8`)."""
     import onnx
     import torch
 
@@ -268,14 +272,14 @@ def export(source: HFSource, safetensors_dir: Path, fuse: bool = True) -> Export
     new = NEW_FAMILIES.get(source.family)
     if not fuse or (new is not None and not new.fuse):  # ORT's BERT patterns: nothing of these graphs matches
         return Exported(graph, names, output, False, diff, None)
-    fused, fused_diff = _fuse(source, graph, probes)
+    fused, fused_diff = _fuse(source, graph, probes, fuse_attention)
     if fused is None:
         return Exported(graph, names, output, False, diff, fused_diff)
     return Exported(fused, names, output, True, diff, fused_diff)
 
 
 def _fuse(
-    source: HFSource, graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]]
+    source: HFSource, graph: Any, probes: list[dict[str, npt.NDArray[np.int64]]], attention: bool = True
 ) -> tuple[Any | None, float | None]:
     """ORT's transformer fusions; the fused graph, or None when nothing fused or outputs moved."""
     import contextlib
@@ -293,6 +297,7 @@ def _fuse(
     # unfused Gather + Add + LayerNormalization (1 thread, CPU time per call, 300 interleaved calls: 1 text 4.46 vs
     # 4.23 ms, 32 texts 132.0 vs 121.5, one 256-token text 68.7 vs 62.9), more than it saves at session build.
     options.enable_embed_layer_norm = False
+    options.enable_attention = attention
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # and it print()s some

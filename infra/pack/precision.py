@@ -18,7 +18,7 @@ from typing import Any
 from infra.pack.hf_source import UnsupportedModelError
 
 DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int8-dynamic")  # infra.pack.quantize.METHODS
 ONNX_DTYPE_REFUSED = (
     "ONNX graphs are packed float32 or int8 only: ONNX Runtime's CPU execution provider has no bfloat16 kernels "
     "and runs a float16 graph's MatMul and LayerNormalization through casts to float32 (slower than float32); "

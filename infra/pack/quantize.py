@@ -230,3 +230,40 @@ def _drop_unused(graph: Any) -> None:
     used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for tensor in [t for t in graph.initializer if t.name not in used]:
         graph.initializer.remove(tensor)
+
+
+def quantize_checked(
+    source: Any, graph: Any, calibration: list[dict[str, Any]], options: Int8Options, staging: Path
+) -> tuple[Any, dict[str, Any]]:
+    """The int8 graph of the exported float32 `graph` and its agreement with it on the `calibration` batches
+    (infra.pack.quality.measure; the caller gates on it). The float32 graph is written to `staging` (its
+    initializers moved out of `graph`: it is not needed in memory again) and both run from there."""
+    from infra.pack.onnx_io import ONNX_FILE, save_onnx
+    from infra.pack.quality import compare
+
+    where = staging / "float32"
+    where.mkdir()
+    save_onnx(graph, where)
+    reference = _runner(where / ONNX_FILE)
+    quantized = quantize_int8(where / ONNX_FILE, options)
+    candidate = _runner(quantized)
+    figures = compare(source.task, calibration, reference, candidate, source.problem_type)
+    return quantized, figures
+
+
+def _runner(model: Any) -> Any:
+    """A feeds -> first output callable over an ONNX Runtime CPU session of `model` (a path or a ModelProto)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if isinstance(model, Path):
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    else:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+
+    def run(feed: dict[str, Any]) -> Any:
+        return session.run(None, {k: v for k, v in feed.items() if k in wanted})[0]
+
+    return run
