@@ -236,7 +236,8 @@ def read_calibration(path: Path) -> list[str]:
 def pairs(texts: list[str], seed: int = 0) -> list[tuple[str, str]]:
     """(query, document) pairs for a reranker: each query with a group of documents, some related."""
     rng = random.Random(seed)
-    queries = [t for t in texts if t.strip()][: max(1, len(texts) // 8)]
+    nonempty = [t for t in texts if t.strip()] or texts
+    queries = nonempty[: max(min(8, len(nonempty)), len(texts) // 8)]  # 8 groups at least, where there are texts
     out = []
     for query in queries:
         for _ in range(8):
