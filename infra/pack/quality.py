@@ -68,8 +68,8 @@ def calibration_feeds(
 
 def measure(
     task: str,
-    want: npt.NDArray[np.float32],
-    got: npt.NDArray[np.float32],
+    want: npt.ArrayLike,
+    got: npt.ArrayLike,
     problem_type: str | None = None,
     group: int = 8,
 ) -> dict[str, Any]:
