@@ -145,8 +145,16 @@ def pack_from(
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
-            if "onnx" in chosen:
-                spec["onnx"] = onnx_spec(source, staged, tmp, fuse, precision, calibration)
+            if "onnx" in chosen and precision.quantize is not None:
+                from infra.pack.quantize import pack_int8
+
+                spec["onnx"] = pack_int8(source, staged, tmp, fuse, precision, calibration or [])
+            elif "onnx" in chosen:
+                from infra.pack.hf_export import export
+
+                exported = export(source, staged, fuse=fuse)
+                save_onnx(exported.model, tmp)
+                spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
             if "torch" in chosen:
                 spec["torch"] = torch_spec(source, staged, tmp, program)
             manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
@@ -159,40 +167,6 @@ def pack_from(
             return manifest
 
         return publish(with_golden(build), out, force, [source.root])
-
-
-def onnx_spec(
-    source: HFSource,
-    staged: Path,
-    tmp: Path,
-    fuse: bool,
-    precision: Precision,
-    calibration: list[dict[str, Any]] | None,
-) -> dict[str, Any]:
-    """Export the ONNX graph into `tmp` (quantized and gated with `--quantize`); its manifest entry (with the
-    gate's figures under "quality", which the caller moves to the manifest's `precision`)."""
-    from infra.pack.hf_export import export
-
-    if precision.quantize is None:
-        exported = export(source, staged, fuse=fuse)
-        save_onnx(exported.model, tmp)
-        return {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
-    from infra.pack.quality import check
-    from infra.pack.quantize import Int8Options, quantize_checked
-
-    options = Int8Options(method=precision.quantize)
-    exported = export(source, staged, fuse=fuse, fuse_attention=options.fuse_attention)
-    graph, figures = quantize_checked(source, exported.model, calibration or [], options, staged)
-    del exported
-    quality = check(source.task, figures, precision.min_quality, f"--quantize {precision.quantize}")
-    save_onnx(graph, tmp)
-    return {
-        "model": ONNX_FILE,
-        "files": [ONNX_FILE, ONNX_DATA],
-        "fused": fuse,
-        "quantization": options.to_json(),
-        "quality": quality,
-    }
 
 
 def tokenizer_shortcut(path: Path, max_length: int, pad_id: int, out: Path) -> dict[str, Any] | None:

@@ -232,6 +232,31 @@ def _drop_unused(graph: Any) -> None:
         graph.initializer.remove(tensor)
 
 
+def pack_int8(
+    source: Any, staged: Path, tmp: Path, fuse: bool, precision: Any, calibration: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """`pack --from --quantize`: export the float32 graph from `staged`, quantize it, gate it (QualityError below
+    the threshold, before anything is published) and write it into `tmp`; the onnx backend's manifest entry,
+    the gate's figures under "quality" (the caller moves them to the manifest's `precision`)."""
+    from infra.pack.hf_export import export
+    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
+    from infra.pack.quality import check
+
+    options = Int8Options(method=precision.quantize)
+    exported = export(source, staged, fuse=fuse, fuse_attention=options.fuse_attention)
+    graph, figures = quantize_checked(source, exported.model, calibration, options, staged)
+    del exported
+    quality = check(source.task, figures, precision.min_quality, f"--quantize {precision.quantize}")
+    save_onnx(graph, tmp)
+    return {
+        "model": ONNX_FILE,
+        "files": [ONNX_FILE, ONNX_DATA],
+        "fused": fuse,
+        "quantization": options.to_json(),
+        "quality": quality,
+    }
+
+
 def quantize_checked(
     source: Any, graph: Any, calibration: list[dict[str, Any]], options: Int8Options, staging: Path
 ) -> tuple[Any, dict[str, Any]]:
