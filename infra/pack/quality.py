@@ -26,6 +26,10 @@ METRICS = {
     "classify": "label agreement vs float32",
 }
 BATCH = 16
+# Calibration batches are truncated here at most (the model's max length when shorter): positions past it
+# are rarely what a reduced precision breaks, and a 16 x 8,192-token batch through a 0.6B float32 graph would
+# cost gigabytes of attention scores at pack time.
+MAX_TOKENS = 512
 Feeds = dict[str, npt.NDArray[np.int64]]
 
 
@@ -36,8 +40,8 @@ class QualityError(SourceError):
 def calibration_feeds(
     source: Any, tokenizer: Any, texts: Sequence[str], names: Sequence[str]
 ) -> tuple[list[Feeds], list[int]]:
-    """Token batches (right padding, truncated at the model's max length, sorted by length so that batches pad
-    little) and the order they hold the calibration items in. Rerank: (query, document) pairs."""
+    """Token batches (right padding, truncated at the model's max length or MAX_TOKENS, sorted by length so that
+    batches pad little) and the order they hold the calibration items in. Rerank: (query, document) pairs."""
     from infra.pack.calibration import pairs
 
     items: list[Any] = pairs(list(texts)) if source.task == "rerank" else list(texts)
@@ -50,7 +54,7 @@ def calibration_feeds(
         kwargs: dict[str, Any] = {
             "padding": True,
             "truncation": True,
-            "max_length": source.max_seq_length,
+            "max_length": min(source.max_seq_length, MAX_TOKENS),
             "return_tensors": "np",
             "padding_side": "right",  # the exported graphs pool assuming right padding (the runtime pads right)
         }
