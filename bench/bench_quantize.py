@@ -6,6 +6,8 @@ max_seq_length 256). Variants, each packed once under --work with `pack_from` (t
 
   onnx-float32    pack --from DIR --backends onnx
   onnx-int8       pack --from DIR --quantize int8        (MatMulNBits, int8 embedding table)
+  onnx-int8dyn    pack --from DIR --quantize int8-dynamic --min-quality 0.95   (MiniLM only: the default gate
+                  refuses it there)
   torch-float32   pack --from DIR --backends torch       (MiniLM only)
   torch-bfloat16  pack --from DIR --dtype bfloat16       (MiniLM only)
 
@@ -18,7 +20,7 @@ the same backend, min / 1st percentile / median cosine. Random weights make BERT
 meaningless for a trained model: MiniLM's is the real one.
 
 Usage: .venv/bin/python bench/bench_quantize.py [--rounds 3] [--calls 5] [--texts 1000] [--work DIR]
-       [--models minilm,bert-base] [--json out.json]
+       [--models minilm,bert-base] [--variants onnx-float32,onnx-int8,...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ SENTENCE = "what is the capital city of france ? paris is the capital of france 
 WORDS = SENTENCE.split()
 BATCH = [" ".join(WORDS[: 3 + (i * 7) % len(WORDS)] * (1 + i % 4)) for i in range(32)]
 VARIANTS = {
-    "minilm": ("onnx-float32", "onnx-int8", "torch-float32", "torch-bfloat16"),
+    "minilm": ("onnx-float32", "onnx-int8", "onnx-int8dyn", "torch-float32", "torch-bfloat16"),
     "bert-base": ("onnx-float32", "onnx-int8"),
 }
-REFERENCE = {"onnx-int8": "onnx-float32", "torch-bfloat16": "torch-float32"}
+REFERENCE = {"onnx-int8": "onnx-float32", "onnx-int8dyn": "onnx-float32", "torch-bfloat16": "torch-float32"}
 
 
 def source(work: Path, model: str) -> Path:
@@ -63,18 +65,23 @@ def source(work: Path, model: str) -> Path:
     return src
 
 
-def build(work: Path, model: str) -> dict[str, Path]:
+def build(work: Path, model: str, only: list[str] | None = None) -> dict[str, Path]:
     from infra.pack.hf_pack import pack_from
     from infra.pack.precision import Precision
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = source(work, model)
     packs = {}
-    for variant in VARIANTS[model]:
+    for variant in [v for v in VARIANTS[model] if only is None or v in only]:
         backend, precision = variant.split("-")
         out = work / model / variant
         if not (out / "manifest.json").exists():
-            options = Precision(quantize="int8") if precision == "int8" else Precision(dtype=precision)
+            if precision == "int8dyn":
+                options = Precision(quantize="int8-dynamic", min_quality=0.95)
+            elif precision == "int8":
+                options = Precision(quantize="int8")
+            else:
+                options = Precision(dtype=precision)
             backends = None if options.reduced else [backend]
             pack_from(src, out, backends=backends, precision=options, force=out.exists())
         packs[variant] = out
@@ -154,6 +161,7 @@ def main() -> int:
     ap.add_argument("--texts", type=int, default=1000)
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench-quantize")
     ap.add_argument("--models", default="minilm,bert-base")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from infra.pack.calibration import builtin_texts
@@ -163,7 +171,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs (affinity {len(os.sched_getaffinity(0))}), python {sys.version.split()[0]}")
     report: dict[str, Any] = {}
     for model in models:
-        packs = build(args.work, model)
+        packs = build(args.work, model, args.variants.split(",") if args.variants else None)
         sizes = {v: size_mb(p) for v, p in packs.items()}
         gates = {}
         for v, p in packs.items():
