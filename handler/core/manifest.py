@@ -94,6 +94,19 @@ class Manifest:
     def key(self) -> str:
         return f"{self.id}@{self.version}"
 
+    @property
+    def precision(self) -> dict[str, Any]:
+        """dtype, quantization and the pack-time quality gate's figure (`pack --dtype/--quantize`): what the init
+        report and status show. A pack without the entry is float32."""
+        raw = self.raw.get("precision")
+        if not isinstance(raw, dict):
+            return {"dtype": "float32", "quantization": None}
+        out: dict[str, Any] = {"dtype": raw.get("dtype", "float32"), "quantization": raw.get("quantization")}
+        quality = raw.get("quality")
+        if isinstance(quality, dict):
+            out["quality"] = {k: quality.get(k) for k in ("metric", "figure", "min_quality", "items") if k in quality}
+        return out
+
     def files_for(self, backend: str) -> list[str]:
         """The files one backend needs (its weights, the tokenizer): what init checks and maps."""
         names = list(self.backends[backend].get("files", []))

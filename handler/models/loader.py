@@ -163,6 +163,7 @@ def load_model(
         **backend.describe(),
         "threads": {**plan.describe(), "cpus": budget.cpus, "bound_by": bound_by or budget.source, **budget.detail},
         "device_warmup": device,
+        "precision": manifest.precision,
     }
     return Loaded(
         manifest=manifest,

@@ -460,6 +460,7 @@ class Registry:
                     "loaded_s_ago": round(now - s.loaded_at, 3),
                     "backend": s.loaded.backend.name,
                     "task": s.loaded.manifest.task,
+                    "precision": s.loaded.manifest.precision,
                 }
 
             return {

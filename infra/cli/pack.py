@@ -16,6 +16,8 @@ TASK_CHOICES = (
     "rerank",
     "classify",
 )  # infra.pack.hf_source.TASK_CHOICES (not imported: cheap --help)
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
+QUANTIZE_CHOICES = ("int8", "int8-dynamic")  # infra.pack.precision.QUANTIZATIONS
 
 
 def register(sub: Any) -> None:
@@ -62,6 +64,36 @@ def register(sub: Any) -> None:
         action="store_true",
         help="for --default and --from: skip ONNX Runtime's transformer fusions on the exported graph",
     )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="float32",
+        help="for --default and --from: the torch program's weights and compute in float16 or bfloat16 (torch "
+        "backend only: ONNX graphs are packed float32 or int8), behind the quality gate",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        default=None,
+        help="for --default and --from: the ONNX graph's weights int8 (onnx backend only). int8: blockwise "
+        "(MatMulNBits, activations quantized per block: close to float32); int8-dynamic: ONNX Runtime's dynamic "
+        "quantization (faster, further from float32: the default gate refuses it on MiniLM). Behind the quality gate",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="texts the quality gate compares on against float32, one per line (default: a built-in varied set)",
+    )
+    p.add_argument(
+        "--min-quality",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the quality gate's threshold: min cosine (embedding), min(top-1 agreement, Spearman) (rerank), "
+        "label agreement (classify) vs float32; default 0.99 / 0.9 / 0.95",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run)
 
@@ -81,16 +113,26 @@ def run(args: argparse.Namespace) -> int:
         if args.model_id is not None:  # before it names a directory (models/ID): a name, never a path
             check_model_id(args.model_id)
         if args.default or args.source_dir is not None:
+            from infra.pack.calibration import read_calibration
             from infra.pack.hf_export import ExportError
             from infra.pack.hf_pack import default_id, pack_from
+            from infra.pack.precision import Precision
+
+            precision = Precision(
+                dtype=args.dtype,
+                quantize=args.quantize,
+                calibration=tuple(read_calibration(args.calibration)) if args.calibration else None,
+                min_quality=args.min_quality,
+            )
 
             try:
                 if args.default:
                     out = pack_default(
                         args.out or DEFAULT_OUT,
-                        _backends(args.backends) or ["onnx", "torch"],
+                        _backends(args.backends) or (None if precision.reduced else ["onnx", "torch"]),
                         force=args.force,
                         fuse=not args.no_fuse,
+                        precision=precision,
                     )
                 else:
                     out = pack_from(
@@ -102,11 +144,19 @@ def run(args: argparse.Namespace) -> int:
                         backends=_backends(args.backends),
                         fuse=not args.no_fuse,
                         force=args.force,
+                        precision=precision,
                     )
             except ExportError as e:
                 print(f"warmstart pack: {e}", file=sys.stderr)
                 return 1
         else:
+            if args.dtype != "float32" or args.quantize or args.calibration or args.min_quality is not None:
+                print(
+                    "warmstart pack --onnx: --dtype, --quantize, --calibration and --min-quality are for "
+                    "--default and --from",
+                    file=sys.stderr,
+                )
+                return 2
             if not args.model_id or not args.out:
                 print("warmstart pack --onnx needs --id and --out", file=sys.stderr)
                 return 2
@@ -130,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 "task": manifest.task,
                 "backends": sorted(manifest.backends),
                 "files": sizes,
+                **({"precision": manifest.raw["precision"]} if "precision" in manifest.raw else {}),
             }
         )
     )

@@ -195,21 +195,24 @@ def build_head(source: HFSource, model: Any) -> Any:
             # The additive 4D mask (0 keep, float32 min drop) is the classic BERT pattern ORT's attention fusion
             # recognizes; transformers passes a 4D mask through as is (the same scores as its 2D path).
             mask: Any = attention_mask  # "2d": the model builds its own masks (causal, local windows)
+            dtype = self.model.dtype  # float32, or the torch program's float16 / bfloat16 (--dtype)
             if mask_kind == "bert":
-                keep = attention_mask.unsqueeze(1).unsqueeze(2).to(torch.float32)
-                mask = (1.0 - keep) * torch.finfo(torch.float32).min
+                keep = attention_mask.unsqueeze(1).unsqueeze(2).to(dtype)
+                mask = (1.0 - keep) * torch.finfo(dtype).min
             elif mask_kind == "gemma3":
                 mask = layer_type_masks(config, attention_mask)
             kwargs = {"input_ids": input_ids, "attention_mask": mask}
             if with_types:
                 kwargs["token_type_ids"] = token_type_ids
             out = self.model(**kwargs)
+            wide = dtype != torch.float32  # reduced precision: the head (pooling, normalize) runs in float32
             if task == "embedding":
-                emb = pool(out.last_hidden_state, attention_mask, str(pooling))
+                tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
+                emb = pool(tokens, attention_mask, str(pooling))
                 for layer in self.dense:
                     emb = layer(emb)
                 return torch.nn.functional.normalize(emb, p=2.0, dim=1) if normalize else emb
-            logits = out.logits
+            logits = out.logits.float() if wide else out.logits
             if task == "rerank":
                 scores = logits[:, 0]
                 return torch.sigmoid(scores) if activation == "sigmoid" else scores
@@ -292,6 +295,7 @@ def export(
     safetensors_dir: Path,
     fuse: bool = True,
     *,
+    fuse_attention: bool = True,
     where: Path | None = None,
     model: Any = None,
     reference: Reference | None = None,
@@ -299,7 +303,8 @@ def export(
     """Export to `where` (default `safetensors_dir`/onnx: model.onnx + model.onnx.data), check against the eager
     model, then try ORT's fusions (kept when outputs still match). `model` (else loaded from `safetensors_dir`)
     is not needed by the fusion step: a caller that passes it and drops its own reference lets it be freed
-    before (export_graph + fuse_graph, as hf_pack does)."""
+    before (export_graph + fuse_graph, as hf_pack does). `fuse_attention=False`: every fusion but Attention's
+    (q, k and v stay MatMuls, for `--quantize int8`)."""
     where = where or safetensors_dir / "onnx"
     if model is None:
         model = load_torch_model(source, safetensors_dir)
@@ -308,7 +313,7 @@ def export(
     del model
     free_memory()
     diff, unfused = check_graph(source, where, reference)
-    return fuse_graph(source, where, reference, diff, unfused, fuse)
+    return fuse_graph(source, where, reference, diff, unfused, fuse, fuse_attention)
 
 
 def export_graph(source: HFSource, model: Any, reference: Reference, where: Path) -> None:
@@ -368,18 +373,23 @@ def fuse_graph(
     diff: float,
     unfused: list[npt.NDArray[np.float32]],
     fuse: bool = True,
+    fuse_attention: bool = True,
 ) -> Exported:
     """ORT's fusions of the graph in `where`, kept (replacing it) when its outputs match the unfused graph's."""
     names, output = input_names(source), OUTPUT_NAMES[source.task]
     new = NEW_FAMILIES.get(source.family)
     if not fuse or (new is not None and not new.fuse):  # ORT's BERT patterns: nothing of these graphs matches
         return Exported(where, names, output, False, diff, None)
-    fused, fused_diff = _fuse(source, where, reference.probes, unfused)
+    fused, fused_diff = _fuse(source, where, reference.probes, unfused, fuse_attention)
     return Exported(where, names, output, fused, diff, fused_diff)
 
 
 def _fuse(
-    source: HFSource, where: Path, probes: list[dict[str, npt.NDArray[np.int64]]], unfused: list[Any]
+    source: HFSource,
+    where: Path,
+    probes: list[dict[str, npt.NDArray[np.int64]]],
+    unfused: list[Any],
+    attention: bool = True,
 ) -> tuple[bool, float | None]:
     """ORT's transformer fusions of the graph in `where`: (True, diff) when the fused graph replaced it, else
     (False, diff or None): nothing fused, ORT cannot run it, or its outputs moved from `unfused`'s."""
@@ -401,6 +411,7 @@ def _fuse(
     # unfused Gather + Add + LayerNormalization (1 thread, CPU time per call, 300 interleaved calls: 1 text 4.46 vs
     # 4.23 ms, 32 texts 132.0 vs 121.5, one 256-token text 68.7 vs 62.9), more than it saves at session build.
     options.enable_embed_layer_norm = False
+    options.enable_attention = attention
     if (where / ONNX_DATA).stat().st_size >= _PROTO_LIMIT:
         # ORT's python fusions work on one in-memory proto (shape inference serializes it): past protobuf's 2 GB
         # they fail, so a graph that big (bge-m3's 2.27 GB) keeps its plain graph, as before it could not pack.

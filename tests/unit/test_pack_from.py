@@ -260,7 +260,7 @@ def test_hand_written_encoder_on_request_and_as_the_fallback(tmp_path: Path, mon
     assert spec["architecture"] == "hf-encoder" and spec["head"] == "sequence-classification"
     assert spec["config"] == json.loads((src / "config.json").read_text()) and "program_refused" not in spec
 
-    def refuse(*_: Any) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
         raise torch_program.ProgramExportError("torch.export cannot capture the model (test)")
 
     monkeypatch.setattr(torch_program, "export_program", refuse)
@@ -284,7 +284,7 @@ def test_a_model_the_program_cannot_serve_is_onnx_only_with_the_reason(
     from the default backends with the program's reason, and refused when asked for, before anything is written."""
     from infra.pack import torch_program
 
-    def refuse(*_: Any) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
         raise torch_program.ProgramExportError("the exported program differs from the model by 0.5 (test)")
 
     monkeypatch.setattr(torch_program, "export_program", refuse)

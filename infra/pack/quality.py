@@ -1,0 +1,165 @@
+"""The quality gate of a reduced-precision pack: its answers against the float32 model's on calibration texts.
+
+Embedding: cosine per text (the gate's figure is the minimum; the median is recorded too). Rerank: per
+query group, whether the top document is the same (top-1 agreement) and the Spearman correlation of all the
+scores; the figure is the smaller of the two. Classify: the fraction of texts whose labels agree (argmax for
+single-label, each label's sigmoid > 0.5 for multi-label). The pack is refused below `min_quality` (`QualityError`,
+raised before anything is published), and the figures go into the manifest (`precision.quality`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from infra.pack.hf_checks import SourceError
+
+# The default thresholds on the gate's figure, per task. Embedding: the worst text's cosine (int8 on
+# all-MiniLM-L6-v2 measured 0.997 on the built-in set, float16/bfloat16 higher: docs/models.md).
+DEFAULT_MIN_QUALITY = {"embedding": 0.99, "rerank": 0.9, "classify": 0.95}
+METRICS = {
+    "embedding": "min cosine vs float32",
+    "rerank": "min(top-1 agreement, Spearman) vs float32",
+    "classify": "label agreement vs float32",
+}
+BATCH = 16
+# Calibration batches are truncated here at most (the model's max length when shorter): positions past it
+# are rarely what a reduced precision breaks, and a 16 x 8,192-token batch through a 0.6B float32 graph would
+# cost gigabytes of attention scores at pack time.
+MAX_TOKENS = 512
+Feeds = dict[str, npt.NDArray[np.int64]]
+
+
+class QualityError(SourceError):
+    """The reduced-precision model disagrees with float32 beyond the threshold (nothing is written)."""
+
+
+def calibration_feeds(
+    source: Any, tokenizer: Any, texts: Sequence[str], names: Sequence[str]
+) -> tuple[list[Feeds], list[int]]:
+    """Token batches (right padding, truncated at the model's max length or MAX_TOKENS, sorted by length so that
+    batches pad little) and the order they hold the calibration items in. Rerank: (query, document) pairs."""
+    from infra.pack.calibration import pairs
+
+    items: list[Any] = pairs(list(texts)) if source.task == "rerank" else list(texts)
+    lengths = [len(i[0]) + len(i[1]) if isinstance(i, tuple) else len(i) for i in items]
+    # Rerank keeps query groups in order (top-1 agreement is per group): batched as they come.
+    order = list(range(len(items))) if source.task == "rerank" else sorted(range(len(items)), key=lengths.__getitem__)
+    feeds = []
+    for start in range(0, len(order), BATCH):
+        chunk = [items[i] for i in order[start : start + BATCH]]
+        kwargs: dict[str, Any] = {
+            "padding": True,
+            "truncation": True,
+            "max_length": min(source.max_seq_length, MAX_TOKENS),
+            "return_tensors": "np",
+            "padding_side": "right",  # the exported graphs pool assuming right padding (the runtime pads right)
+        }
+        if source.task == "rerank":
+            encoded = tokenizer([q for q, _ in chunk], [d for _, d in chunk], **kwargs)
+        else:
+            encoded = tokenizer(chunk, **kwargs)
+        feed = {}
+        for name in names:
+            value = encoded.get(name)
+            feed[name] = (np.zeros_like(encoded["input_ids"]) if value is None else np.asarray(value)).astype(np.int64)
+        feeds.append(feed)
+    return feeds, order
+
+
+def measure(
+    task: str,
+    want: npt.ArrayLike,
+    got: npt.ArrayLike,
+    problem_type: str | None = None,
+    group: int = 8,
+) -> dict[str, Any]:
+    """The agreement figures of `got` (reduced precision) with `want` (float32), rows in the same order."""
+    want = np.asarray(want, np.float64)
+    got = np.asarray(got, np.float64)
+    if not np.all(np.isfinite(got)):
+        bad = int(np.sum(~np.all(np.isfinite(got.reshape(len(got), -1)), axis=1)))
+        return {"metric": METRICS[task], "figure": 0.0, "non_finite_rows": bad, "items": len(got)}
+    if task == "embedding":
+        norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
+        cos = np.where(norms > 0, (want * got).sum(axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
+        return {
+            "metric": METRICS[task],
+            "figure": round(float(cos.min()), 6),
+            "min_cosine": round(float(cos.min()), 6),
+            "median_cosine": round(float(np.median(cos)), 6),
+            "items": len(cos),
+        }
+    if task == "rerank":
+        want, got = want.reshape(-1), got.reshape(-1)
+        groups = [slice(i, i + group) for i in range(0, len(want), group)]
+        top1 = float(np.mean([np.argmax(want[g]) == np.argmax(got[g]) for g in groups]))
+        rho = spearman(want, got)
+        return {
+            "metric": METRICS[task],
+            "figure": round(min(top1, rho), 6),
+            "top1_agreement": round(top1, 6),
+            "spearman": round(rho, 6),
+            "max_abs_diff": round(float(np.max(np.abs(want - got))), 6),
+            "items": len(want),
+        }
+    if problem_type == "multi_label_classification":
+        agree = np.all((want > 0) == (got > 0), axis=1)  # logits: sigmoid > 0.5 is logit > 0
+    else:
+        agree = np.argmax(want, axis=1) == np.argmax(got, axis=1)
+    return {
+        "metric": METRICS[task],
+        "figure": round(float(np.mean(agree)), 6),
+        "label_agreement": round(float(np.mean(agree)), 6),
+        "max_abs_diff": round(float(np.max(np.abs(want - got))), 6),
+        "items": len(agree),
+    }
+
+
+def spearman(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> float:
+    """Spearman's rank correlation (average ranks for ties); 1.0 when both are constant."""
+
+    def ranks(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=np.float64)
+        for value in np.unique(x):  # ties share their average rank
+            tied = x == value
+            if tied.sum() > 1:
+                r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    sa, sb = ra.std(), rb.std()
+    if sa == 0 or sb == 0:
+        return 1.0 if sa == sb else 0.0
+    return float(np.mean((ra - ra.mean()) * (rb - rb.mean())) / (sa * sb))
+
+
+def compare(
+    task: str,
+    feeds: list[Feeds],
+    reference: Callable[[Feeds], npt.NDArray[np.float32]],
+    candidate: Callable[[Feeds], npt.NDArray[np.float32]],
+    problem_type: str | None = None,
+) -> dict[str, Any]:
+    """Run both models over the calibration batches; the figures."""
+    want = np.concatenate([np.asarray(reference(f), np.float32) for f in feeds])
+    got = np.concatenate([np.asarray(candidate(f), np.float32) for f in feeds])
+    return measure(task, want, got, problem_type)
+
+
+def check(task: str, figures: dict[str, Any], min_quality: float | None, what: str) -> dict[str, Any]:
+    """The figures with the threshold recorded; QualityError below it (the message names the figure)."""
+    threshold = DEFAULT_MIN_QUALITY[task] if min_quality is None else float(min_quality)
+    out = {**figures, "min_quality": threshold, "passed": figures["figure"] >= threshold}
+    if not out["passed"]:
+        detail = ", ".join(f"{k} {v}" for k, v in figures.items() if k not in ("metric", "figure"))
+        raise QualityError(
+            f"{what}: quality {figures['figure']:.6f} ({figures['metric']}) is below --min-quality {threshold} "
+            f"({detail}); nothing was written. Lower --min-quality to accept it, or pack float32"
+        )
+    return out

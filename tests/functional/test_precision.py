@@ -1,0 +1,177 @@
+"""`pack --quantize int8` and `--dtype float16|bfloat16`: tiny random models packed in reduced precision, the
+quality gate (passing, refusing with the figure in the message and nothing written), the manifest's
+`precision` entry, the init report, and served answers close to the float32 pack's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from handler.core.manifest import load_manifest
+from infra.pack.hf_pack import pack_from
+from infra.pack.precision import Precision, PrecisionError
+from infra.pack.quality import QualityError
+from tests.conftest import ROOT, start
+from tests.test_parity import cosine
+from tests.tiny_models import make_model_dir
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+
+MAX_SEQ = 16
+TEXTS = ["hello world", "", "東京 🚀 emoji", "the quick brown fox " * 10, "a", "what is the capital of france"]
+# A small calibration set keeps the packs fast; the built-in set is checked in tests/unit/test_quality.py.
+CALIBRATION = (*TEXTS, "paris", "berlin is the capital of germany", "12345", "    ", "machine learning")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cache: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in cache:
+            cache[kind] = make_model_dir(tmp_path_factory.mktemp(kind), "bert", kind, max_seq_length=MAX_SEQ)
+        return cache[kind]
+
+    yield make
+
+
+@pytest.fixture(scope="module")
+def packed(sources: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Path]]:
+    cache: dict[str, Path] = {}
+
+    def make(kind: str, **precision: Any) -> Path:
+        key = f"{kind}|{sorted(precision.items())}"
+        if key not in cache:
+            out = tmp_path_factory.mktemp("packed") / "model"
+            options = Precision(calibration=CALIBRATION, **precision) if precision else None
+            cache[key] = pack_from(sources(kind), out, precision=options)
+        return cache[key]
+
+    yield make
+
+
+def embeddings(model: Path, backend: str | None = None) -> np.ndarray:
+    runtime = start(model, backend)
+    return np.asarray(runtime.handle({"inputs": TEXTS}, None)["embeddings"], np.float32)
+
+
+def test_int8_pack_serves_close_to_float32_and_records_the_gate(packed: Callable[..., Path]) -> None:
+    model = packed("sentence-transformers", quantize="int8", min_quality=0.9)
+    manifest = load_manifest(model)
+    assert sorted(manifest.backends) == ["onnx"]
+    assert "int8" in manifest.unsupported_backends["torch"]
+    precision = manifest.raw["precision"]
+    assert precision["dtype"] == "float32" and precision["quantization"] == "int8"
+    quality = precision["quality"]
+    assert quality["metric"] == "min cosine vs float32" and quality["items"] == len(CALIBRATION)
+    assert quality["passed"] is True and quality["min_quality"] == 0.9
+    assert quality["figure"] == quality["min_cosine"] <= quality["median_cosine"] <= 1.0
+    assert manifest.backends["onnx"]["quantization"]["operator"] == "MatMulNBits"
+    import onnx
+
+    graph = onnx.load(str(model / "model.onnx"), load_external_data=False)
+    weights = {t.name for t in graph.graph.initializer}
+    assert any(n.op_type == "MatMulNBits" for n in graph.graph.node)
+    # every MatMul by a weight quantized (no Dense head here); query x key and probs x value stay MatMul
+    assert not [n.name for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    # (the tiny vocabulary is below quantize.MIN_TABLE_ROWS: its table stays float; tests/unit/test_quality.py)
+    ours = embeddings(model)
+    want = embeddings(packed("sentence-transformers"), "onnx")
+    sims = cosine(ours, want)
+    assert sims.min() >= 0.99, sims  # the served answers, not only the pack-time figure
+    assert not np.array_equal(ours, want)  # really the quantized graph
+
+
+def test_the_init_report_and_status_show_precision(packed: Callable[..., Path]) -> None:
+    model = packed("sentence-transformers", quantize="int8", min_quality=0.9)
+    lines: list[dict[str, Any]] = []
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    Runtime.start(Config(model_dir=model, backend=None, warmup=True), environ={}, emit=lines.append)
+    shown = lines[0]["precision"]
+    assert shown["quantization"] == "int8" and shown["dtype"] == "float32"
+    assert shown["quality"]["figure"] == load_manifest(model).raw["precision"]["quality"]["figure"]
+    float_pack = packed("sentence-transformers")
+    Runtime.start(Config(model_dir=float_pack, backend=None, warmup=True), environ={}, emit=lines.append)
+    assert lines[-1]["precision"] == {"dtype": "float32", "quantization": None}
+
+
+def test_the_gate_refuses_below_min_quality_with_the_figure_and_writes_nothing(
+    sources: Callable[[str], Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "refused"
+    cal = tmp_path / "cal.txt"
+    cal.write_text("\n".join(CALIBRATION) + "\n")
+    cmd = [sys.executable, "-m", "infra.cli", "pack", "--from", str(sources("sentence-transformers"))]
+    cmd += ["--out", str(out), "--quantize", "int8", "--min-quality", "0.99999999", "--calibration", str(cal)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert "quality 0." in done.stderr and "below --min-quality 0.99999999" in done.stderr, done.stderr
+    assert "min cosine vs float32" in done.stderr and "nothing was written" in done.stderr
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.txt"]  # no staging directory left beside it
+
+
+def test_the_gate_compares_the_measured_figure_with_the_threshold(
+    packed: Callable[..., Path], sources: Callable[[str], Path], tmp_path: Path
+) -> None:
+    passed = load_manifest(packed("sentence-transformers", quantize="int8", min_quality=0.9))
+    figure = passed.raw["precision"]["quality"]["figure"]
+    assert figure < 1.0  # the quantized graph really differs
+    just_above = figure + 2e-6  # the figure is rounded to 6 digits: this is above the unrounded value
+    with pytest.raises(QualityError, match=rf"--quantize int8: quality {figure:.6f} \(min cosine vs float32\)"):
+        pack_from(
+            sources("sentence-transformers"),
+            tmp_path / "out",
+            precision=Precision(quantize="int8", calibration=CALIBRATION, min_quality=just_above),
+        )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_dtype_pack_serves_close_to_float32(packed: Callable[..., Path], dtype: str) -> None:
+    model = packed("sentence-transformers", dtype=dtype)
+    manifest = load_manifest(model)
+    assert sorted(manifest.backends) == ["torch"]
+    assert "ONNX graphs are packed float32 or int8 only" in manifest.unsupported_backends["onnx"]
+    assert manifest.backends["torch"]["dtype"] == dtype
+    assert manifest.raw["precision"]["dtype"] == dtype and manifest.raw["precision"]["quality"]["passed"]
+    header = json.loads(
+        (model / "model.safetensors").read_bytes()[8:][
+            : int.from_bytes((model / "model.safetensors").read_bytes()[:8], "little")
+        ]
+    )
+    stored = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+    assert {"BF16" if dtype == "bfloat16" else "F16"} <= stored and "F32" not in stored
+    sims = cosine(embeddings(model), embeddings(packed("sentence-transformers"), "torch"))
+    assert sims.min() >= 0.99, sims
+
+
+def test_onnx_in_float16_is_refused_when_asked(sources: Callable[[str], Path], tmp_path: Path) -> None:
+    with pytest.raises(PrecisionError, match=r"--dtype float16 with backend onnx: ONNX graphs are packed float32"):
+        pack_from(sources("sentence-transformers"), tmp_path / "out", backends=["onnx"], precision=Precision("float16"))
+    with pytest.raises(PrecisionError, match=r"--quantize int8 with backend torch"):
+        pack_from(
+            sources("sentence-transformers"), tmp_path / "out", backends=["torch"], precision=Precision(quantize="int8")
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_rerank_and_classify_gates_record_their_own_figures(packed: Callable[..., Path]) -> None:
+    rerank = load_manifest(packed("cross-encoder", quantize="int8", min_quality=0.0)).raw["precision"]["quality"]
+    assert rerank["metric"].startswith("min(top-1 agreement, Spearman)")
+    assert rerank["figure"] == min(rerank["top1_agreement"], rerank["spearman"])
+    assert rerank["items"] == 8 * 8  # `pairs`: 8 queries at least (of 9 non-empty texts), 8 documents each
+    classify = load_manifest(packed("classifier", quantize="int8", min_quality=0.0)).raw["precision"]["quality"]
+    assert classify["metric"] == "label agreement vs float32"
+    assert 0.0 <= classify["label_agreement"] == classify["figure"] <= 1.0
