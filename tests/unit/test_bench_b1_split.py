@@ -1,0 +1,34 @@
+"""bench/bench_b1_split.py's pure parts, offline: the order its driver times the parts in, and its table."""
+
+from __future__ import annotations
+
+from bench import bench_b1_split as b1
+from bench.b1_split_driver import call_orders
+
+
+def test_odd_calls_swap_the_two_graph_runs_and_keep_every_part() -> None:
+    names = ["tokenize", "run", "run-peer-graph", "format", "whole"]
+    even, odd = call_orders(names)
+    assert even == names
+    assert odd == ["tokenize", "run-peer-graph", "run", "format", "whole"]
+    # Each graph follows the other exactly once over the two orders.
+    follows = {(o[i - 1], o[i]) for o in (even, odd) for i in range(1, len(o))}
+    assert ("run", "run-peer-graph") in follows and ("run-peer-graph", "run") in follows
+
+
+def test_graphs_mode_reverses_the_sessions() -> None:
+    names = ["ours EXTENDED", "peer ALL", "ours optimized"]
+    even, odd = call_orders(names)
+    assert even == names and odd == names[::-1]
+
+
+def test_table_quotes_whole_over_fastembeds_whole_per_clock_and_batch() -> None:
+    row = {"tokenize": 0.1, "run": 4.0, "whole": 4.4, "n": 3}
+    fe = {"tokenize": 0.1, "run": 4.0, "pool": 0.1, "whole": 4.0, "n": 3}
+    per_b = {"b1": {"ours": row, "fastembed": fe}, "b32": {"ours": row, "fastembed": fe}}
+    result = {"onnxruntime": {"ours": "1", "fastembed": "2"}, "wall": per_b, "cpu": per_b}
+    text = b1.table(result, ("ours", "fastembed"))
+    assert text.count("whole / fe") == 4
+    assert "1.100x" in text and "1.000x" in text
+    pool = next(line for line in text.splitlines() if line.strip().startswith("pool"))
+    assert pool.split()[1] == "-"  # a part one side does not have
