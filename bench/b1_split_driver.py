@@ -7,16 +7,19 @@ so fastembed's venv (build/peers/fastembed) can run it without this project inst
 
 Reads one JSON command a line on stdin ({"texts": [...], "calls": n}) and answers one JSON line: for each part,
 `calls` timings in wall and in the calling thread's CPU time (at 1 intra-op thread ONNX Runtime runs the model
-on the calling thread). Parts, each on the same texts, in this order:
+on the calling thread). First a loop over the call's own parts, in this order, as a serving process runs them:
 
     ours:      tokenize (the task's encoder: ids + mask), run (the runtime's own session: our packed graph,
-               pooling + normalize inside), run-peer-graph (optimum's export with fastembed's SessionOptions, in
-               our onnxruntime), format (float_lists: the JSON-ready floats), whole (lambda_handler, as
-               bench/peers_driver.py calls it)
-    fastembed: tokenize (its tokenizer + the arrays onnx_embed builds), run (its session on the export),
-               run-peer-graph (our portable graph with our SessionOptions, in fastembed's onnxruntime), pool
+               pooling + normalize inside), format (float_lists: the JSON-ready floats), whole (lambda_handler,
+               as bench/peers_driver.py calls it)
+    fastembed: tokenize (its tokenizer + the arrays onnx_embed builds), run (its session on the export), pool
                (its mean pooling + normalize), tolist (numpy rows -> lists, as peers_driver does), whole
                (embed + tolist)
+
+then a loop of its own comparing graphs, each run after the other's (order reversed every call): graph-own
+(the same session as `run`) and graph-peer (the other side's graph with the other side's SessionOptions in
+this side's onnxruntime: optimum's export at ORT_ENABLE_ALL in ours, our portable graph at EXTENDED in
+fastembed's). `graphs` mode: only that loop, over several graphs and session settings (see `graphs`).
 """
 
 from __future__ import annotations
@@ -89,9 +92,10 @@ def ours(args: argparse.Namespace) -> dict[str, Part]:
     return {
         "tokenize": lambda texts: lambda: task.encoder.encode(texts),
         "run": run,
-        "run-peer-graph": run_peer,
         "format": fmt,
         "whole": whole,
+        "graph-own": run,
+        "graph-peer": run_peer,
     }
 
 
@@ -143,10 +147,11 @@ def fastembed(args: argparse.Namespace) -> dict[str, Part]:
     return {
         "tokenize": tokenize,
         "run": run,
-        "run-peer-graph": run_peer,
         "pool": pool,
         "tolist": tolist,
         "whole": whole,
+        "graph-own": run,
+        "graph-peer": run_peer,
     }
 
 
@@ -228,18 +233,14 @@ def graphs(args: argparse.Namespace) -> dict[str, Part]:
 
         return make
 
-    return {name: part(s) for name, s in sessions.items()}
+    return {f"graph-{name}": part(s) for name, s in sessions.items()}
 
 
 def call_orders(names: list[str]) -> tuple[list[str], list[str]]:
-    """The parts' order on even and on odd calls. A graph run right after another graph's finds its weights
-    evicted from the caches (two graphs' weights do not fit in L3 together): odd calls swap `run` and the part
-    after it (`run-peer-graph`), or reverse the list where there is no `run` (graphs mode), so each graph takes
-    the place after the other half the time."""
-    if "run" not in names:
-        return names, names[::-1]
-    at = names.index("run")
-    return names, [*names[:at], *names[at : at + 2][::-1], *names[at + 2 :]]
+    """The order of the graph-to-graph parts (`graph-*`) on even and on odd calls: a graph run right after
+    another graph's finds its weights evicted from the caches (two graphs' weights do not fit in L3 together),
+    so the order reverses every call and each graph follows the other alike."""
+    return names, names[::-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,15 +262,19 @@ def main(argv: list[str] | None = None) -> int:
         fns = prepared.setdefault(tuple(texts), {name: make(texts) for name, make in parts.items()})
         wall: dict[str, list[float]] = {name: [] for name in fns}
         cpu: dict[str, list[float]] = {name: [] for name in fns}
-        orders = call_orders(list(fns))
-        for n in range(cmd["calls"]):
-            for name in orders[n % 2]:
-                fn = fns[name]
-                c0, t0 = time.thread_time(), time.perf_counter()
-                fn()
-                t1, c1 = time.perf_counter(), time.thread_time()
-                wall[name].append(t1 - t0)
-                cpu[name].append(c1 - c0)
+        # First the call's own parts, as a serving process runs them (no other graph in between), then the
+        # graph-to-graph comparison in a loop of its own.
+        own = [name for name in fns if not name.startswith("graph-")]
+        orders = call_orders([name for name in fns if name.startswith("graph-")])
+        for group in ("own", "graphs"):
+            for n in range(cmd["calls"]):
+                for name in own if group == "own" else orders[n % 2]:
+                    fn = fns[name]
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    fn()
+                    t1, c1 = time.perf_counter(), time.thread_time()
+                    wall[name].append(t1 - t0)
+                    cpu[name].append(c1 - c0)
         emit({"wall": wall, "cpu": cpu})
     return 0
 

@@ -10,8 +10,8 @@ machine load; each block times every part at batch 1 and at batch 32 (the driver
 
 Per part the median per call (wall and the calling thread's CPU time), and `whole` over fastembed's `whole`
 (the issue's figure: lambda_handler's whole call vs fastembed's embed + tolist, as bench/peers_driver.py does).
-`run-peer-graph` is the other side's graph in this side's onnxruntime with the other side's SessionOptions:
-the model run alone, graph for graph, on the same ids.
+`graph-own` vs `graph-peer` (a loop of their own, each run right after the other): the model run alone, graph
+for graph, on the same ids, the peer's graph in this side's onnxruntime with the peer's SessionOptions.
 
 `--graphs`: instead, each graph and session setting raw (`session.run` on the same ids, batch 1 and 32), in our
 onnxruntime and in fastembed's, the two interpreters interleaved: ours at EXTENDED and ALL, with
@@ -41,6 +41,7 @@ VARIANTS = ("ours", "ours-optimized", "fastembed")
 CLOCKS = ("wall", "cpu")
 
 
+HUGETLB = "+hugetlb"  # a variant's suffix: the same, with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 GRAPHS = ("graphs@ours", "graphs@fastembed")  # --graphs: each graph raw, in our onnxruntime and in fastembed's
 
 
@@ -56,6 +57,9 @@ class Child:
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self.hello = self._read()
             return
+        if variant.endswith(HUGETLB):  # glibc's malloc asks for transparent huge pages for its mmap'd chunks
+            variant = variant.removesuffix(HUGETLB)
+            env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
         if variant == "fastembed":
             python, kind = str(venv_python("fastembed")), "fastembed"
         else:

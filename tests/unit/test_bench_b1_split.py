@@ -6,20 +6,12 @@ from bench import bench_b1_split as b1
 from bench.b1_split_driver import call_orders
 
 
-def test_odd_calls_swap_the_two_graph_runs_and_keep_every_part() -> None:
-    names = ["tokenize", "run", "run-peer-graph", "format", "whole"]
-    even, odd = call_orders(names)
-    assert even == names
-    assert odd == ["tokenize", "run-peer-graph", "run", "format", "whole"]
-    # Each graph follows the other exactly once over the two orders.
-    follows = {(o[i - 1], o[i]) for o in (even, odd) for i in range(1, len(o))}
-    assert ("run", "run-peer-graph") in follows and ("run-peer-graph", "run") in follows
-
-
-def test_graphs_mode_reverses_the_sessions() -> None:
-    names = ["ours EXTENDED", "peer ALL", "ours optimized"]
+def test_graph_parts_reverse_every_other_call_so_each_follows_the_other() -> None:
+    names = ["graph-own", "graph-peer", "graph-ours optimized"]
     even, odd = call_orders(names)
     assert even == names and odd == names[::-1]
+    follows = {(o[i - 1], o[i]) for o in (even, odd) for i in range(1, len(o))}
+    assert ("graph-own", "graph-peer") in follows and ("graph-peer", "graph-own") in follows
 
 
 def test_table_quotes_whole_over_fastembeds_whole_per_clock_and_batch() -> None:
