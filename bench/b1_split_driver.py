@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 Part = Callable[[list[str]], Any]
+PROBE = ["The quick brown fox jumps over the lazy dog.", "How do I reset my password?"]
 MARK = "b1-split:"  # our answers' log and metric lines go to stdout too: the parent reads only marked lines
 
 
@@ -254,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parts = {"ours": ours, "fastembed": fastembed, "graphs": graphs}[args.kind](args)
     import onnxruntime
 
-    emit({"parts": list(parts), "onnxruntime": onnxruntime.__version__, "pid": os.getpid()})
+    hello: dict[str, Any] = {"parts": list(parts), "onnxruntime": onnxruntime.__version__, "pid": os.getpid()}
+    if "whole" in parts:  # the answers, to check that every side computes the same vectors
+        hello["vecs"] = [list(map(float, v)) for v in parts["whole"](PROBE)()]
+    emit(hello)
     prepared: dict[tuple[str, ...], dict[str, Callable[[], Any]]] = {}
     for line in sys.stdin:
         cmd = json.loads(line)

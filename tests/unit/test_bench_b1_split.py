@@ -24,3 +24,9 @@ def test_table_quotes_whole_over_fastembeds_whole_per_clock_and_batch() -> None:
     assert "1.100x" in text and "1.000x" in text
     pool = next(line for line in text.splitlines() if line.strip().startswith("pool"))
     assert pool.split()[1] == "-"  # a part one side does not have
+
+
+def test_min_cosine_is_the_worst_row() -> None:
+    same = [[1.0, 0.0], [0.6, 0.8]]
+    assert b1.min_cosine(same, same) == 1.0
+    assert abs(b1.min_cosine(same, [[1.0, 0.0], [0.8, 0.6]]) - 0.96) < 1e-12
