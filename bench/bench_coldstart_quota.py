@@ -104,7 +104,9 @@ class Quota:
 
 
 def evict(paths: Iterable[str]) -> int:
-    """Drop the files' clean, unmapped pages from the page cache; returns how many files were touched."""
+    """Drop the files' clean, unmapped pages from the page cache; returns how many files were touched. (Not
+    handler.runtime.startfiles.evict: importing `handler` here would set OPENBLAS_NUM_THREADS in this process,
+    and every baseline it starts would inherit it.)"""
     n = 0
     for p in paths:
         try:

@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import closed_loop  # noqa: E402
+from bench.bench_coldstart_quota import CGROUP, Quota  # noqa: E402
 from bench.peers_driver import MARK, SENTENCES  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
@@ -56,7 +57,6 @@ EXPORT = PEERS / "onnx-export"  # optimum's ONNX export of the package's model: 
 MODEL_NAME = "all-minilm-l6-v2"
 MIN_COSINE = 0.9999  # below it a peer computes something else: its figures would compare nothing
 DIM = 384
-CGROUP = Path("/sys/fs/cgroup/cpu")
 # Pinned, each in its own venv. infinity-emb 0.0.78 asks for optimum[onnxruntime]>=1.24; optimum 2.x moved
 # ORTModel out (its loader then rejects infinity's absolute ONNX paths), so infinity gets the 1.x release it
 # names. That release's exporter breaks on torch 2.13 (it predates the dynamo exporter default), so the
@@ -435,25 +435,6 @@ def ensure_optimized() -> bool:
     except Exception as exc:  # an already-optimized default model, say: the variant is left out, loudly
         print(f"ours-optimized left out: {exc}", file=sys.stderr)
         return False
-
-
-class Quota:
-    """A cgroup v1 cpu group with a CFS quota; a child joins it by writing its pid before exec."""
-
-    def __init__(self) -> None:
-        self.path = CGROUP / f"warmstart-peers-{os.getpid()}"
-        self.path.mkdir(exist_ok=True)
-        (self.path / "cpu.cfs_period_us").write_text("100000")
-
-    def set(self, vcpus: float) -> None:
-        (self.path / "cpu.cfs_quota_us").write_text(str(int(vcpus * 100000)))
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *argv]
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
 
 
 def proc_stats(pid: int) -> tuple[float, float]:
