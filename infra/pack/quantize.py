@@ -238,14 +238,15 @@ def pack_int8(
     """`pack --from --quantize`: quantize the exported, checked float32 graph (`exported`, hf_export.Exported: its
     fusions chosen by `Int8Options.fuse_attention`), gate it (QualityError below the threshold, before anything
     is published) and write it into `tmp`; the onnx backend's manifest entry, the gate's figures under
-    "quality" (the caller moves them to the manifest's `precision`). The graph is held in memory whole here."""
-    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx
+    "quality" (the caller moves them to the manifest's `precision`). The float32 graph is held in memory whole
+    while it is quantized; nothing is serialized whole (a 0.6B model's float32 graph is past protobuf's 2 GB)."""
+    from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
     from infra.pack.quality import check
 
     options = Int8Options(method=precision.quantize)
-    graph, figures = quantize_checked(source, exported.model, calibration, options, staged)
+    quantized, figures = quantize_checked(source, exported.where / ONNX_FILE, calibration, options, staged)
     quality = check(source.task, figures, precision.min_quality, f"--quantize {precision.quantize}")
-    save_onnx(graph, tmp)
+    save_onnx_file(quantized, tmp)
     return {
         "model": ONNX_FILE,
         "files": [ONNX_FILE, ONNX_DATA],
@@ -256,22 +257,21 @@ def pack_int8(
 
 
 def quantize_checked(
-    source: Any, graph: Any, calibration: list[dict[str, Any]], options: Int8Options, staging: Path
-) -> tuple[Any, dict[str, Any]]:
-    """The int8 graph of the exported float32 `graph` and its agreement with it on the `calibration` batches
-    (infra.pack.quality.measure; the caller gates on it). The float32 graph is written to `staging` (its
-    initializers moved out of `graph`: it is not needed in memory again) and both run from there."""
-    from infra.pack.onnx_io import ONNX_FILE, save_onnx
+    source: Any, graph: Path, calibration: list[dict[str, Any]], options: Int8Options, staging: Path
+) -> tuple[Path, dict[str, Any]]:
+    """The int8 graph of the float32 `graph` (a model.onnx with its data beside it), written to `staging`/int8 a
+    tensor at a time, and its agreement with the float32 graph on the `calibration` batches
+    (infra.pack.quality.measure; the caller gates on it). Both run from their files, the int8 one opened after
+    the quantized proto is gone: the peak is the quantization's (the float32 graph loaded) or the two sessions'."""
+    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
     from infra.pack.quality import compare
 
-    where = staging / "float32"
-    where.mkdir()
-    save_onnx(graph, where)
-    reference = _runner(where / ONNX_FILE)
-    quantized = quantize_int8(where / ONNX_FILE, options)
-    candidate = _runner(quantized)
+    where = staging / "int8"
+    save_onnx_file(quantize_int8(graph, options), where)  # the proto's tensors are cleared as they are written
+    reference = _runner(graph)
+    candidate = _runner(where / ONNX_FILE)
     figures = compare(source.task, calibration, reference, candidate, source.problem_type)
-    return quantized, figures
+    return where / ONNX_FILE, figures
 
 
 def _runner(model: Any) -> Any:

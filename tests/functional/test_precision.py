@@ -91,6 +91,47 @@ def test_int8_pack_serves_close_to_float32_and_records_the_gate(packed: Callable
     assert not np.array_equal(ours, want)  # really the quantized graph
 
 
+# A whole graph serialized is what fails past protobuf's 2 GB (Qwen3-Embedding-0.6B's float32 graph is 2.4 GB: the int8
+# pack died in onnx.checker there). At tiny sizes, any serialization of a graph holding its weights stands for it.
+WHOLE_GRAPH_BYTES = 200_000  # the tiny Qwen3's weights are ~0.9 MB; a graph with its weights moved out is ~40 KB
+
+
+def test_int8_pack_of_a_decoder_never_serializes_the_whole_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx
+
+    from bench.big_models import qwen3_embedder
+    from tests.functional.test_own_model_families import QWEN3_TINY
+
+    src = qwen3_embedder(
+        tmp_path / "qwen3-embedding-tiny", max_seq_length=MAX_SEQ, **{**QWEN3_TINY, "vocab_size": 3000}
+    )
+    serialize = onnx.ModelProto.SerializeToString
+
+    def bounded(self: Any, *args: Any, **kwargs: Any) -> bytes:
+        if self.ByteSize() > WHOLE_GRAPH_BYTES:
+            raise AssertionError(f"a graph of {self.ByteSize():,} bytes serialized whole (past 2 GB this fails)")
+        return serialize(self, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", bounded)
+    model = pack_from(src, tmp_path / "int8", precision=Precision(quantize="int8", calibration=CALIBRATION))
+    monkeypatch.undo()
+    precision = load_manifest(model).raw["precision"]
+    assert precision["quantization"] == "int8" and precision["quality"]["passed"] is True
+    graph = onnx.load(str(model / "model.onnx"), load_external_data=False)
+    ops = {n.op_type for n in graph.graph.node}
+    assert "MatMulNBits" in ops
+    assert any(t.name.endswith("_int8") and t.data_type == onnx.TensorProto.INT8 for t in graph.graph.initializer)
+    ours = embeddings(model)
+    want = embeddings(pack_from(src, tmp_path / "float32", backends=["onnx"]), "onnx")
+    kept = np.linalg.norm(want, axis=1) > 0  # the empty text is a zero vector in float32 and int8 alike
+    assert np.array_equal(ours[~kept], want[~kept])
+    sims = cosine(ours[kept], want[kept])
+    assert sims.min() >= 0.99, sims
+    assert not np.array_equal(ours, want)
+
+
 def test_the_init_report_and_status_show_precision(packed: Callable[..., Path]) -> None:
     model = packed("sentence-transformers", quantize="int8", min_quality=0.9)
     lines: list[dict[str, Any]] = []
