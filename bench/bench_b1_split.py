@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.b1_split_driver import MARK  # noqa: E402
-from bench.bench_peers import EXPORT, OURS_MODEL, OURS_OPTIMIZED, base_env, venv_python  # noqa: E402
+from bench.bench_peers import EXPORT, OURS_MODEL, OURS_OPTIMIZED, base_env, variant_process, venv_python  # noqa: E402
+from bench.json_child import JsonChild  # noqa: E402
 from bench.peers_driver import SENTENCES  # noqa: E402
 
 DRIVER = ROOT / "bench" / "b1_split_driver.py"
@@ -46,57 +46,33 @@ GRAPHS = ("graphs@ours", "graphs@fastembed")  # --graphs: each graph raw, in our
 
 
 class Child:
+    """One variant's b1_split_driver, its first line (`hello`) read."""
+
     def __init__(self, variant: str) -> None:
-        env = base_env()
         if variant in GRAPHS:
             here = variant == "graphs@ours"
             python = sys.executable if here else str(venv_python("fastembed"))
             argv = [python, str(DRIVER), "graphs", "--ours-model", str(OURS_MODEL), "--export", str(EXPORT)]
             # The optimized pack's prepacked weights are for our onnxruntime only; the fusion needs our venv's onnx.
             argv += ["--optimized", str(OURS_OPTIMIZED / "model.opt.onnx"), "--skip-layer-norm"] if here else []
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            self.hello = self._read()
+            self.child = JsonChild(argv, base_env(), MARK)
+            self.hello = self.child.read()
             return
-        if variant.endswith(HUGETLB):  # glibc's malloc asks for transparent huge pages for its mmap'd chunks
-            variant = variant.removesuffix(HUGETLB)
+        hugetlb = variant.endswith(HUGETLB)
+        python, kind, _, env = variant_process(variant.removesuffix(HUGETLB))
+        if hugetlb:  # glibc's malloc asks for transparent huge pages for its mmap'd chunks
             env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
-        if variant == "fastembed":
-            python, kind = str(venv_python("fastembed")), "fastembed"
-        else:
-            python, kind = sys.executable, "ours"
-            model = OURS_MODEL if variant == "ours" else OURS_OPTIMIZED
-            env.update(
-                {
-                    "WARMSTART_MODEL": str(model),
-                    "WARMSTART_THREADS": "1",
-                    "AWS_LAMBDA_FUNCTION_NAME": "bench",
-                    "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
-                    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1769",
-                }
-            )
+        if kind == "ours":
+            env["WARMSTART_THREADS"] = "1"
         argv = [python, str(DRIVER), kind, "--ours-model", str(OURS_MODEL), "--export", str(EXPORT)]
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.hello = self._read()
-
-    def _read(self) -> Any:
-        assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"driver exited ({self.proc.wait()})")
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
+        self.child = JsonChild(argv, env, MARK)
+        self.hello = self.child.read()
 
     def ask(self, texts: list[str], calls: int) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"texts": texts, "calls": calls}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
+        return self.child.ask({"texts": texts, "calls": calls})
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
+        self.child.close()
 
 
 def min_cosine(a: list[list[float]], b: list[list[float]]) -> float:

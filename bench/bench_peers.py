@@ -153,24 +153,28 @@ def driver_command(
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(IN_PROCESS)}")
     if threads != "default" and not threads.isdigit():
         raise ValueError(f"threads must be a count or 'default', not {threads!r}")
-    env = base_env(environ)
-    if variant == "fastembed":
-        python, kind, model = str(venv_python("fastembed")), "fastembed", EXPORT
-    else:
-        python, kind = sys.executable, "ours"
-        model = OURS_MODEL if variant == "ours" else OURS_OPTIMIZED
-        env.update(
-            {
-                "WARMSTART_MODEL": str(model),
-                "AWS_LAMBDA_FUNCTION_NAME": "bench",
-                "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
-                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1769",
-            }
-        )
-        if threads != "default":
-            env["WARMSTART_THREADS"] = threads
+    python, kind, model, env = variant_process(variant, environ)
+    if kind == "ours" and threads != "default":
+        env["WARMSTART_THREADS"] = threads
     argv = [python, str(DRIVER), mode, kind, "--model", str(model), "--threads", threads, "--iters", str(iters)]
     return argv, env
+
+
+def variant_process(variant: str, environ: dict[str, str] | None = None) -> tuple[str, str, Path, dict[str, str]]:
+    """An in-process variant's interpreter, driver kind ("ours" / "fastembed"), model and environment."""
+    env = base_env(environ)
+    if variant == "fastembed":
+        return str(venv_python("fastembed")), "fastembed", EXPORT, env
+    model = OURS_MODEL if variant == "ours" else OURS_OPTIMIZED
+    env.update(
+        {
+            "WARMSTART_MODEL": str(model),
+            "AWS_LAMBDA_FUNCTION_NAME": "bench",
+            "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1769",
+        }
+    )
+    return sys.executable, "ours", model, env
 
 
 def server_command(server: str, port: int, environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:

@@ -38,11 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_coldstart import cold_start  # noqa: E402
+from bench.bench_torch_artifact import BATCH, TEXT  # noqa: E402  (the same probe text and batch of 32)
 
-TEXT = "A cold start is the time from nothing to the first answer."
-SENTENCE = "what is the capital city of france ? paris is the capital of france , a city of good film and love ."
-WORDS = SENTENCE.split()
-BATCH = [" ".join(WORDS[: 3 + (i * 7) % len(WORDS)] * (1 + i % 4)) for i in range(32)]
 VARIANTS = {
     "minilm": ("onnx-float32", "onnx-int8", "onnx-int8dyn", "torch-float32", "torch-bfloat16"),
     "bert-base": ("onnx-float32", "onnx-int8"),

@@ -136,28 +136,17 @@ def _export(ref: str) -> Path:
 
 class _Worker:
     def __init__(self, code_root: Path, threads: int) -> None:
-        env = {**os.environ, "PYTHONPATH": str(code_root)}
-        args = [sys.executable, __file__, "--worker", str(code_root), str(threads)]
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.threads = self._read()["threads"]
+        from bench.json_child import JsonChild  # here: the worker runs this file with an older tree on its path
 
-    def _read(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"bench worker exited ({self.proc.wait()})")
-        return json.loads(line)
+        env = {**os.environ, "PYTHONPATH": str(code_root)}
+        self.child = JsonChild([sys.executable, __file__, "--worker", str(code_root), str(threads)], env)
+        self.threads = self.child.read()["threads"]
 
     def ask(self, **cmd: Any) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
+        return self.child.ask(cmd)
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
+        self.child.close()
 
 
 CLOCKS = ("wall", "cpu")
