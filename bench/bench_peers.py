@@ -17,7 +17,8 @@ taken within a round and their median quoted:
          `infinity_emb v2 --engine optimum` on POST /embeddings; req/s, p50/p99 of the 200s, error rate
 
 Writes runs.json, results.md and peers.png under --out; --write-docs puts results.md into
-docs/benchmarks.md (between the peers markers) and the PNG at docs/peers.png.
+docs/benchmarks.md (between the peers markers), the PNG at docs/peers.png and the rows at
+bench/results/peers-runs.json.
 """
 
 from __future__ import annotations
@@ -716,6 +717,7 @@ def report(data: dict[str, Any], out: Path, write_docs: bool) -> None:
     plot(data, png)
     if write_docs:
         shutil.copyfile(png, ROOT / "docs" / "peers.png")
+        (ROOT / "bench" / "results" / "peers-runs.json").write_text(json.dumps(data, indent=1))  # the docs cite it
         doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(replace_section(doc.read_text(), docs_section(table)))
 
