@@ -4,7 +4,7 @@ order it touches them: the code (the pages of the import chain and its libraries
 time by handler.runtime.startfiles; without a list, the shared libraries of numpy, ONNX Runtime and tokenizers
 whole), then the packed model's files (the session maps the weights, the tokenizer file is read last).
 
-On a warm page cache this costs ~1 ms of a background thread. On a cold one (a new Lambda container reads its
+On a warm page cache (sampled: startfiles.warm) nothing is issued. On a cold one (a new Lambda container reads its
 image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
@@ -60,6 +60,7 @@ class Prefetch:
         self.bytes = 0
         self.issued_ms = 0.0
         self.error: str | None = None
+        self.skipped: str | None = None  # why nothing was issued
         self.t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="warmstart-prefetch", daemon=True)
 
@@ -111,6 +112,7 @@ class Prefetch:
             "mb": round(self.bytes / 2**20, 1),
             "issued_ms": self.issued_ms,
             **({"error": self.error} if self.error else {}),
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
 
@@ -133,8 +135,29 @@ def start(environ: Mapping[str, str] | None = None) -> Prefetch | None:
         return None
     # The code files (libraries or the recorded start list) are found on the thread: see Prefetch._code.
     _started = Prefetch(files, mode, backend)
+    if _warm(files, mode, backend):
+        # Nothing to read ahead, and no thread: on a warm cache its Python work (~2 ms of CPU) contended with
+        # the imports for the GIL and cost ~13 ms of a 1 vCPU start (measured: docs/coldstart.md).
+        _started.skipped = "page cache warm (sampled pages resident)"
+        _started.code_source = "not read (page cache warm)"
+        _started.issued_ms = round((time.perf_counter() - _started.t0) * 1000, 3)
+        return _started
     _started._thread.start()
     return _started
+
+
+def _warm(files: list[Item], mode: str, backend: str) -> bool:
+    """The model's files and, when the code is ours to prefetch, a sample of the start list (startfiles.warm);
+    without a list (or with a stale one) the model's files decide."""
+    from handler.runtime import startfiles
+
+    code: list[Item] = []
+    if mode == "all" and not getattr(sys, startfiles.ISSUED, False):
+        try:
+            code = startfiles.load(backend, count=6)[0] or []
+        except Exception:  # never fail a start over a hint
+            return False
+    return startfiles.warm([*code, *files])
 
 
 def report() -> dict[str, Any]:

@@ -119,13 +119,20 @@ def hooked_start(site_dir: Path, argv: list[str], pythonpath: str) -> tuple[str,
 def test_the_interpreter_start_hook_replays_only_for_this_functions_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = str(Path(startfiles.__file__).resolve().parents[2])
+    code = str(Path(startfiles.__file__).resolve().parents[2])
+    extra = tmp_path / "extra"  # a sys.path entry whose file the list names, kept out of the page cache
+    cold = on_disk(extra / "coldpkg" / "data.bin")
+    evict(cold)
+    root = f"{code}:{extra}"
     site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
-    listing = write_list(tmp_path / "startfiles.json", files=[["json/decoder.py", None]])
+    listing = write_list(tmp_path / "startfiles.json", files=[["coldpkg/data.bin", None]])
     pth = startfiles.install_pth(site_dir, listing)
     assert pth.read_text().startswith("import ") and len(pth.read_text().splitlines()) == 1
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("True", "")
+    cold.read_bytes()  # the page cache holds the list: nothing to issue
+    assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+    evict(cold)
     assert hooked_start(site_dir, ["serve"], root) == ("False", "")  # argv names no `handler`: not our start
     monkeypatch.setenv("WARMSTART_PREFETCH", "model")  # the code prefetch switched off
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
@@ -139,6 +146,66 @@ def test_the_interpreter_start_hook_replays_only_for_this_functions_start(
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
     listing.unlink()  # gone: the line does nothing, prints nothing
     assert hooked_start(site_dir, ["handler.app.lambda_handler"], root) == ("False", "")
+
+
+def on_disk(path: Path, size: int = 1 << 20) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: DONTNEED drops them
+    return path
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="the probe needs preadv's RWF_NOWAIT (Linux)")
+def test_the_warm_probe_sees_which_pages_the_cache_holds(tmp_path: Path) -> None:
+    a, b = on_disk(tmp_path / "a.bin"), on_disk(tmp_path / "b.bin")
+    a.read_bytes(), b.read_bytes()
+    assert startfiles.warm([(a, None), (b, [[0, 4096], [512 * 1024, 4096]])]) is True
+    evict(b)
+    assert startfiles.warm([(a, None), (b, None)]) is False
+    b.read_bytes()
+    fd = os.open(b, os.O_RDONLY)
+    os.posix_fadvise(fd, 512 * 1024, 0, os.POSIX_FADV_DONTNEED)  # the second half (the last range) gone
+    os.close(fd)
+    assert startfiles.warm([(b, [[0, 4096], [512 * 1024, 4096]])]) is False
+    assert startfiles.warm([(tmp_path / "gone.bin", None), (a, None)]) is True  # a missing file reads nothing
+    assert startfiles.warm([]) is False
+    items = [(tmp_path / f"{i}", None) for i in range(20)]
+    picked = startfiles.sample(items)
+    assert len(picked) == 6 and picked[0] == items[0] and picked[-1] == items[-1]
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="the probe needs preadv's RWF_NOWAIT (Linux)")
+def test_the_prefetch_issues_nothing_on_a_warm_page_cache_and_everything_on_a_cold_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = on_disk(tmp_path / "model.onnx.data")
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {"default_backend": "onnx", "backends": {"onnx": {"files": [weights.name]}}, "files": {weights.name: {}}}
+        )
+    )
+    env = {"WARMSTART_MODEL": str(tmp_path), "WARMSTART_PREFETCH": "model"}
+    monkeypatch.setattr(prefetch, "_started", None)
+    weights.read_bytes()
+    job = prefetch.start(env)
+    assert job is not None and not job._thread.is_alive() and job._thread.ident is None  # no thread at all
+    assert job.report()["skipped"].startswith("page cache warm") and job.report()["mb"] == 0
+    evict(weights)
+    monkeypatch.setattr(prefetch, "_started", None)
+    job = prefetch.start(env)
+    assert job is not None
+    job._thread.join(10)
+    assert "skipped" not in job.report() and job.report()["mb"] == 1.0
 
 
 def test_the_prefetch_thread_skips_what_the_hook_issued(monkeypatch: pytest.MonkeyPatch) -> None:
