@@ -158,11 +158,7 @@ def on_disk(path: Path, size: int = 1 << 20) -> Path:
 
 
 def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    startfiles.evict([str(path)])
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="the probe needs preadv's RWF_NOWAIT (Linux)")
