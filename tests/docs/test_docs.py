@@ -300,7 +300,9 @@ def command_problems(c: Command, makefile: str) -> list[str]:
         problems.append(f"no {script.relative_to(ROOT)}")
     elif script is not None:
         source = script.read_text(encoding="utf-8")
-        problems += [f"{flag} not in {script.name}" for flag in FLAG.findall(c.text) if f'"{flag}"' not in source]
+        # Flags are the command's own tokens (`[--opt]` too), not text inside a quoted value passed through.
+        flags = [m.group() for t in tokens if (m := FLAG.match(t.lstrip("[")))]
+        problems += [f"{flag} not in {script.name}" for flag in flags if f'"{flag}"' not in source]
     problems += [f"no {t}" for t in tokens[1:] if t.startswith(REPO_DIRS) and not (ROOT / t).exists()]
     return [f"{c.where()}: {p}" for p in problems]
 

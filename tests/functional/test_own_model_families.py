@@ -151,9 +151,9 @@ def test_a_program_that_does_not_match_is_onnx_only_with_its_reason(
 
     real = torch_program._export
 
-    def skewed(source: Any, head: Any, names: Any, feeds: Any, want: list[Any], attention: str) -> Any:
+    def skewed(source: Any, head: Any, names: Any, feeds: Any, want: list[Any], attention: str, *rest: Any) -> Any:
         # The captured program is right; the check sees the model's outputs moved by 1e-3 (as a wrong program).
-        return real(source, head, names, feeds, [w + 1e-3 for w in want], attention)
+        return real(source, head, names, feeds, [w + 1e-3 for w in want], attention, *rest)
 
     monkeypatch.setattr(torch_program, "_export", skewed)
     src = make_model_dir(tmp_path, "gte", max_seq_length=MAX_SEQ, **EMBEDDERS["gte"])
