@@ -55,11 +55,12 @@ def cosine(a: Any, b: Any) -> float:
     return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
-def assert_same_vectors(got: Any, want: Any) -> None:
+def assert_same_vectors(got: Any, want: Any, exact: bool = True) -> None:
     got32, want32 = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert got32.shape == want32.shape
     assert min(cosine(g, w) for g, w in zip(got32, want32, strict=True)) >= 0.99999
-    assert np.array_equal(got32, want32)  # float32 through JSON and base64 alike: the very same bits
+    if exact:
+        assert np.array_equal(got32, want32)  # float32 through JSON and base64 alike: the very same bits
 
 
 class Host:
@@ -217,8 +218,10 @@ def test_openai_async_client(host: Host, native_vectors: list[list[float]]) -> N
             )
 
     batch, single = asyncio.run(both())
-    assert_same_vectors([d.embedding for d in batch.data], native_vectors)
-    assert_same_vectors([single.data[0].embedding], host.vectors(TEXTS[1:2]))
+    # Sent at once, the two may run as one dynamic batch: a text padded beside a longer one can differ from its
+    # answer alone in the last bits (the batching contract is cosine >= 0.99999, docs/http-host.md).
+    assert_same_vectors([d.embedding for d in batch.data], native_vectors, exact=False)
+    assert_same_vectors([single.data[0].embedding], host.vectors(TEXTS[1:2]), exact=False)
 
 
 # -- LangChain ------------------------------------------------------------------------------------------------
