@@ -83,25 +83,11 @@ class Prefetch:
         return [(p, None) for p in _libraries(self.backend)]
 
     def _run(self) -> None:
+        from handler.runtime.startfiles import issue
+
         if self.mode == "all":
             self.code = self._code()
-        for path, ranges in [*self.code, *self.files]:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue  # a file the manifest names but that is absent: init reports it, not us
-            try:
-                # The kernel queues the reads and returns; the I/O completes in the background.
-                if ranges is None:
-                    self.bytes += os.fstat(fd).st_size
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                for offset, length in ranges or ():
-                    self.bytes += length
-                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-            except OSError as e:
-                self.error = f"{path.name}: {e}"
-            finally:
-                os.close(fd)
+        self.bytes, self.error = issue([*self.code, *self.files])
         self.issued_ms = round((time.perf_counter() - self.t0) * 1000, 3)
 
     def report(self) -> dict[str, Any]:

@@ -80,14 +80,38 @@ def warm(items: Sequence[Item]) -> bool:
         except OSError:
             continue  # gone: nothing to read either way
         try:
+            size = os.fstat(fd).st_size
             for offset in {r[0] for r in (ranges[0], ranges[-1])} if ranges else (0,):
-                if os.fstat(fd).st_size > offset and os.preadv(fd, [buf], offset, flag) < 1:
+                if size > offset and os.preadv(fd, [buf], offset, flag) < 1:
                     return False
         except OSError:  # BlockingIOError (EAGAIN: not cached), EOPNOTSUPP: unknown, so issue
             return False
         finally:
             os.close(fd)
     return True
+
+
+def issue(items: Iterable[Item]) -> tuple[int, str | None]:
+    """Ask the kernel to read `items` ahead (posix_fadvise WILLNEED: queued, the I/O completes in the background):
+    the bytes asked for, and the last error (a file that is absent is skipped silently)."""
+    asked, error = 0, None
+    for path, ranges in items:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # a file the manifest or the list names but that is absent: init reports it, not us
+        try:
+            if ranges is None:
+                asked += os.fstat(fd).st_size
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            for offset, length in ranges or ():
+                asked += length
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError as e:
+            error = f"{path.name}: {e}"
+        finally:
+            os.close(fd)
+    return asked, error
 
 
 def sample(items: Sequence[Any], count: int = 6) -> list[Any]:
@@ -124,19 +148,7 @@ def boot(root: str, listing: str) -> None:
     import threading
 
     def run() -> None:
-        items, _ = load(backend, Path(listing))  # here, not on the start's own thread
-        for path, ranges in items or ():
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                for offset, length in ranges or ((0, 0),):
-                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        issue(load(backend, Path(listing))[0] or ())  # the list resolved here, not on the start's own thread
 
     setattr(sys, ISSUED, True)
     threading.Thread(target=run, name="warmstart-startfiles", daemon=True).start()
