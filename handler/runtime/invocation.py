@@ -164,8 +164,7 @@ class Runtime(Instance):
                 answer = self.serve(native, route.task, route.run)
                 return self._http_answer(inv, route, payload, native, answer, accept)
             except Exception as e:
-                status, body = self._failure(e, "http")
-        return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+                return self._http_error(e)
 
     def _http_request(
         self, raw: bytes, route: Route, content: Kind, accept: Kind, limit: int
