@@ -274,16 +274,14 @@ def quantize_checked(
     return where / ONNX_FILE, figures
 
 
-def _runner(model: Any) -> Any:
-    """A feeds -> first output callable over an ONNX Runtime CPU session of `model` (a path or a ModelProto)."""
+def _runner(model: Path) -> Any:
+    """A feeds -> first output callable over an ONNX Runtime CPU session of the graph file `model` (its data
+    beside it: never a whole graph serialized in memory)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if isinstance(model, Path):
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    else:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
 
     def run(feed: dict[str, Any]) -> Any:
