@@ -44,14 +44,18 @@ class RerankTask(TextModel):
             for i, d in enumerate(docs)
         ]
 
-    def prepare(self, payload: JSON) -> Prepared:
-        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
+    def _options(self, payload: JSON) -> tuple[list[tuple[str, str]], list[str], int | None, bool]:
+        """The request's (query, document) pairs, documents, `top_n` and `return_documents`, checked."""
         body = require_object(payload, "query")
         query = check_text(body["query"], "query", self.max_chars)
         docs = self.documents(body)
         top_n = positive_int(body, "top_n")  # more than there are documents: all of them
         with_docs = flag(body, "return_documents")
-        pairs = [(query, doc) for doc in docs]
+        return [(query, doc) for doc in docs], docs, top_n, with_docs
+
+    def prepare(self, payload: JSON) -> Prepared:
+        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
+        pairs, docs, top_n, with_docs = self._options(payload)
 
         def finish(scores: Any, tokens: int) -> dict[str, Any]:
             return self._answer(scores, tokens, docs, top_n, with_docs)
@@ -71,12 +75,8 @@ class RerankTask(TextModel):
         return {"results": results, "model": self.model, "usage": {"tokens": tokens}}
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
-        body = require_object(payload, "query")
-        query = check_text(body["query"], "query", self.max_chars)
-        docs = self.documents(body)
-        top_n = positive_int(body, "top_n")  # more than there are documents: all of them
-        with_docs = flag(body, "return_documents")
-        scores, tokens = self.run_copy([(query, doc) for doc in docs])
+        pairs, docs, top_n, with_docs = self._options(payload)
+        scores, tokens = self.run_copy(pairs)
         return self._answer(scores, tokens, docs, top_n, with_docs)
 
     def warmup(self) -> None:
@@ -93,11 +93,15 @@ class ClassifyTask(TextModel):
         self.labels = manifest.labels
         self.multi_label = manifest.problem_type == "multi_label_classification"
 
-    def prepare(self, payload: JSON) -> Prepared:
-        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
+    def _options(self, payload: JSON) -> tuple[list[str], int | None]:
+        """The request's texts and `top_k`, checked."""
         body = require_object(payload, "inputs")
         texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
-        top_k = positive_int(body, "top_k")  # more than there are labels: all of them
+        return texts, positive_int(body, "top_k")  # top_k past the labels' count: all of them
+
+    def prepare(self, payload: JSON) -> Prepared:
+        """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
+        texts, top_k = self._options(payload)
         return Prepared(self.encoder.tokenize(texts), lambda logits, tokens: self._answer(logits, tokens, top_k))
 
     def _answer(self, logits: Any, tokens: int, top_k: int | None) -> dict[str, Any]:
@@ -114,9 +118,7 @@ class ClassifyTask(TextModel):
         return {"predictions": predictions, "model": self.model, "usage": {"tokens": tokens}}
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
-        body = require_object(payload, "inputs")
-        texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
-        top_k = positive_int(body, "top_k")  # more than there are labels: all of them
+        texts, top_k = self._options(payload)
         logits, tokens = self.run_copy(texts)
         return self._answer(logits, tokens, top_k)
 
