@@ -90,7 +90,6 @@ class ThreadPlan:
 
     threads: int
     runs: int
-    cpus: int
     spin: bool
     why: str
 
@@ -114,4 +113,4 @@ def plan_threads(cpus: int, runs: int = 1, threads: int | None = None, spin_allo
         why += f"; over-subscribed ({chosen * runs} threads on {cpus} CPUs): no spinning"
     elif chosen > 1 and not spin_allowed:
         why += "; no spinning (billed CPU time)"
-    return ThreadPlan(chosen, runs, cpus, spin, why)
+    return ThreadPlan(chosen, runs, spin, why)
