@@ -12,7 +12,7 @@ ORT's transformer fusions (`onnxruntime.transformers.optimizer`: attention, skip
 embedding layernorm, slower at run time: `_fuse`) are applied at opt level 0 (the portable python fusions only,
 no device-specific rewrites) and kept only when the fused graph's outputs still match the unfused one's.
 
-Pack memory (issue 26): hf_pack loads the model once and computes its reference outputs once (`Reference`) for
+Pack memory: hf_pack loads the model once and computes its reference outputs once (`Reference`) for
 both exports; the graph is written to disk a tensor at a time (`export_graph`), then checked and fused from the
 file with the torch model freed (`check_graph`, `fuse_graph`); ONNX Runtime maps the file, without prepacking.
 What remains is torch.onnx's own: under 2 GB the TorchScript exporter serializes the graph with its weights in

@@ -129,7 +129,7 @@ def pack_from(
         if source.weights.suffix != ".safetensors":  # read_source checked a model.safetensors' header already
             shapes = safetensors_shapes(staged / WEIGHTS_FILE)
             check_checkpoint(shapes, source.weights, source.model_root / "config.json", source.config, source.family)
-        # Pack memory (issue 26): the model is loaded once, for the refusal check, and shared by both exports;
+        # Pack memory: the model is loaded once, for the refusal check, and shared by both exports;
         # its outputs on the probe batches are computed once; the ONNX graph goes to disk a tensor at a time; the
         # model is freed before ORT's fusions load the graph.
         model = check_weights(source, staged)
