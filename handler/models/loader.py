@@ -7,6 +7,7 @@ for extra models and the reloader for a standby version, so all of them are buil
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from handler.backends.pool import BufferPool
 from handler.core.config import Config
 from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
-from handler.core.manifest import Manifest, load_manifest, verify_sha256
+from handler.core.manifest import Manifest, load_manifest, open_regular, verify_sha256
 from handler.observability.report import PhaseTimer
 from handler.tasks.catalog import TASKS, Task
 
@@ -58,7 +59,7 @@ def verify_paced(
     for name in names:
         path = manifest.root / name
         digest = hashlib.sha256()
-        with path.open("rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             while block := f.read(chunk):
                 digest.update(block)
                 if busy():
