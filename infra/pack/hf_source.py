@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -25,6 +26,8 @@ from infra.pack.hf_checks import (
     check_config,
     check_tokenizer_json,
     is_int,
+    open_source,
+    read_source_file,
     safetensors_shapes,
 )
 
@@ -185,12 +188,12 @@ class HFSource:
 
 
 def _read_json(path: Path) -> Any:
-    if not path.exists():
+    if not os.path.lexists(path):
         raise MissingFileError(f"{path}: missing")
-    if not path.is_file():  # a directory, or a FIFO whose read would block forever
-        raise SourceError(f"{path}: not a regular file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
+    try:  # a directory, a FIFO (its read would block forever), a device, a symlink loop: refused, never read
+        return json.loads(read_source_file(path).decode("utf-8"))
+    except SourceError:
+        raise  # its own message: what the file is instead
     except OSError as e:
         raise SourceError(f"{path}: unreadable ({e.strerror})") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -200,7 +203,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _optional_json(path: Path) -> Any:
-    return _read_json(path) if path.exists() else None
+    # lexists: a symlink loop or a dangling link is not "absent" (exists() says False), it is refused
+    return _read_json(path) if os.path.lexists(path) else None
 
 
 def _optional_object(path: Path) -> dict[str, Any]:
@@ -614,7 +618,7 @@ def content_hash(root: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in sorted(set(files)):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        with path.open("rb") as f:
+        with open_source(path) as f:
             while block := f.read(1 << 20):
                 digest.update(block)
         digest.update(b"\0")
