@@ -12,6 +12,7 @@ import pytest
 
 from handler.core.config import Config
 from handler.core.errors import InputTooLongError, InvalidEncodingError, InvalidInputError
+from handler.tasks import tokens
 from handler.tasks.batch import run_prepared
 from handler.tasks.text import chunks
 from tests.unit.test_text_tasks import make
@@ -138,3 +139,20 @@ def test_outputs_of_split_runs_equal_one_run_to_the_bit(tmp_path: Path) -> None:
         want = want.copy()
     got, tokens = task.run_copy(TEXTS)
     assert np.array_equal(got, want) and tokens == want_tokens
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_long_requests_keep_no_overflow_and_the_same_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pairs: bool
+) -> None:
+    """Truncated encodings kept every token cut off: 256 inputs of 20,000 CJK characters held 730 MB."""
+    task, _ = make(tmp_path, "rerank" if pairs else "embedding", config(tmp_path))
+    long = [" ".join(WORDS * (1 + i % 50)) for i in range(30)]  # up to 450 words: cut at max length
+    texts: list[Any] = [("the fox", t) for t in long] if pairs else long
+    want = task.encoder._encode_batch(texts)  # one call: what a short request still gets
+    assert any(e.overflowing for e in want)
+    monkeypatch.setattr(tokens, "SLICE_CHARS", 2000, raising=False)  # several slices of a few texts each
+    got = task.encoder.tokenize(texts)
+    assert not any(getattr(e, "overflowing", None) for e in got)
+    for field in ("ids", "attention_mask", "type_ids"):
+        assert [getattr(e, field) for e in got] == [getattr(e, field) for e in want]
