@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from handler.core.config import env_int
+from handler.core.config import Config, env_int
 from handler.core.errors import ServiceBusyError
 
 T = TypeVar("T")
@@ -46,7 +46,7 @@ class Sizing:
     idle_s: float = 10.0  # a worker idle this long retires (down to min_workers)
     check_s: float = 0.05  # at most one sizing decision per interval
     max_batch: int = 32  # requests one worker takes into one batch
-    batch_tokens: int = 8192  # padded tokens (rows x longest) of one model run; a longer request runs alone
+    batch_tokens: int = Config.batch_tokens  # padded tokens (rows x longest) of one model run (one source)
     batch_wait_s: float = 0.002  # under load only: how long a batch may wait for more requests
 
 

@@ -5,7 +5,8 @@ A text task's `prepare(payload)` checks the request and tokenizes it, and return
 encodings and its `finish(rows, tokens)`, which turns its rows of the model's output into its answer with
 its own options (dimensions, encoding format, top_n...). `run_prepared` pads the rows of a batch to the
 longest (masked, as one request's own texts are padded), runs them in groups bounded by padded tokens
-(shortest first, so rows of like length share a run), and hands each request its rows. A model run that
+(shortest first, so rows of like length share a run), and hands each request its rows. A request over the
+bound alone is split across runs too, and its rows put back together before its `finish`. A model run that
 fails is run again one request at a time, so each request gets its own answer or error.
 """
 
@@ -19,7 +20,7 @@ import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
-from handler.tasks.text import shortest_floats
+from handler.tasks.text import chunks, shortest_floats
 from handler.tasks.tokens import TextEncoder
 
 Finish = Callable[[npt.NDArray[Any], int], dict[str, Any]]
@@ -48,11 +49,12 @@ class BatchModel(Protocol):
     output: str
     type_ids: bool
     pool: BufferPool
+    batch_tokens: int  # padded tokens of one model run (Config.batch_tokens)
 
 
 def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
     """Indices of `prepared` in model runs: shortest first, each run's rows x longest within `max_tokens`
-    (a request over it alone runs alone, as it would unbatched)."""
+    (a request over it alone runs alone, its rows split across runs by `_run_group`)."""
     order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
     out: list[list[int]] = []
     current: list[int] = []
@@ -89,16 +91,26 @@ def run_prepared(model: BatchModel, prepared: Sequence[Prepared], max_tokens: in
 
 
 def _run_group(model: BatchModel, prepared: Sequence[Prepared], group: list[int], results: list[Any]) -> None:
+    """One group's requests answered. Their rows run in model runs of at most `model.batch_tokens` padded
+    tokens (one request's rows too: a request of max inputs x max chars would otherwise be one run of tens of
+    thousands of tokens, gigabytes of activations); a request's rows are reassembled before its `finish`."""
     encodings = [e for i in group for e in prepared[i].encodings]
+    spans = chunks([len(e.ids) for e in encodings], model.batch_tokens)
     with model.pool.request():
-        out, mask = run_encodings(model, encodings)
+        if len(spans) == 1:
+            out, mask = run_encodings(model, encodings)
+            counts = mask.sum(axis=1)
+        else:  # each run's rows copied out: the pooled outputs of all runs are small (rows x output width)
+            runs = [run_encodings(model, encodings[start:stop]) for start, stop in spans]
+            out = np.concatenate([o for o, _ in runs])
+            counts = np.concatenate([m.sum(axis=1) for _, m in runs])
         floats = shortest_floats(out) if any(prepared[i].shortest for i in group) else out
         row = 0
         for i in group:
             n = len(prepared[i].encodings)
             rows = (floats if prepared[i].shortest else out)[row : row + n]
             try:  # serialized inside the arena: the answer holds Python objects, never the pooled buffer
-                results[i] = prepared[i].finish(rows, int(mask[row : row + n].sum()))
+                results[i] = prepared[i].finish(rows, int(counts[row : row + n].sum()))
             except Exception as e:
                 results[i] = e
             row += n
