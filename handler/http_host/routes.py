@@ -134,7 +134,7 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            accept = response_kind(request.headers.get("accept"))
+            accept = response_kind(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.

@@ -56,6 +56,28 @@ def test_response_kind(accept: str | None, kind: str) -> None:
     assert response_kind(accept) == kind
 
 
+@pytest.mark.parametrize(
+    ("accept", "answers", "kind"),
+    [
+        ("application/x-npy, application/json;q=0.5", ("json",), "json"),  # a JSON-only route falls back
+        ("*/*", ("json", "npy"), "json"),  # a tie goes to the route's first
+        ("application/x-npy, application/json", ("json", "npy"), "npy"),  # then to the range listed first
+        ("*/*, application/json;q=0", ("json", "npy"), "npy"),  # the most specific range decides
+        ("application/*;q=0.2, application/x-npy;q=0.9", ("json", "npy"), "npy"),
+        ("application/json;q=nan, application/x-npy;q=0.1", ("json", "npy"), "npy"),  # a bad q refuses
+    ],
+)
+def test_response_kind_among_a_routes_answers(accept: str, answers: tuple[str, ...], kind: str) -> None:
+    assert response_kind(accept, answers) == kind  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("accept", ["application/json;q=0", "application/x-npy", "*/*;q=0"])
+def test_refused_json_is_406_naming_what_the_route_answers(accept: str) -> None:
+    """`q=0` refuses a type (RFC 9110): `application/json;q=0` was answered JSON."""
+    with pytest.raises(NotAcceptableError, match=r"this route answers application/json$"):
+        response_kind(accept, ("json",))
+
+
 def test_nothing_acceptable_is_406() -> None:
     with pytest.raises(NotAcceptableError) as info:
         response_kind("text/csv")
