@@ -78,6 +78,14 @@ def test_refused_json_is_406_naming_what_the_route_answers(accept: str) -> None:
         response_kind(accept, ("json",))
 
 
+def test_a_q_over_1_is_malformed_not_a_preference() -> None:
+    """Found by the media fuzzer: `application/x-npy;q=2` was read as weight 2 and answered .npy; q is at most 1
+    (RFC 9110), so the range is malformed and refuses, like `q=abc`."""
+    with pytest.raises(NotAcceptableError):
+        response_kind("application/json;q=abc, application/x-npy;q=2", ("json", "npy"))
+    assert response_kind("application/x-npy;q=2, application/json;q=0.1", ("json", "npy")) == "json"
+
+
 def test_nothing_acceptable_is_406() -> None:
     with pytest.raises(NotAcceptableError) as info:
         response_kind("text/csv")
