@@ -31,6 +31,7 @@ HEAD = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json
 class Slow:
     sock: socket.socket
     data: bytes = b""
+    sent_at: float = 0.0  # time.monotonic() when its headers were sent
     closed_at: float | None = None  # time.monotonic() when the host closed it
 
     @property
@@ -54,6 +55,7 @@ class Flood:
             for _ in range(count):
                 self.slow.append(Slow(socket.create_connection(("127.0.0.1", port))))
                 self.slow[-1].sock.sendall(HEAD)
+                self.slow[-1].sent_at = time.monotonic()
             time.sleep(0.5)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run)
@@ -139,6 +141,8 @@ def test_health_answers_at_the_cap_and_slow_bodies_get_408_after_the_grace(host:
         assert [s.status for s in held] == [408] * CAP, [s.data[:80] for s in held]
         assert {s.body()["error"]["type"] for s in held} == {"RequestTimeoutError"}  # type: ignore[index]
         assert b"connection: close" in held[0].data.lower()
+        took = sorted(s.closed_at - s.sent_at for s in held if s.closed_at is not None)
+        assert took[0] > GRACE_S - 0.5 and took[-1] < GRACE_S + 8, took  # after the grace, not before
     finally:
         flood.close()
     assert get(host, "POST", "/invocations", b'{"inputs": ["x"]}')[0] == 200  # the connections are free again
