@@ -42,6 +42,7 @@ from handler.core.errors import (
 )
 from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
+from handler.http_host.settings import HostSettings
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
@@ -81,18 +82,32 @@ def _error(error: RequestError) -> JSONResponse:
     return JSONResponse(error.to_body(), error.status, headers=headers)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over the host's limit (never buffered past it)."""
+async def _read_body(request: Request, settings: HostSettings) -> bytes:
+    """The body, refused with 413 as soon as it is over the host's limit (never buffered past it), and with
+    408 once it falls under the minimum rate: all of it that came by then must have come by `grace + received /
+    rate` seconds (Apache's MinRate), so a trickle cannot hold a connection for the whole body timeout."""
+    limit, rate, grace = settings.payload_limit, settings.body_min_rate, settings.body_grace_s
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"body is {length} bytes; the limit is {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    started = asyncio.get_running_loop().time()
+    try:
+        # One timer for the whole body, moved on as bytes arrive (not one per chunk).
+        async with asyncio.timeout_at(started + grace if rate else None) as scope:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+                if rate:
+                    scope.reschedule(started + grace + size / rate)
+    except TimeoutError:  # this scope's own: the body timeout's and the drain's are outside it
+        raise RequestTimeoutError(
+            f"the request body came at under {rate} bytes/s after its first {grace} s ({size} bytes by then; "
+            "WARMSTART_HTTP_BODY_MIN_RATE)"
+        ) from None
     return b"".join(chunks)
 
 
@@ -119,11 +134,11 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            accept = response_kind(request.headers.get("accept"))
+            accept = response_kind(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
-            raw = await drain.read(_read_body(request, host.settings.payload_limit), host.settings.body_timeout_s)
+            raw = await drain.read(_read_body(request, host.settings), host.settings.body_timeout_s)
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))

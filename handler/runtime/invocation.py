@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
-from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
+from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
@@ -176,8 +176,8 @@ class Runtime(Instance):
         if route is ROOT:  # TEI's default route: the served model's task's route
             route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
         native = route.request(payload, self.find)
-        if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
-            native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
+        if accept == "npy":
+            native = npy_request(native)  # a tensor's outputs as .npy; base64 refused before the model runs
         self.count("inference")
         return route, payload, native
 
@@ -186,7 +186,7 @@ class Runtime(Instance):
     ) -> tuple[int, bytes, str]:
         usage(inv, native, answer)
         if accept == "npy":
-            return 200, npy_answer(answer), MEDIA_TYPES["npy"]
+            return 200, route.npy(answer, payload), MEDIA_TYPES["npy"]  # the route's answer, as one array
         body: JSON = route.response(answer, payload)
         return 200, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
 
