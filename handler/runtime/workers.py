@@ -195,10 +195,13 @@ class WorkerPool:
         self._maybe_resize()
 
     def _requeue(self, job: _Job) -> None:
-        """A job already admitted (an item a batch handed back) goes first in the queue, past `max_queue`:
-        it was counted when it came, and it is next."""
+        """A job already admitted (an item a batch handed back) goes ahead of every new one, past `max_queue`
+        (it was counted when it came), behind those handed back before it (in their order)."""
         with self._lock:
-            self._jobs.appendleft(job)
+            at = 0
+            while at < len(self._jobs) and (ahead := self._jobs[at]) is not None and ahead.running:
+                at += 1
+            self._jobs.insert(at, job)
             self._ready.notify()
 
     def abandon(self, future: Future[Any]) -> bool:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, MutableMapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from starlette.applications import Starlette
 from handler.api import compat
 from handler.http_host.host import Host
 from handler.http_host.routes import create_app
-from handler.runtime.invocation import Runtime
+from handler.runtime.invocation import HttpCall, Runtime
 from handler.runtime.workers import Sizing, WorkerPool
 
 LONG = "the quick brown fox jumps over the lazy dog and keeps on running far away " * 30  # 256 tokens
@@ -226,3 +227,39 @@ def test_dead_clients_never_fill_the_queue_for_live_ones(runtime: Runtime) -> No
     refused = [c.status for c in live if c.status != 200]
     assert refused == [], (len(refused), stats)
     assert stats["abandoned"] == 60 and stats["rejected"] == 0
+
+
+def test_requests_of_a_task_that_does_not_batch_are_handed_back_and_answered_one_by_one(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose task does not batch (a tensor model; here the embedding task without `prepare`): each
+    request of a gathered batch goes back to the pool and runs as its own job, answered when it is done.
+    Before, they ran inline, one after another, and all were answered when the last had run."""
+    assert runtime.workers is None or runtime.workers.stats()["busy"] == 0
+    monkeypatch.delattr(type(runtime.task), "prepare")
+    real = type(runtime.task).__call__
+
+    def slow(self: Any, payload: Any) -> Any:
+        time.sleep(1.0)
+        return real(self, payload)
+
+    monkeypatch.setattr(type(runtime.task), "__call__", slow)
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=64, batch_wait_s=0), cpus=1)
+    runtime.workers = workers
+    try:
+        release = _held(workers)
+        calls = [HttpCall(json.dumps({"inputs": text}).encode()) for text in ("first", "second")]
+        futures = [workers.submit_batch(runtime.handle_http_batch, c) for c in calls]
+        answered: dict[int, float] = {}
+        for k, f in enumerate(futures):
+            f.add_done_callback(partial(lambda k, _: answered.setdefault(k, time.monotonic()), k))
+        release.set()
+        answers = [f.result(60) for f in futures]
+    finally:
+        workers.shutdown()
+        runtime.workers = None
+    assert [status for status, _, _ in answers] == [200, 200]
+    assert [len(json.loads(body)["embeddings"]) for _, body, _ in answers] == [1, 1]
+    assert answered[0] < answered[1] - 0.5  # the first did not wait for the second's run
+    stats = workers.stats()
+    assert (stats["largest_batch"], stats["completed"], stats["submitted"]) == (2, 3, 3)  # the hold, two alone
