@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -46,7 +46,7 @@ from handler.http_host.settings import HostSettings
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
-from handler.runtime.invocation import HttpCall
+from handler.runtime.invocation import HttpCall, batchable
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
@@ -57,6 +57,8 @@ try:
 except metadata.PackageNotFoundError:  # a checkout run without installing
     VERSION = "0"
 
+# What a request whose client left is "answered" (nginx's code for it): nothing is sent, uvicorn drops it.
+CLIENT_GONE = 499
 REQUEST_ID_CHARS = 200  # X-Request-Id goes into every log line of its request: no more than this of it
 
 
@@ -142,13 +144,22 @@ class Routes:
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))
-            # Queued as one of a batch: requests waiting together for the same model share its run.
-            call = HttpCall(raw, route, content, accept, limit, trace_id, rid)
-            future = host.workers.submit_batch(runtime.handle_http_batch, call)
-            status, body, media = await drain.track(future)
+            if batchable(route):
+                # Queued as one of a batch: requests waiting together for the same model share its run.
+                call = HttpCall(raw, route, content, accept, limit, trace_id, rid)
+                future = host.workers.submit_batch(runtime.handle_http_batch, call)
+            else:  # its own job: gathered into a batch, its run would hold up the batch's other requests
+                future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, rid)
+            try:
+                status, body, media = await drain.answer(future, request.receive)
+            except ClientDisconnect:
+                host.workers.abandon(future)  # out of the queue, or skipped by its batch: nobody waits for it
+                raise
         except RequestError as e:
             host.runtime.count("rejected")
             return _error(e)
+        except ClientDisconnect:  # gone while sending its body or waiting: no answer reaches it
+            return Response(status_code=CLIENT_GONE)
         return Response(body, status, headers=echo, media_type=media)
 
     def healthy(self) -> Response | None:

@@ -5,9 +5,10 @@ A text task's `prepare(payload)` checks the request and tokenizes it, and return
 encodings and its `finish(rows, tokens)`, which turns its rows of the model's output into its answer with
 its own options (dimensions, encoding format, top_n...). `run_prepared` pads the rows of a batch to the
 longest (masked, as one request's own texts are padded), runs them in groups bounded by padded tokens
-(shortest first, so rows of like length share a run), and hands each request its rows. A request over the
-bound alone is split across runs too, and its rows put back together before its `finish`. A model run that
-fails is run again one request at a time, so each request gets its own answer or error.
+(shortest first, so rows of like length share a run), and hands each request its rows as soon as its run is
+done. A request over the bound alone is split across runs too, and its rows put back together before its
+`finish`. A model run that fails is run again one request at a time, so each request gets its own answer or
+error.
 """
 
 from __future__ import annotations
@@ -72,21 +73,37 @@ def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
     return out
 
 
-def run_prepared(model: BatchModel, prepared: Sequence[Prepared], max_tokens: int) -> list[Any]:
-    """Each request's answer, or the exception that is its own error, in order."""
+def run_prepared(
+    model: BatchModel,
+    prepared: Sequence[Prepared],
+    max_tokens: int,
+    report: Callable[[int, Any], None] | None = None,
+    wanted: Callable[[int], bool] | None = None,
+) -> list[Any]:
+    """Each request's answer, or the exception that is its own error, in order. `report(i, outcome)`: called
+    for each request as soon as its model run is done (shortest first: a small request is answered before
+    a long one's run starts). `wanted(i)`: checked before each run; a request no longer wanted (its client
+    left) is not run, not reported, and its result stays None."""
     results: list[Any] = [None] * len(prepared)
     for group in groups(prepared, max_tokens):
+        if wanted is not None:
+            group = [i for i in group if wanted(i)]
+            if not group:
+                continue
         try:
             _run_group(model, prepared, group, results)
         except Exception as e:
             if len(group) == 1:
                 results[group[0]] = e
-                continue
-            for i in group:  # the run failed as a whole: each request alone, each with its own outcome
-                try:
-                    _run_group(model, prepared, [i], results)
-                except Exception as alone:
-                    results[i] = alone
+            else:
+                for i in group:  # the run failed as a whole: each request alone, each with its own outcome
+                    try:
+                        _run_group(model, prepared, [i], results)
+                    except Exception as alone:
+                        results[i] = alone
+        if report is not None:
+            for i in group:
+                report(i, results[i])
     return results
 
 
