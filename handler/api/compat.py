@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks.text import encoding_format as _encoding_format
@@ -76,6 +77,11 @@ class Route(Protocol):
     @property
     def summary(self) -> str: ...
 
+    @property
+    def media(self) -> tuple[Kind, ...]:
+        """The media kinds this route answers in, preferred first (`handler.api.media.response_kind`)."""
+        ...
+
     def request(self, payload: JSON, find: Find) -> JSON: ...
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
@@ -84,6 +90,10 @@ class Route(Protocol):
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         """The native answer in this API's shape; `original` is the client's request as it came (checked)."""
+        ...
+
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        """The answer as one .npy array, for a route whose `media` has it (else 406)."""
         ...
 
 
@@ -95,6 +105,7 @@ class Base:
     schema = ""  # the request's schema in `handler.api.schemas`
     answer = ""  # the 200 answer's schema
     summary = ""
+    media: tuple[Kind, ...] = ("json",)
 
     def request(self, payload: JSON, find: Find) -> JSON:
         return payload
@@ -105,6 +116,10 @@ class Base:
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         return body
+
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        # Reached through `POST /` picking a JSON-only route (the headers were checked against `/`'s media).
+        raise NotAcceptableError(f"POST {self.path} answers {JSON_TYPE} only ({NPY_TYPE}: routes answering arrays)")
 
 
 def _object(payload: JSON, required: str) -> dict[str, Any]:
@@ -188,6 +203,10 @@ class Native(Base):
     schema = "NativeRequest"
     answer = "NativeResponse"
     summary = "The native request and answer of the served model's task (SageMaker's inference route)"
+    media: tuple[Kind, ...] = ("json", "npy")
+
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        return npy_answer(body)  # an embedding model's vectors, a tensor model's one output; else 406
 
 
 class OpenAIEmbeddings(Base):
@@ -202,6 +221,7 @@ class OpenAIEmbeddings(Base):
     schema = "OpenAIEmbeddingsRequest"
     answer = "OpenAIEmbeddingsResponse"
     summary = "OpenAI's embeddings API"
+    media: tuple[Kind, ...] = ("json", "npy")
 
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "input")
@@ -228,6 +248,10 @@ class OpenAIEmbeddings(Base):
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        assert isinstance(original, dict)
+        return npy_vectors(shape_vectors(body["embeddings"], original.get("dimensions"), "float"))
+
 
 class TeiEmbed(Base):
     """`POST /embed`: `{"inputs", "normalize"?, "truncate"?, "prompt_name"?, "dimensions"?, "model"?}` →
@@ -238,6 +262,7 @@ class TeiEmbed(Base):
     schema = "EmbedRequest"
     answer = "EmbedResponse"
     summary = "text-embeddings-inference's embeddings"
+    media: tuple[Kind, ...] = ("json", "npy")
 
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "inputs")
@@ -258,6 +283,10 @@ class TeiEmbed(Base):
         assert isinstance(original, dict)
         return shape_vectors(body["embeddings"], original.get("dimensions"), "float")
 
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        assert isinstance(original, dict)
+        return npy_vectors(shape_vectors(body["embeddings"], original.get("dimensions"), "float"))
+
 
 class TeiSimilarity(Base):
     """`POST /similarity`: `{"inputs": {"source_sentence", "sentences"}, "parameters"?: {"prompt_name"?,
@@ -269,6 +298,7 @@ class TeiSimilarity(Base):
     schema = "SimilarityRequest"
     answer = "SimilarityResponse"
     summary = "text-embeddings-inference's sentence similarity: cosine of each sentence's vector with the source's"
+    media: tuple[Kind, ...] = ("json", "npy")
 
     def request(self, payload: JSON, find: Find) -> JSON:
         body = _object(payload, "inputs")
@@ -283,11 +313,19 @@ class TeiSimilarity(Base):
         return {**native, **model_field(body, find)}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        return [float(x) for x in self.scores(body)]
+
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        return dump_npy(self.scores(body))  # the route's answer, the scores: not the vectors behind them
+
+    @staticmethod
+    def scores(body: dict[str, Any]) -> np.ndarray[Any, Any]:
         vectors = np.asarray(body["embeddings"], dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1)
         norms[norms == 0] = 1.0
         unit = vectors / norms[:, None]
-        return [float(x) for x in (unit[1:] @ unit[0]).astype(np.float32).tolist()]
+        scores: np.ndarray[Any, Any] = (unit[1:] @ unit[0]).astype(np.float32)
+        return scores
 
 
 class TeiRerank(Base):
@@ -509,6 +547,7 @@ class Root(Base):
     schema = "RootRequest"
     answer = "RootResponse"
     summary = "text-embeddings-inference's default route: the model's task's route (embed, similarity, rerank, predict)"
+    media: tuple[Kind, ...] = ("json", "npy")  # the route it picks says, for the model's task (`npy`)
 
     def pick(self, payload: JSON, task: str) -> Route:
         if task == "embedding":

@@ -6,10 +6,22 @@ Why not `torch.export.load`: it unpickles (`torch.load(weights_only=False)` for 
 as pickles), and its deserializer `eval`s every symbolic shape (`sympy.sympify`), resolves call targets by
 walking attributes from the `torch` module (`torch.os.system` is one), and costs ~2 s of imports and
 rebuilding (sympy, the serde module, fake tensors, the verifier; measured in docs/coldstart.md). Here:
-`json.loads`, then each node's target must be an ATen operator overload (`torch.ops.aten.NAME.OVERLOAD`,
-`from_file` excluded) or integer arithmetic on sizes; arguments are plain values or earlier nodes' results;
-nothing is evaluated, imported or unpickled. Dynamic shapes need no symbolic machinery: a size is a Python
-int read from the real tensor (`aten.sym_size.int`) when the program runs.
+`json.loads`, then each node's target must be one of an allowlist of ATen operator overloads
+(`handler.backends.program_ops.ALLOWED`: what the exporter emits for every family and task, each functional;
+anything else, `from_file`, `empty`, in-place `add_`, `_sparse_coo_tensor_unsafe`, ..., is refused at load as
+`ProgramError` naming the operator) or integer arithmetic on sizes; arguments are plain values or results defined
+earlier (checked at load: a name nothing defines is refused there, not a `KeyError` on every request); nothing
+is evaluated, imported or unpickled. Dynamic shapes need no symbolic machinery: a size is a Python int read from
+the real tensor (`aten.sym_size.int`) when the program runs.
+
+What a run may do: no allowed operator writes to an argument, so the mapped weights every request shares and the
+request's own input buffers (aliased, not copied, by views) are only read; an output that still aliases either
+is copied before it leaves. An operator that allocates a size the program computes (program_ops.SIZED:
+`arange`, `zeros`, `expand`, ...) is refused above `size_limit` (the largest weight, or the inputs' elements
+times their longest dimension times the widest weight dimension: [batch, heads, seq, seq] fits), and integer
+arithmetic above `MAX_INT`. Anything that fails while running (torch's RuntimeError, an out-of-memory, a refused
+size) is a `ModelRunError` naming the file and the node. (Two bounded tensors can still broadcast to their
+product: torch refuses a size it cannot allocate, a ModelRunError like any other failure.)
 """
 
 from __future__ import annotations
@@ -24,7 +36,8 @@ from typing import Any
 
 import torch
 
-from handler.core.errors import ModelLoadError
+from handler.backends.program_ops import ALLOWED, INT_OPS, SIZED
+from handler.core.errors import ModelLoadError, ModelRunError
 
 SCHEMA_MAJOR = 8  # torch._export.serde.schema.SCHEMA_VERSION[0] this interpreter reads
 # torch._export.serde.schema's enums (tests/unit/test_program.py checks them against the installed torch).
@@ -49,14 +62,29 @@ MEMORY_FORMATS = {
     4: torch.preserve_format,
 }
 _ATEN = re.compile(r"torch\.ops\.aten\.([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
-_REFUSED_OPS = {"from_file"}  # reads a file named by the graph
-_INT_OPS: dict[str, Callable[..., Any]] = {
-    "_operator.add": operator.add,
-    "_operator.sub": operator.sub,
-    "_operator.mul": operator.mul,
-    "_operator.floordiv": operator.floordiv,
-    "_operator.mod": operator.mod,
-    "_operator.neg": operator.neg,
+MAX_INT = 1 << 62  # a size past this is no tensor's; without a bound, repeated `mul`s grow without limit
+
+
+def _int_op(f: Callable[..., Any]) -> Callable[..., int]:
+    def run(*args: Any) -> int:
+        if not all(type(a) is int for a in args):
+            raise TypeError(f"integer arithmetic on {', '.join(type(a).__name__ for a in args)}")
+        result: int = f(*args)
+        if abs(result) > MAX_INT:
+            raise OverflowError(f"size {result} is past {MAX_INT}")
+        return result
+
+    return run
+
+
+_INT_OPS: dict[str, Callable[..., int]] = {
+    name: _int_op(getattr(operator, name.removeprefix("_operator."))) for name in INT_OPS
+}
+# Arguments that must be these literals: dropout in eval mode, attention without dropout (what an inference
+# program is traced with; otherwise two runs of one request could differ).
+_FIXED = {
+    "torch.ops.aten.dropout.default": ("train", 2, False),
+    "torch.ops.aten.scaled_dot_product_attention.default": ("dropout_p", 4, 0.0),
 }
 _KEYWORD = 2  # torch._export.serde.schema.ArgumentKind.KEYWORD
 
@@ -65,8 +93,9 @@ Arg = tuple[str, Any]
 # One node's results: a name (None: unused), or a list of names for an operator that returns several tensors
 # (a tuple, or a list: `aten.unbind`, `aten.chunk`), unpacked in order.
 Outs = str | None | list[str | None]
-# One node: operator, positional and keyword arguments, the names of its results, the names last used here.
-Step = tuple[Callable[..., Any], list[Arg], dict[str, Arg], Outs, tuple[str, ...]]
+# One node: operator, positional and keyword arguments, the names of its results, the names last used here,
+# its target (for errors and the size bound).
+Step = tuple[Callable[..., Any], list[Arg], dict[str, Arg], Outs, tuple[str, ...], str]
 
 
 class ProgramError(ModelLoadError):
@@ -93,6 +122,10 @@ class Program:
         self.inputs = inputs
         self._steps = steps
         self._outputs = outputs
+        weights = [t for t in constants.values() if isinstance(t, torch.Tensor)]
+        self._largest = max((int(t.numel()) for t in weights), default=0)
+        self._widest = max((max(t.shape, default=1) for t in weights), default=1)
+        self._shared = {_storage(t) for t in constants.values() if isinstance(t, torch.Tensor)}
 
     def __call__(self, *args: torch.Tensor) -> tuple[Any, ...]:
         if len(args) != len(self.inputs):
@@ -110,17 +143,57 @@ class Program:
                 return [value(x) for x in v]
             return v
 
-        for op, pos, kw, outs, done in self._steps:
-            result = op(*[value(a) for a in pos], **{k: value(a) for k, a in kw.items()})
-            if isinstance(outs, str):
-                env[outs] = result
-            elif isinstance(outs, list):
-                for name, r in zip(outs, result, strict=True):
-                    if name is not None:
-                        env[name] = r
-            for name in done:  # an intermediate no later node reads: freed now, not at the end of the call
-                del env[name]
-        return tuple(env[n] for n in self._outputs)
+        limit = size_limit(args, self._largest, self._widest)
+        step: Step | None = None
+        try:
+            for step in self._steps:
+                op, pos, kw, outs, done, target = step
+                positional = [value(a) for a in pos]
+                sized = SIZED.get(target)
+                if sized is not None and (n := sized(positional)) > limit:
+                    raise MemoryError(f"{n} elements asked for, past this run's bound of {limit}")
+                result = op(*positional, **{k: value(a) for k, a in kw.items()})
+                if isinstance(outs, str):
+                    env[outs] = result
+                elif isinstance(outs, list):
+                    for name, r in zip(outs, result, strict=True):
+                        if name is not None:
+                            env[name] = r
+                for name in done:  # an intermediate no later node reads: freed now, not at the end of the call
+                    del env[name]
+            answers = tuple(env[n] for n in self._outputs)
+        except Exception as e:  # torch's RuntimeError, a refused size, an allocation that fails: the model's
+            where = f"node {_step_name(step)} ({step[5]})" if step is not None else "its outputs"
+            raise ModelRunError(f"{self.path}: {where} failed: {type(e).__name__}: {_short(e)}") from e
+        shared = self._shared | {_storage(a) for a in args}
+        # No operator writes, but the caller may (in-place post-processing of the answer): never hand it memory
+        # that a weight or a pooled input buffer also is.
+        return tuple(a.clone() if isinstance(a, torch.Tensor) and _storage(a) in shared else a for a in answers)
+
+
+def size_limit(inputs: Sequence[Any], largest: int, widest: int) -> int:
+    """The most elements a SIZED operator may allocate in a run on `inputs`: the largest weight (`largest`
+    elements), or the inputs' elements times their longest dimension times the weights' widest dimension
+    (`widest`, at least the hidden size, the heads and the labels). Every tensor an encoder makes fits: position
+    biases [batch, heads, seq, seq] (MPNet's `expand`, DeBERTa's `repeat`), masks [batch, 1, seq, seq]."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    elements = sum(int(t.numel()) for t in tensors)
+    longest = max((max(t.shape, default=1) for t in tensors), default=1)
+    return max(largest, elements * max(1, longest) * max(1, widest))
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _step_name(step: Step) -> str:
+    outs = step[3]
+    names = _flat(outs)
+    return names[0] if names else "(no result)"
+
+
+def _short(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def parameter_names(raw: Mapping[str, Any]) -> dict[str, str]:
@@ -156,7 +229,7 @@ def load(path: Path, weights: Mapping[str, torch.Tensor], device: torch.device |
             return _build(path, raw, weights, device or torch.device("cpu"))
         except ProgramError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, MemoryError) as e:
             raise _fail(path, f"not a torch.export program this torch backend runs ({type(e).__name__}: {e})") from None
     finally:
         if enabled:
@@ -187,15 +260,16 @@ def _build(path: Path, raw: Any, weights: Mapping[str, torch.Tensor], device: to
             raise _fail(path, f"output kind {kind!r} (an inference program returns only its outputs)")
         outputs.append(body["arg"]["as_tensor"]["name"])
     nodes = graph["nodes"]
+    _check_names(path, nodes, [*constants, *inputs], outputs)
     live = _live(nodes, outputs)
-    steps: list[tuple[Callable[..., Any], list[Arg], dict[str, Arg], Outs, Any]] = []
+    steps: list[Step] = []
     for node in nodes:
+        op = _operator(path, node["target"])  # dead code too: a program holds only operators we would run
         outs = _output_names(node["outputs"])
         if not any(o in live for o in _flat(outs)):
             continue  # dead code (e.g. a base model's pooler no head reads)
         if isinstance(outs, list):  # the results no node reads are not kept
             outs = [o if o in live else None for o in outs]
-        op = _operator(path, node["target"])
         pos: list[Arg] = []
         kw: dict[str, Arg] = {}
         for item in node["inputs"]:
@@ -204,16 +278,40 @@ def _build(path: Path, raw: Any, weights: Mapping[str, torch.Tensor], device: to
                 kw[item["name"]] = value
             else:
                 pos.append(value)
-        steps.append((op, pos, kw, outs, _names_in([i["arg"] for i in node["inputs"]])))
+        if node["target"] in _FIXED:
+            name, index, literal = _FIXED[node["target"]]
+            given = kw.get(name, pos[index] if index < len(pos) else ("v", literal))
+            if given != ("v", literal):
+                raise _fail(path, f"node {node.get('name')!r} ({node['target']}): {name} must be {literal}")
+        steps.append((op, pos, kw, outs, tuple(_names_in([i["arg"] for i in node["inputs"]])), node["target"]))
     # Each intermediate is dropped after the last node that reads it (weights, inputs and outputs are kept).
     keep = set(constants) | set(inputs) | set(outputs)
     seen: set[str] = set()
     for i in range(len(steps) - 1, -1, -1):
-        op, pos, kw, outs, read = steps[i]
+        op, pos, kw, outs, read, target = steps[i]
         last = tuple(dict.fromkeys(n for n in read if n not in keep and n not in seen))
         seen.update(last)
-        steps[i] = (op, pos, kw, outs, last)
+        steps[i] = (op, pos, kw, outs, last, target)
     return Program(path, constants, inputs, steps, outputs)
+
+
+def _check_names(path: Path, nodes: Sequence[Mapping[str, Any]], given: Sequence[str], outputs: Sequence[str]) -> None:
+    """Every name a node reads is defined before it (an input, a weight, an earlier node's result), once."""
+    defined = set(given)
+    for node in nodes:
+        for name in _names_in([i["arg"] for i in node["inputs"]]):
+            if name not in defined:
+                raise _fail(
+                    path,
+                    f"node {node.get('name')!r} ({node['target']}) reads {name!r}, which nothing before it defines",
+                )
+        for name in _flat(_output_names(node["outputs"])):
+            if name in defined:
+                raise _fail(path, f"node {node.get('name')!r} ({node['target']}) defines {name!r} a second time")
+            defined.add(name)
+    for name in outputs:
+        if name not in defined:
+            raise _fail(path, f"output {name!r} is defined by no node")
 
 
 def _output_names(outputs: Sequence[Mapping[str, Any]]) -> Outs:
@@ -262,12 +360,16 @@ def _live(nodes: Sequence[Mapping[str, Any]], outputs: Sequence[str]) -> set[str
     return live
 
 
-def _operator(path: Path, target: str) -> Callable[..., Any]:
+def _operator(path: Path, target: Any) -> Callable[..., Any]:
     if target in _INT_OPS:
         return _INT_OPS[target]
-    match = _ATEN.fullmatch(target)
-    if match is None or match.group(1) in _REFUSED_OPS:
-        raise _fail(path, f"operator {target!r}: only ATen operators run here")
+    match = _ATEN.fullmatch(target) if isinstance(target, str) else None
+    if match is None or target not in ALLOWED:
+        raise _fail(
+            path,
+            f"operator {target!r} is not one this interpreter runs (an allowlist of functional ATen operators: "
+            "handler/backends/program_ops.py)",
+        )
     packet = getattr(torch.ops.aten, match.group(1), None)
     overload = getattr(packet, match.group(2), None) if packet is not None else None
     if not isinstance(overload, torch._ops.OpOverload):

@@ -84,3 +84,9 @@ class ModelFetchError(ModelLoadError):
 
 class InsufficientStorageError(ModelFetchError):
     """The cache directory (Lambda's `/tmp`) cannot hold the model; says how much is needed and free."""
+
+
+class ModelRunError(ModelLoadError):
+    """The packed model fails while running (at warm-up or on a request): its program raised, or asked for more
+    memory than its bound. The model's fault, not the request's (a 500 naming the file and the node, at init a
+    load failure); nothing is left half-done and the instance keeps serving."""

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handler.core.errors import RequestError, ServiceBusyError
@@ -133,6 +134,23 @@ class Drain:
         future.add_done_callback(done)
         return answer
 
+    async def answer(self, future: Future[T], receive: Receive) -> T:
+        """A worker's answer, through `track`; `ClientDisconnect` as soon as the client leaves instead (the
+        caller then abandons the job, so a request nobody waits for never holds a place in the queue). One
+        task per request watches `receive`: the only way ASGI tells of a disconnect while the body is read."""
+        answer = self.track(future)
+        left = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((answer, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not answer.done():
+                answer.cancel()  # never settled later with an error nobody retrieves
+        if answer.cancelled():
+            raise ClientDisconnect()
+        result: T = answer.result()
+        return result
+
     def describe(self) -> dict[str, Any]:
         return {
             "draining": self.draining,
@@ -161,6 +179,12 @@ class CloseWhileDraining:
             await send(message)
 
         await self.app(scope, receive, closing)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (the body was read before: nothing else comes on `receive`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _settle(answer: asyncio.Future[Any], future: Future[Any]) -> None:

@@ -10,7 +10,11 @@
   (`Drain.read`), since the app reads it;
 - **a cap on connections** (`max_connections`, below the file limit): a connection over it takes the place
   of the longest-waiting one that has no request under way (closed as above); when every connection has
-  one, the new connection is answered 503 `ServiceBusyError` at once and closed;
+  one (bodies trickling in, requests running), the new connection is taken into the **health reserve**
+  (`health_reserve` more connections, for health checks only: its health request is answered as usual, any
+  other request 503 `ServiceBusyError` with `Connection: close`, unless a place under the cap has come free),
+  so a liveness probe never fails because clients hold every connection; with the reserve full too (its
+  waiting connections give way as above), the new connection is answered 503 at once and closed;
 - **the drain**: uvicorn closes idle keep-alive connections the moment it shuts down, and a request the
   client sent meanwhile is reset unanswered. Here they stay open until their keep-alive time or the drain's
   end, and whatever arrives on them is answered (503, `Connection: close`).
@@ -25,6 +29,7 @@ import sys
 from typing import Any, ClassVar, cast
 
 import h11
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from handler.core.errors import ServiceBusyError, error_body
@@ -35,6 +40,8 @@ from handler.http_host.settings import HostSettings
 # closes: closing with the client's request still arriving would reset the connection, and the client's TCP
 # stack may then drop the answer unread (the "lingering close" every HTTP server needs).
 LINGER_S = 0.5
+# What a connection in the health reserve may ask (routes.GET_ROUTES' health handlers); `POST /` is inference.
+HEALTH_PATHS = frozenset({"/ping", "/healthz", "/health", "/"})
 
 
 class HostProtocol(H11Protocol):
@@ -50,6 +57,8 @@ class HostProtocol(H11Protocol):
         self.header_timer: asyncio.TimerHandle | None = None
         self.drain_timer: asyncio.TimerHandle | None = None
         self.linger_timer: asyncio.TimerHandle | None = None
+        self.reserved = False  # taken over the cap, into the health reserve: health requests only
+        self.inner_app: ASGI3Application = self.app  # `self.app` is `health_only` while reserved
 
     @classmethod
     def bind(cls, settings: HostSettings, drain: Drain) -> type[HostProtocol]:
@@ -59,7 +68,8 @@ class HostProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.settings.max_connections and not self._make_room():
+        over = len(self.connections) > self.settings.max_connections
+        if over and not self._make_room() and not self._reserve():
             self.answer_and_close(503, ServiceBusyError.__name__, "too many connections; retry", retry=True)
             return
         self.wait_for_request()
@@ -109,10 +119,28 @@ class HostProtocol(H11Protocol):
         else:
             self.close()
 
+    def _live(self, reserved: bool) -> list[HostProtocol]:
+        """The open connections under the cap (`reserved=False`) or in the health reserve."""
+        return [
+            c for c in self.connections if isinstance(c, HostProtocol) and c.reserved is reserved and not c.closing()
+        ]
+
     def _make_room(self) -> bool:
         """Over the cap: close the connection that has waited longest for a request, if any does."""
-        live = [c for c in self.connections if isinstance(c, HostProtocol) and not c.closing()]
-        if len(live) <= self.settings.max_connections:
+        return self._room_among(self._live(reserved=False), self.settings.max_connections)
+
+    def _reserve(self) -> bool:
+        """Every connection under the cap has a request under way: take this one into the health reserve."""
+        self.reserved = True
+        if not self._room_among(self._live(reserved=True), self.settings.health_reserve):
+            self.reserved = False
+            return False
+        # Per connection: uvicorn runs `self.app` for each request this connection sends.
+        self.app = self.health_only
+        return True
+
+    def _room_among(self, live: list[HostProtocol], limit: int) -> bool:
+        if len(live) <= limit:
             return True  # the others over the count are closing already
         waiting = [c for c in live if c is not self and c.waiting()]
         if not waiting:
@@ -120,6 +148,27 @@ class HostProtocol(H11Protocol):
         oldest = min(waiting, key=lambda c: c.waiting_since)
         oldest.close_waiting(503, ServiceBusyError.__name__, "too many connections; this one waited longest; retry")
         return True
+
+    async def health_only(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        """The app, for a connection in the health reserve: its health requests, or any request once a place
+        under the cap is free; else 503, closing the connection (the body, if any, is not read)."""
+        health = scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"] in HEALTH_PATHS
+        if not health and len(self._live(reserved=False)) < self.settings.max_connections:
+            self.reserved, self.app = False, self.inner_app  # a place came free: an ordinary connection now
+        if health or not self.reserved:
+            await self.inner_app(scope, receive, send)
+            return
+        body = json.dumps(
+            error_body(ServiceBusyError.__name__, "too many connections; this one may ask for health only; retry")
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     # -- answers written here, not by the app
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -42,10 +42,11 @@ from handler.core.errors import (
 )
 from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
+from handler.http_host.settings import HostSettings
 from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
-from handler.runtime.invocation import HttpCall
+from handler.runtime.invocation import HttpCall, batchable
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
@@ -56,6 +57,8 @@ try:
 except metadata.PackageNotFoundError:  # a checkout run without installing
     VERSION = "0"
 
+# What a request whose client left is "answered" (nginx's code for it): nothing is sent, uvicorn drops it.
+CLIENT_GONE = 499
 REQUEST_ID_CHARS = 200  # X-Request-Id goes into every log line of its request: no more than this of it
 
 
@@ -81,18 +84,32 @@ def _error(error: RequestError) -> JSONResponse:
     return JSONResponse(error.to_body(), error.status, headers=headers)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over the host's limit (never buffered past it)."""
+async def _read_body(request: Request, settings: HostSettings) -> bytes:
+    """The body, refused with 413 as soon as it is over the host's limit (never buffered past it), and with
+    408 once it falls under the minimum rate: all of it that came by then must have come by `grace + received /
+    rate` seconds (Apache's MinRate), so a trickle cannot hold a connection for the whole body timeout."""
+    limit, rate, grace = settings.payload_limit, settings.body_min_rate, settings.body_grace_s
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"body is {length} bytes; the limit is {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    started = asyncio.get_running_loop().time()
+    try:
+        # One timer for the whole body, moved on as bytes arrive (not one per chunk).
+        async with asyncio.timeout_at(started + grace if rate else None) as scope:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+                if rate:
+                    scope.reschedule(started + grace + size / rate)
+    except TimeoutError:  # this scope's own: the body timeout's and the drain's are outside it
+        raise RequestTimeoutError(
+            f"the request body came at under {rate} bytes/s after its first {grace} s ({size} bytes by then; "
+            "WARMSTART_HTTP_BODY_MIN_RATE)"
+        ) from None
     return b"".join(chunks)
 
 
@@ -119,21 +136,30 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            accept = response_kind(request.headers.get("accept"))
+            accept = response_kind(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
-            raw = await drain.read(_read_body(request, host.settings.payload_limit), host.settings.body_timeout_s)
+            raw = await drain.read(_read_body(request, host.settings), host.settings.body_timeout_s)
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))
-            # Queued as one of a batch: requests waiting together for the same model share its run.
-            call = HttpCall(raw, route, content, accept, limit, trace_id, rid)
-            future = host.workers.submit_batch(runtime.handle_http_batch, call)
-            status, body, media = await drain.track(future)
+            if batchable(route):
+                # Queued as one of a batch: requests waiting together for the same model share its run.
+                call = HttpCall(raw, route, content, accept, limit, trace_id, rid)
+                future = host.workers.submit_batch(runtime.handle_http_batch, call)
+            else:  # its own job: gathered into a batch, its run would hold up the batch's other requests
+                future = host.workers.submit(runtime.handle_http, raw, route, content, accept, limit, trace_id, rid)
+            try:
+                status, body, media = await drain.answer(future, request.receive)
+            except ClientDisconnect:
+                host.workers.abandon(future)  # out of the queue, or skipped by its batch: nobody waits for it
+                raise
         except RequestError as e:
             host.runtime.count("rejected")
             return _error(e)
+        except ClientDisconnect:  # gone while sending its body or waiting: no answer reaches it
+            return Response(status_code=CLIENT_GONE)
         return Response(body, status, headers=echo, media_type=media)
 
     def healthy(self) -> Response | None:

@@ -56,10 +56,20 @@ DEFAULT_PORT = 8080
 # Both well above any real client on any network (a 6 MB body at 2 Mbit/s is 25 s), well below "forever".
 DEFAULT_HEADER_TIMEOUT_S = 10
 DEFAULT_BODY_TIMEOUT_S = 60
+# Past its first DEFAULT_BODY_GRACE_S, a body must keep arriving at DEFAULT_BODY_MIN_RATE bytes/s on average
+# (Apache mod_reqtimeout's MinRate: by `grace + received / rate` seconds after the headers), else 408. Real
+# clients write a body right after its headers; 5 s covers two lost segments' retransmission (1 + 2 s), and
+# 1 KB/s is ~250x under a 2 Mbit/s uplink, so only a deliberate trickle is cut, and holding a connection
+# for the whole body timeout now costs its sender 1 KB/s of upload.
+DEFAULT_BODY_GRACE_S = 5
+DEFAULT_BODY_MIN_RATE = 1024
 # Connections held at once: at most this, and always below the process's file limit (RLIMIT_NOFILE), half of
 # which stays for the model's files, the runtime's threads and connections answered 503 while over the cap.
 DEFAULT_MAX_CONNECTIONS = 1000
 FILES_KEPT = 64
+# Connections taken over the cap for health checks only (`/ping`, `/healthz`, `/health`, `GET /`), so a probe
+# is answered while bodies in flight hold every connection; they come out of the half of the files kept.
+DEFAULT_HEALTH_RESERVE = 16
 _SAGEMAKER_HINTS = ("SAGEMAKER_BIND_TO_PORT", "SAGEMAKER_SAFE_PORT_RANGE")
 
 
@@ -97,6 +107,9 @@ class HostSettings:
     header_timeout_s: int = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: int = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    body_grace_s: int = DEFAULT_BODY_GRACE_S
+    body_min_rate: int = DEFAULT_BODY_MIN_RATE  # bytes/s; 0: no minimum (the body timeout alone)
+    health_reserve: int = DEFAULT_HEALTH_RESERVE
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, serve: bool = False) -> HostSettings:
@@ -112,6 +125,9 @@ class HostSettings:
             header_timeout_s=env_int(env, "WARMSTART_HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S, 1, 3600),
             body_timeout_s=env_int(env, "WARMSTART_HTTP_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S, 1, 3600),
             max_connections=env_int(env, "WARMSTART_HTTP_MAX_CONNECTIONS", max_connections(), 1, max_connections()),
+            body_grace_s=env_int(env, "WARMSTART_HTTP_BODY_GRACE_S", DEFAULT_BODY_GRACE_S, 0, 3600),
+            body_min_rate=env_int(env, "WARMSTART_HTTP_BODY_MIN_RATE", DEFAULT_BODY_MIN_RATE, 0, 1 << 30),
+            health_reserve=env_int(env, "WARMSTART_HTTP_HEALTH_RESERVE", DEFAULT_HEALTH_RESERVE, 0, 1000),
         )
 
     def describe_limit(self) -> str:

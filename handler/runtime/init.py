@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from handler.core.config import Config, init_type, snapshot_mode
+from handler.core.config import ASSUMED_MEMORY_MB, Config, init_type, snapshot_mode
 from handler.models import loader
 from handler.models.loader import Loaded, load_model, max_concurrency
 from handler.models.registry import Registry
@@ -74,6 +74,7 @@ def start(
                 model_dir = sources.resolve(source)
     loaded = load_model(model_dir, config, env, timer, threads=threads, bound_by=bound_by)
     init = _report(loaded, env, snapshot, timer, age_at_start)
+    init["limits"] = limits(config)
     host = loader.host_runs
     if host is not None and "AWS_LAMBDA_MAX_CONCURRENCY" not in env:
         # The HTTP host's pool and batch bounds beside the threads they were sized with: what was chosen, why.
@@ -148,6 +149,17 @@ def coldstart_report(facts: Mapping[str, Any]) -> dict[str, Any]:
         "prefetch": prefetch.report(),
         **facts,
         "deferred_imports_loaded": [m for m in DEFERRED if m in sys.modules],
+    }
+
+
+def limits(config: Config) -> dict[str, int]:
+    """The request limits in force and the memory they were sized for (docs/configuration.md#memory): a
+    request of max inputs x max chars (prompt included) runs in model runs of at most batch tokens."""
+    return {
+        "batch_tokens": config.batch_tokens,
+        "max_inputs": config.max_inputs,
+        "max_chars": config.max_chars,
+        "assumed_memory_mb": ASSUMED_MEMORY_MB,
     }
 
 

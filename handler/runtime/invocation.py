@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
-from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_answer
+from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
@@ -30,6 +31,7 @@ from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
 from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
+from handler.runtime.workers import Abandoned, Batch
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
 
 if TYPE_CHECKING:
@@ -176,8 +178,8 @@ class Runtime(Instance):
         if route is ROOT:  # TEI's default route: the served model's task's route
             route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
         native = route.request(payload, self.find)
-        if accept == "npy" and isinstance(native, dict) and isinstance(native.get("inputs"), dict):
-            native = {**native, "output_format": "npy"}  # a tensor request: outputs come back as .npy
+        if accept == "npy":
+            native = npy_request(native)  # a tensor's outputs as .npy; base64 refused before the model runs
         self.count("inference")
         return route, payload, native
 
@@ -186,39 +188,48 @@ class Runtime(Instance):
     ) -> tuple[int, bytes, str]:
         usage(inv, native, answer)
         if accept == "npy":
-            return 200, npy_answer(answer), MEDIA_TYPES["npy"]
+            return 200, route.npy(answer, payload), MEDIA_TYPES["npy"]  # the route's answer, as one array
         body: JSON = route.response(answer, payload)
         return 200, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
 
-    def handle_http_batch(self, calls: Sequence[HttpCall]) -> list[tuple[int, bytes, str]]:
-        """Several POSTed bodies (`HttpCall`s the worker pool gathered) → one answer each, as `handle_http`
-        gives it. Each is checked and tokenized on its own; those for the same model run as one batch
-        (`handler.tasks.batch`); one request's error is its own. Never raises."""
+    def handle_http_batch(self, calls: Sequence[HttpCall], batch: Batch) -> None:
+        """Several POSTed bodies (`HttpCall`s the worker pool gathered), each answered through
+        `batch.settle` as `handle_http` answers it, as soon as its own rows are done. Each is checked and
+        tokenized on its own; those for the same model run as one batch (`handler.tasks.batch`); one
+        request's error is its own; a request on a route or task that does not batch goes back to the pool
+        to run as its own job (never inline, where it would hold up the others); a request whose client
+        has left is skipped. Never raises."""
         if len(calls) == 1:  # no batch-mates: the single request's path, unchanged
             c = calls[0]
-            return [self.handle_http(c.raw, c.route, c.content, c.accept, c.limit, c.trace_id, c.request_id)]
-        out: list[tuple[int, bytes, str] | None] = [None] * len(calls)
+            if batch.gone(0):
+                batch.settle(0, Abandoned())
+                return
+            batch.settle(0, self.handle_http(c.raw, c.route, c.content, c.accept, c.limit, c.trace_id, c.request_id))
+            return
         waiting: dict[str | None, list[_Pending]] = {}  # by the model each names
         for i, call in enumerate(calls):
+            if batch.gone(i):
+                batch.settle(i, Abandoned())
+                continue
             inv, _, started = self._begin(call.request_id, call.trace_id)
             try:
                 route, payload, native = self._http_request(call.raw, call.route, call.content, call.accept, call.limit)
+                pending = _Pending(i, call, inv, started, route, payload, native)
                 if batchable(route):
-                    waiting.setdefault(requested_model(native), []).append(
-                        _Pending(i, call, inv, started, route, payload, native)
-                    )
-                    continue
-                answer = self.serve(native, route.task, route.run)
-                out[i] = self._http_answer(inv, route, payload, native, answer, call.accept)
+                    waiting.setdefault(requested_model(native), []).append(pending)
+                else:  # `POST /` picked a route that does not batch
+                    batch.alone(i, partial(self._alone, pending))
+                continue
             except Exception as e:
-                out[i] = self._http_error(e)
+                answer = self._http_error(e)
             self._end(inv, started)
-        for model, pending in waiting.items():
-            self._run_batch(model, pending, out)
-        return [answer or (500, b"{}", MEDIA_TYPES["json"]) for answer in out]
+            batch.settle(i, answer)
+        logs.enter(None)
+        for model, pending_ in waiting.items():
+            self._run_batch(model, pending_, batch)
 
-    def _run_batch(self, model_key: str | None, pending: list[_Pending], out: list[Any]) -> None:
-        """Requests for one model: prepared one by one, run together, answered one by one."""
+    def _run_batch(self, model_key: str | None, pending: list[_Pending], batch: Batch) -> None:
+        """Requests for one model: prepared one by one, run together, each answered when its group is done."""
         max_tokens = self.workers.sizing.batch_tokens if self.workers is not None else 1 << 30
         try:
             with self.registry.lease(model_key) as model:
@@ -231,33 +242,58 @@ class Runtime(Instance):
                                 f"this route needs a {p.route.task} model; {model.key} is {model.task.name}"
                             )
                         prepare = getattr(model.task, "prepare", None)
-                        if prepare is None:  # a task that does not batch (tensor): run alone
-                            answer = p.route.run(model.task, p.native)
-                            self._settle(p, out, answer)
+                        if prepare is None:  # a task that does not batch (tensor): its own job
+                            p.done = True
+                            batch.alone(p.index, partial(self._alone, p))
                             continue
                         ready.append((p, prepare(p.native)))
                     except Exception as e:
-                        self._settle(p, out, e)
+                        self._settle(p, batch, e)
                 logs.enter(None)
                 if ready:
-                    results = run_prepared(cast(BatchModel, model.task), [prep for _, prep in ready], max_tokens)
-                    for (p, _), result in zip(ready, results, strict=True):
-                        self._settle(p, out, result)
+                    run_prepared(
+                        cast(BatchModel, model.task),
+                        [prep for _, prep in ready],
+                        max_tokens,
+                        lambda j, outcome: self._settle(ready[j][0], batch, outcome),
+                        lambda j: not batch.gone(ready[j][0].index),
+                    )
         except Exception as e:  # the lease itself (an unknown model): every request it named
             for p in pending:
-                if out[p.index] is None:
-                    self._settle(p, out, e)
+                self._settle(p, batch, e)
+        for p in pending:  # not reported: skipped between model runs, as its client had left
+            self._settle(p, batch, Abandoned() if batch.gone(p.index) else RuntimeError("the batch gave no answer"))
 
-    def _settle(self, p: _Pending, out: list[Any], outcome: Any) -> None:
-        """One batched request's answer (or error) written, and its invocation ended."""
+    def _settle(self, p: _Pending, batch: Batch, outcome: Any) -> None:
+        """One batched request's answer (or error) sent to its caller now, and its invocation ended; a
+        request already answered is left as it is."""
+        if p.done:
+            return
+        p.done = True
+        logs.enter(p.inv)
+        if isinstance(outcome, Abandoned):
+            p.inv.error, p.inv.fault = type(outcome).__name__, False
+            answer: Any = outcome
+        else:
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                answer = self._http_answer(p.inv, p.route, p.payload, p.native, outcome, p.call.accept)
+            except Exception as e:
+                answer = self._http_error(e)
+        self._end(p.inv, p.started)
+        batch.settle(p.index, answer)
+
+    def _alone(self, p: _Pending) -> tuple[int, bytes, str]:
+        """A batch's request that does not batch, on its own job: the rest of `handle_http`."""
         logs.enter(p.inv)
         try:
-            if isinstance(outcome, BaseException):
-                raise outcome
-            out[p.index] = self._http_answer(p.inv, p.route, p.payload, p.native, outcome, p.call.accept)
+            answer = self.serve(p.native, p.route.task, p.route.run)
+            return self._http_answer(p.inv, p.route, p.payload, p.native, answer, p.call.accept)
         except Exception as e:
-            out[p.index] = self._http_error(e)
-        self._end(p.inv, p.started)
+            return self._http_error(e)
+        finally:
+            self._end(p.inv, p.started)
 
     def _http_error(self, error: Exception) -> tuple[int, bytes, str]:
         status, body = self._failure(error, "http")
@@ -305,7 +341,7 @@ class HttpCall:
 class _Pending:
     """A request of a batch between its check and its answer."""
 
-    __slots__ = ("call", "index", "inv", "native", "payload", "route", "started")
+    __slots__ = ("call", "done", "index", "inv", "native", "payload", "route", "started")
 
     def __init__(
         self,
@@ -319,6 +355,7 @@ class _Pending:
     ) -> None:
         self.index, self.call, self.inv, self.started = index, call, inv, started
         self.route, self.payload, self.native = route, payload, native
+        self.done = False  # answered, or handed back to run alone
 
 
 def batchable(route: Route) -> bool:

@@ -6,15 +6,24 @@ are never stuck behind a model run. When the queue is full a request is refused 
 (`ServiceBusyError`) instead of waiting without bound.
 
 Batching (`submit_batch`): a worker that takes a request also takes every queued request with the same key,
-up to `max_batch`, and runs them in one call of the key, which answers each its own result or its own error.
-When others were already waiting as it took the first (the instance is under load), it waits up to
-`batch_wait_s` for more to fill the batch; with nothing queued it runs at once, so a lone request never waits.
-A batch call that fails as a whole is run again one request at a time, so each caller gets its own answer.
+up to `max_batch`, and runs them in one call of the key, `run_many(items, batch)`, which answers each item
+through `batch.settle(i, outcome)` the moment that item's outcome is ready (a small request batched with a
+large one is answered after its own model run, not after the whole batch). When others were already waiting
+as it took the first (the instance is under load), it waits up to `batch_wait_s` for more to fill the batch;
+with nothing queued it runs at once, so a lone request never waits. An item the call cannot run with the
+others (a route or task that does not batch) goes back with `batch.alone(i, call)`, to run as its own job next.
+A batch call that fails as a whole is run again one request at a time, for the items it had not answered.
+
+Callers that leave (`abandon`): a queued request leaves the queue at once (its place is free for a live one);
+a running one is marked, and a batch call skips it before its next model run (`batch.gone(i)`).
 
 Sizing: one more worker when requests have been waiting for `grow_after` consecutive checks and the
 process is not already using the CPUs it has (more threads on saturated cores only add latency); one less
 when a worker has found nothing to do for `idle_s`. Growing is quick and shrinking slow: that gap is the
 hysteresis. Never fewer than `min_workers`, never more than `max_workers`.
+
+About one thing (one queue and the workers that take from it: its admission, batching, abandonment and
+sizing each change the others' counts under the same lock), hence its length.
 """
 
 from __future__ import annotations
@@ -25,15 +34,33 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from handler.core.config import env_int
+from handler.core.config import Config, env_int
 from handler.core.errors import ServiceBusyError
 
 T = TypeVar("T")
-# A batch key: called with the items of one batch, it returns one result (or exception) per item, in order.
-RunMany = Callable[[Sequence[Any]], Sequence[Any]]
+
+
+class Abandoned(Exception):
+    """The outcome of a request whose caller left before it ran (nobody reads it)."""
+
+
+class Batch(Protocol):
+    """What a batch call gets beside its items (`WorkerPool.submit_batch`)."""
+
+    def settle(self, index: int, outcome: Any) -> None:
+        """Item `index` is done: its result, or an exception as its own error (`Abandoned`: it was dropped)."""
+
+    def gone(self, index: int) -> bool:
+        """True once item `index`'s caller has left: the call may skip it (then settle it `Abandoned()`)."""
+
+    def alone(self, index: int, call: Callable[[], Any]) -> None:
+        """Item `index` runs as its own job, next in the queue: `call()` gives its result."""
+
+
+# A batch key: called with the items of one batch, it settles each through the `Batch` before returning.
+RunMany = Callable[[Sequence[Any], Batch], None]
 
 
 @dataclass(frozen=True)
@@ -46,7 +73,7 @@ class Sizing:
     idle_s: float = 10.0  # a worker idle this long retires (down to min_workers)
     check_s: float = 0.05  # at most one sizing decision per interval
     max_batch: int = 32  # requests one worker takes into one batch
-    batch_tokens: int = 8192  # padded tokens (rows x longest) of one model run; a longer request runs alone
+    batch_tokens: int = Config.batch_tokens  # padded tokens (rows x longest) of one model run (one source)
     batch_wait_s: float = 0.002  # under load only: how long a batch may wait for more requests
 
 
@@ -59,10 +86,52 @@ def decide(workers: int, waiting: int, cpu: float, streak: int, sizing: Sizing) 
 
 
 class _Job:
-    __slots__ = ("call", "future", "item", "key")
+    __slots__ = ("call", "future", "gone", "item", "key", "running")
 
-    def __init__(self, future: Future[Any], call: Callable[[], Any] | None, key: Hashable, item: Any) -> None:
+    def __init__(
+        self, future: Future[Any], call: Callable[[], Any] | None, key: Hashable, item: Any, running: bool = False
+    ) -> None:
         self.future, self.call, self.key, self.item = future, call, key, item
+        self.running = running  # its future is already running (an item a batch handed back)
+        self.gone = False  # its caller left while it ran
+
+
+class _Batch:
+    """The pool's side of one batch call: each job's future set once, when its item is settled."""
+
+    __slots__ = ("handed", "jobs", "pool", "settled", "skipped")
+
+    def __init__(self, pool: WorkerPool, jobs: list[_Job]) -> None:
+        self.pool, self.jobs = pool, jobs
+        self.settled = [False] * len(jobs)
+        self.handed = 0  # items handed back to run alone: counted as completed when they run
+        self.skipped = 0  # items settled `Abandoned`: dropped, not completed
+
+    def settle(self, index: int, outcome: Any) -> None:
+        if self.settled[index]:
+            return
+        self.settled[index] = True
+        future = self.jobs[index].future
+        if isinstance(outcome, Abandoned):
+            self.skipped += 1
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def gone(self, index: int) -> bool:
+        return self.jobs[index].gone
+
+    def alone(self, index: int, call: Callable[[], Any]) -> None:
+        if self.settled[index]:
+            return
+        self.settled[index] = True
+        self.handed += 1
+        job = self.jobs[index]
+        self.pool._requeue(_Job(job.future, call, None, None, running=True))
+
+    def unsettled(self) -> list[_Job]:
+        return [job for job, done in zip(self.jobs, self.settled, strict=True) if not done]
 
 
 class WorkerPool:
@@ -92,6 +161,9 @@ class WorkerPool:
         self.batched = 0  # requests answered by them
         self.largest_batch = 0
         self.batch_fallbacks = 0  # batch calls that failed as a whole and were run one request at a time
+        self.abandoned = 0  # requests whose caller left before their answer
+        self.dropped = 0  # of those, never run: taken out of the queue, or skipped by their batch
+        self._running: list[_Batch] = []  # batch calls under way (`abandon` marks their jobs)
         for _ in range(self.sizing.min_workers):
             self._spawn()
 
@@ -101,7 +173,7 @@ class WorkerPool:
         return future
 
     def submit_batch(self, run_many: RunMany, item: Any) -> Future[Any]:
-        """Queue `item`; it runs in a call `run_many([item, ...])` with others queued under the same key
+        """Queue `item`; it runs in a call `run_many([item, ...], batch)` with others queued under the same key
         (`run_many`, compared with ==: a bound method is the same key each time it is looked up)."""
         future: Future[Any] = Future()
         self._put(_Job(future, None, run_many, item))
@@ -121,6 +193,44 @@ class WorkerPool:
             self.submitted += 1
             self._ready.notify()
         self._maybe_resize()
+
+    def _requeue(self, job: _Job) -> None:
+        """A job already admitted (an item a batch handed back) goes ahead of every new one, past `max_queue`
+        (it was counted when it came), behind those handed back before it (in their order)."""
+        with self._lock:
+            at = 0
+            while at < len(self._jobs) and (ahead := self._jobs[at]) is not None and ahead.running:
+                at += 1
+            self._jobs.insert(at, job)
+            self._ready.notify()
+
+    def abandon(self, future: Future[Any]) -> bool:
+        """The caller waiting on `future` has left. Queued: out of the queue at once (its place is free),
+        the future cancelled. Running: marked, so its batch skips it before the next model run. False when
+        it was already answered."""
+        with self._lock:
+            if future.done():
+                return False
+            self.abandoned += 1
+            queued = True
+            for job in self._jobs:
+                if job is not None and job.future is future:
+                    self._jobs.remove(job)
+                    self.dropped += 1
+                    break
+            else:
+                for batch in self._running:
+                    for job in batch.jobs:
+                        if job.future is future:
+                            job.gone = True
+                queued = False
+        if queued:
+            if not future.cancel():  # an item a batch handed back: its future was already running
+                future.set_exception(Abandoned())
+        elif future.cancel():  # taken by a worker, not yet started: it will skip it
+            with self._lock:
+                self.dropped += 1
+        return True
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` on a worker and wait for it (the synchronous callers: Lambda mode)."""
@@ -205,49 +315,67 @@ class WorkerPool:
             batch = self._take()
             if batch is None:
                 return
-            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            batch = [job for job in batch if job.running or job.future.set_running_or_notify_cancel()]
             if not batch:
                 continue
             with self._lock:
                 self._busy += 1
+            handed = skipped = 0
             try:
                 if batch[0].key is None:
                     _run_one(batch[0])
                 else:
-                    self._run_batch(batch)
+                    handed, skipped = self._run_batch(batch)
             finally:
                 with self._lock:
                     self._busy -= 1
-                    self.completed += len(batch)
+                    self.completed += len(batch) - handed - skipped
+                    self.dropped += skipped
             del batch  # drop the requests' objects now, not when the next one arrives
             self._maybe_resize()
 
-    def _run_batch(self, batch: list[_Job]) -> None:
-        run_many = batch[0].key
+    def _run_batch(self, jobs: list[_Job]) -> tuple[int, int]:
+        """One batch call; returns how many items it handed back to run alone, and how many it skipped."""
+        run_many = jobs[0].key
         assert callable(run_many)
+        batch = _Batch(self, jobs)
         with self._lock:
             self.batches += 1
-            self.batched += len(batch)
-            self.largest_batch = max(self.largest_batch, len(batch))
+            self.batched += len(jobs)
+            self.largest_batch = max(self.largest_batch, len(jobs))
+            self._running.append(batch)
         try:
-            outcomes = run_many([job.item for job in batch])
-            if len(outcomes) != len(batch):
-                raise RuntimeError(f"a batch of {len(batch)} got {len(outcomes)} answers")
-        except BaseException as e:
-            if len(batch) == 1:
-                batch[0].future.set_exception(e)
-                return
-            # The batch failed as a whole: each request alone, so each caller gets its own answer or error.
+            try:
+                run_many([job.item for job in jobs], batch)
+                left = batch.unsettled()
+                if left:
+                    raise RuntimeError(f"a batch of {len(jobs)} left {len(left)} unanswered")
+            except BaseException as e:
+                left = batch.unsettled()
+                if len(jobs) == 1:
+                    if left:
+                        batch.settle(0, e)
+                    return batch.handed, batch.skipped
+                # The batch failed as a whole: what it had not answered runs alone, each with its own outcome.
+                with self._lock:
+                    self.batch_fallbacks += 1
+                for job in left:
+                    alone = _Batch(self, [job])
+                    try:
+                        if job.gone:
+                            alone.settle(0, Abandoned())
+                        else:
+                            run_many([job.item], alone)
+                        if alone.unsettled():
+                            raise RuntimeError("a batch of 1 left it unanswered") from None
+                    except BaseException as error:
+                        alone.settle(0, error)
+                    batch.handed += alone.handed
+                    batch.skipped += alone.skipped
+        finally:
             with self._lock:
-                self.batch_fallbacks += 1
-            for job in batch:
-                _run_one(_Job(job.future, partial(_single, run_many, job.item), None, None))
-            return
-        for job, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                job.future.set_exception(outcome)
-            else:
-                job.future.set_result(outcome)
+                self._running.remove(batch)
+        return batch.handed, batch.skipped
 
     def drain(self, reason: str) -> int:
         """Graceful shutdown, first step: refuse new requests and fail every queued-but-unstarted one at once
@@ -259,7 +387,7 @@ class WorkerPool:
             self._jobs = deque(job for job in self._jobs if job is None)
         failed = 0
         for job in queued:
-            if job.future.set_running_or_notify_cancel():
+            if job.running or job.future.set_running_or_notify_cancel():
                 job.future.set_exception(ServiceBusyError(reason))
                 failed += 1
         with self._lock:
@@ -296,6 +424,8 @@ class WorkerPool:
                 "batched": self.batched,
                 "largest_batch": self.largest_batch,
                 "batch_fallbacks": self.batch_fallbacks,
+                "abandoned": self.abandoned,
+                "dropped": self.dropped,
             }
 
 
@@ -305,13 +435,6 @@ def _run_one(job: _Job) -> None:
         job.future.set_result(job.call())
     except BaseException as e:
         job.future.set_exception(e)
-
-
-def _single(run_many: RunMany, item: Any) -> Any:
-    (outcome,) = run_many([item])
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
 
 
 # Queued requests per worker before 503: one full batch each. With batching, a closed loop of N clients

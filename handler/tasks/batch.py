@@ -5,8 +5,10 @@ A text task's `prepare(payload)` checks the request and tokenizes it, and return
 encodings and its `finish(rows, tokens)`, which turns its rows of the model's output into its answer with
 its own options (dimensions, encoding format, top_n...). `run_prepared` pads the rows of a batch to the
 longest (masked, as one request's own texts are padded), runs them in groups bounded by padded tokens
-(shortest first, so rows of like length share a run), and hands each request its rows. A model run that
-fails is run again one request at a time, so each request gets its own answer or error.
+(shortest first, so rows of like length share a run), and hands each request its rows as soon as its run is
+done. A request over the bound alone is split across runs too, and its rows put back together before its
+`finish`. A model run that fails is run again one request at a time, so each request gets its own answer or
+error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
-from handler.tasks.text import shortest_floats
+from handler.tasks.text import chunks, shortest_floats
 from handler.tasks.tokens import TextEncoder
 
 Finish = Callable[[npt.NDArray[Any], int], dict[str, Any]]
@@ -48,11 +50,12 @@ class BatchModel(Protocol):
     output: str
     type_ids: bool
     pool: BufferPool
+    batch_tokens: int  # padded tokens of one model run (Config.batch_tokens)
 
 
 def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
     """Indices of `prepared` in model runs: shortest first, each run's rows x longest within `max_tokens`
-    (a request over it alone runs alone, as it would unbatched)."""
+    (a request over it alone runs alone, its rows split across runs by `_run_group`)."""
     order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
     out: list[list[int]] = []
     current: list[int] = []
@@ -70,35 +73,61 @@ def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
     return out
 
 
-def run_prepared(model: BatchModel, prepared: Sequence[Prepared], max_tokens: int) -> list[Any]:
-    """Each request's answer, or the exception that is its own error, in order."""
+def run_prepared(
+    model: BatchModel,
+    prepared: Sequence[Prepared],
+    max_tokens: int,
+    report: Callable[[int, Any], None] | None = None,
+    wanted: Callable[[int], bool] | None = None,
+) -> list[Any]:
+    """Each request's answer, or the exception that is its own error, in order. `report(i, outcome)`: called
+    for each request as soon as its model run is done (shortest first: a small request is answered before
+    a long one's run starts). `wanted(i)`: checked before each run; a request no longer wanted (its client
+    left) is not run, not reported, and its result stays None."""
     results: list[Any] = [None] * len(prepared)
     for group in groups(prepared, max_tokens):
+        if wanted is not None:
+            group = [i for i in group if wanted(i)]
+            if not group:
+                continue
         try:
             _run_group(model, prepared, group, results)
         except Exception as e:
             if len(group) == 1:
                 results[group[0]] = e
-                continue
-            for i in group:  # the run failed as a whole: each request alone, each with its own outcome
-                try:
-                    _run_group(model, prepared, [i], results)
-                except Exception as alone:
-                    results[i] = alone
+            else:
+                for i in group:  # the run failed as a whole: each request alone, each with its own outcome
+                    try:
+                        _run_group(model, prepared, [i], results)
+                    except Exception as alone:
+                        results[i] = alone
+        if report is not None:
+            for i in group:
+                report(i, results[i])
     return results
 
 
 def _run_group(model: BatchModel, prepared: Sequence[Prepared], group: list[int], results: list[Any]) -> None:
+    """One group's requests answered. Their rows run in model runs of at most `model.batch_tokens` padded
+    tokens (one request's rows too: a request of max inputs x max chars would otherwise be one run of tens of
+    thousands of tokens, gigabytes of activations); a request's rows are reassembled before its `finish`."""
     encodings = [e for i in group for e in prepared[i].encodings]
+    spans = chunks([len(e.ids) for e in encodings], model.batch_tokens)
     with model.pool.request():
-        out, mask = run_encodings(model, encodings)
+        if len(spans) == 1:
+            out, mask = run_encodings(model, encodings)
+            counts = mask.sum(axis=1)
+        else:  # each run's rows copied out: the pooled outputs of all runs are small (rows x output width)
+            runs = [run_encodings(model, encodings[start:stop]) for start, stop in spans]
+            out = np.concatenate([o for o, _ in runs])
+            counts = np.concatenate([m.sum(axis=1) for _, m in runs])
         floats = shortest_floats(out) if any(prepared[i].shortest for i in group) else out
         row = 0
         for i in group:
             n = len(prepared[i].encodings)
             rows = (floats if prepared[i].shortest else out)[row : row + n]
             try:  # serialized inside the arena: the answer holds Python objects, never the pooled buffer
-                results[i] = prepared[i].finish(rows, int(mask[row : row + n].sum()))
+                results[i] = prepared[i].finish(rows, int(counts[row : row + n].sum()))
             except Exception as e:
                 results[i] = e
             row += n

@@ -21,6 +21,7 @@ from handler.tasks.text import (
     check_texts,
     encoding_format,
     float_lists,
+    joined,
     positive_int,
     prompt_for,
     require_object,
@@ -61,7 +62,8 @@ class EmbeddingTask(TextModel):
         """The request's texts (prompt prepended), `dimensions` and encoding format, checked."""
         texts = self.texts(payload)
         body = require_object(payload, "inputs")
-        prompt = prompt_for(body, self.prompts, self.default_prompt)
+        prompt = prompt_for(body, self.prompts, self.default_prompt, self.max_chars)
+        joined(prompt, texts, "the prompt", "inputs", self.max_chars)  # prepended to every input
         dimensions = positive_int(body, "dimensions", self.dimension)
         fmt = encoding_format(body)
         if prompt:

@@ -22,7 +22,16 @@ from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.batch import Prepared
 from handler.tasks.scoring import rank, sigmoid, softmax
-from handler.tasks.text import TextModel, check_text, check_texts, flag, float_lists, positive_int, require_object
+from handler.tasks.text import (
+    TextModel,
+    check_text,
+    check_texts,
+    flag,
+    float_lists,
+    joined,
+    positive_int,
+    require_object,
+)
 
 
 class RerankTask(TextModel):
@@ -49,6 +58,7 @@ class RerankTask(TextModel):
         body = require_object(payload, "query")
         query = check_text(body["query"], "query", self.max_chars)
         docs = self.documents(body)
+        joined(query, docs, "query", "documents", self.max_chars)  # the query goes with every document
         top_n = positive_int(body, "top_n")  # more than there are documents: all of them
         with_docs = flag(body, "return_documents")
         return [(query, doc) for doc in docs], docs, top_n, with_docs

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
-from handler.core.config import Config
+from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.errors import InputTooLongError, InvalidEncodingError, InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
@@ -62,6 +62,36 @@ def check_texts(value: Any, field: str, max_inputs: int, max_chars: int, single:
     return [check_text(text, f"{field}[{i}]", max_chars) for i, text in enumerate(value)]
 
 
+def joined(first: str, texts: list[str], where: str, field: str, max_chars: int) -> None:
+    """`first` (a prompt, a query) goes in front of each of `texts` into the model: each whole within
+    `max_chars`, so a request's characters stay within max inputs x max chars whatever is prepended."""
+    if not first:
+        return
+    for i, text in enumerate(texts):
+        if len(first) + len(text) > max_chars:
+            raise InputTooLongError(
+                f"{where} ({len(first)} characters) and {field}[{i}] ({len(text)}) have {len(first) + len(text)} "
+                f"characters together; at most {max_chars} (WARMSTART_MAX_CHARS)"
+            )
+
+
+def chunks(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, int]]:
+    """Rows (each of `lengths` tokens, padded) in model runs, in order: [start, stop) spans, each run's rows x
+    its longest within `max_tokens`, so a run's activation memory is bounded whatever a request's size. A row
+    longer than the budget runs alone (the model's max sequence length bounds it)."""
+    out: list[tuple[int, int]] = []
+    start = longest = 0
+    for row, length in enumerate(lengths):
+        wider = max(longest, length)
+        if row > start and (row - start + 1) * wider > max_tokens:
+            out.append((start, row))
+            start, wider = row, length
+        longest = wider
+    if len(lengths) > start:
+        out.append((start, len(lengths)))
+    return out
+
+
 def positive_int(body: dict[str, Any], key: str, most: int | None = None) -> int | None:
     """An optional integer option in 1..most (no upper bound when `most` is None); None when absent."""
     value = body.get(key)
@@ -97,16 +127,17 @@ def encoding_format(body: dict[str, Any]) -> str:
     return choice(body, "encoding_format", ENCODING_FORMATS, "float")
 
 
-def prompt_for(body: dict[str, Any], prompts: dict[str, str], default_name: str | None) -> str:
+def prompt_for(
+    body: dict[str, Any], prompts: dict[str, str], default_name: str | None, max_chars: int = LAMBDA_PAYLOAD_LIMIT
+) -> str:
     """sentence-transformers' rule: an explicit `prompt` wins, else `prompt_name`'s text, else the model's
-    default prompt (none for most models). Both given is ambiguous, so refused."""
+    default prompt (none for most models). Both given is ambiguous, so refused. An explicit prompt is checked
+    as a text is (type, at most `max_chars`, valid Unicode): it goes in front of every input."""
     prompt, name = body.get("prompt"), body.get("prompt_name")
     if prompt is not None and name is not None:
         raise InvalidInputError('send "prompt" or "prompt_name", not both')
     if prompt is not None:
-        if not isinstance(prompt, str):
-            raise InvalidInputError(f'"prompt" must be a string, got {type(prompt).__name__}')
-        return prompt
+        return check_text(prompt, '"prompt"', max_chars)
     if name is None:
         return prompts[default_name] if default_name is not None else ""
     valid = ", ".join(sorted(prompts)) if prompts else "none (this model has no prompts)"
@@ -256,11 +287,27 @@ class TextModel:
         self.type_ids = any(spec.name == "token_type_ids" for spec in manifest.inputs)
         self.max_inputs = config.max_inputs
         self.max_chars = config.max_chars
+        self.batch_tokens = config.batch_tokens
         self.pool = pool or BufferPool()
 
     def _run(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
-        """Token ids and mask in pooled buffers, outputs bound to pooled buffers; the caller holds the arena."""
+        """The texts' outputs and real tokens, in model runs of at most `batch_tokens` padded tokens each (rows
+        x the longest: activation memory grows with it); the caller holds the arena."""
         encodings = self.encoder.tokenize(texts)
+        spans = chunks([len(encodings[0].ids)] * len(encodings), self.batch_tokens)
+        if len(spans) == 1:
+            out, mask = self._run_rows(encodings)
+            # One text is never padded: every position counts (no numpy reduction after the model run).
+            return out, mask.shape[1] if mask.shape[0] == 1 else int(mask.sum())
+        outs, tokens = [], 0
+        for start, stop in spans:
+            out, mask = self._run_rows(encodings[start:stop])
+            outs.append(out)
+            tokens += int(mask.sum())
+        return np.concatenate(outs), tokens
+
+    def _run_rows(self, encodings: Sequence[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """One model run: token ids and mask in pooled buffers, outputs bound to pooled buffers."""
         arena = current_arena()
         assert arena is not None
         shape = (len(encodings), len(encodings[0].ids))
@@ -270,9 +317,7 @@ class TextModel:
         if self.type_ids:
             feeds["token_type_ids"] = types = arena.take(shape, np.int64)
             self.encoder.fill_type_ids(encodings, types)
-        out = self.backend.run(feeds)[self.output]
-        # One text is never padded: every position counts (no numpy reduction after the model run).
-        return out, shape[1] if shape[0] == 1 else int(mask.sum())
+        return self.backend.run(feeds)[self.output], mask
 
     def run_copy(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
         with self.pool.request():

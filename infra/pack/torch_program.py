@@ -10,6 +10,11 @@ one captured with the loaded attention. Batch and sequence are dynamic (sequence
 max_seq_length). The program is run through the run-time interpreter on the probe batches and on a 1x1 batch
 against the module the ONNX graph is checked against (the model as loaded, before its attention is switched)
 before it is kept.
+
+The program holds only the operators the run time allows (handler/backends/program_ops.py): the two in-place
+ones torch.export emits (MPNet's and DeBERTa's `add_` on a fresh sum, DeBERTa's `detach_` on a fresh copy) are
+written as their functional twins where that computes the same value (the tensor written is a fresh result no
+other node reads); any other operator outside the table refuses the program (ProgramExportError naming it).
 """
 
 from __future__ import annotations
@@ -162,6 +167,7 @@ def _export(
     raw = json.loads(artifact.exported_program)
     for node in raw["graph_module"]["graph"]["nodes"]:
         node["metadata"] = {}  # stack traces and module paths of the pack machine: not needed to run
+    allowed_only(raw)
     program = json.dumps(raw, separators=(",", ":"), allow_nan=False).encode()
     state = {**ep.state_dict, **ep.constants}
     tensors: dict[str, Any] = {}
@@ -181,6 +187,39 @@ def _export(
     del ep, state
     diff = _check(program, tensors, feeds, want, ATOL if dtype == "float32" else float("inf"))
     return ExportedProgram(program, tensors, diff, attention, dtype)
+
+
+def allowed_only(raw: dict[str, Any]) -> None:
+    """Rewrite `raw`'s in-place nodes to their functional twins where the value is the same; refuse (a
+    ProgramExportError naming it) any operator the run-time interpreter does not allow."""
+    from handler.backends.program import _flat, _names_in, _output_names
+    from handler.backends.program_ops import ALLOWED, FRESH, INT_OPS, functional_twin
+
+    nodes = raw["graph_module"]["graph"]["nodes"]
+    producer: dict[str, str] = {}
+    readers: dict[str, int] = {}
+    for node in nodes:
+        for name in _names_in([i["arg"] for i in node["inputs"]]):
+            readers[name] = readers.get(name, 0) + 1
+        for name in _flat(_output_names(node["outputs"])):
+            producer[name] = node["target"]
+    for spec in raw["graph_module"]["signature"]["output_specs"]:
+        for name in _names_in(spec):
+            readers[name] = readers.get(name, 0) + 1
+    for node in nodes:
+        target = node["target"]
+        twin = functional_twin(target)
+        if twin is not None:
+            written = str(node["inputs"][0]["arg"].get("as_tensor", {}).get("name")) if node["inputs"] else ""
+            # Exact only when what it writes is a new tensor (no view of a weight or an input) read nowhere else.
+            if producer.get(written, "") in FRESH and readers.get(written) == 1:
+                node["target"] = twin
+                continue
+        if target not in ALLOWED and target not in INT_OPS:
+            raise ProgramExportError(
+                f"the program calls {target}, which the torch backend's interpreter does not run "
+                "(handler/backends/program_ops.py lists what it does)"
+            )
 
 
 def _check(

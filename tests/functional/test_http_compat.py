@@ -151,6 +151,56 @@ def test_media_types_on_embedding(client: TestClient, native: tuple[bytes, Any])
     assert r.status_code == 415 and "tensor" in r.json()["error"]["message"]
 
 
+NPY = {"accept": "application/x-npy"}
+SIMILARITY = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"input": TEXTS, "encoding_format": "base64"}),
+        ("/invocations", {"inputs": TEXTS, "encoding_format": "base64"}),
+    ],
+)
+def test_npy_with_base64_is_406_naming_both(client: TestClient, path: str, body: Any) -> None:
+    """Issue 32 fault 10: .npy asked for with `encoding_format: base64` was a 500 InternalError (the base64
+    strings went into a float32 array). The two are different encodings of one answer: 406, saying so."""
+    r = client.post(path, json=body, headers=NPY)
+    assert r.status_code == 406 and r.headers["content-type"] == "application/json", r.text
+    error = r.json()["error"]
+    assert (
+        error["type"] == "NotAcceptableError"
+        and "base64" in error["message"]
+        and "application/json" in error["message"]
+    )
+
+
+@pytest.mark.parametrize("path", ["/similarity", "/"])
+def test_npy_similarity_is_the_scores(client: TestClient, path: str) -> None:
+    """Issue 32 fault 10: `POST /similarity` with Accept .npy answered the raw embeddings ([n, 384]) instead of
+    the route's answer, the scores."""
+    scores = client.post(path, json=SIMILARITY).json()
+    r = client.post(path, json=SIMILARITY, headers=NPY)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-npy", r.text
+    array = np.load(io.BytesIO(r.content))
+    assert array.dtype == np.float32 and array.shape == (len(TEXTS),)  # one score per sentence
+    assert np.array_equal(array, np.asarray(scores, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/tokenize", {"inputs": "x"}), ("/decode", {"ids": [1, 2]}), ("/rerank", {"query": "q", "texts": ["a"]})],
+)
+def test_json_only_routes_refuse_npy_at_the_headers_and_fall_back_to_json(
+    client: TestClient, path: str, body: Any
+) -> None:
+    r = client.post(path, json=body, headers=NPY)
+    assert r.status_code == 406 and r.json()["error"]["type"] == "NotAcceptableError"
+    assert "application/json" in r.json()["error"]["message"], r.text
+    r = client.post(path, json=body, headers={"accept": "application/x-npy, */*;q=0.1"})
+    assert r.status_code != 406 and r.headers["content-type"] == "application/json", r.text
+
+
 def test_payload_limit_is_the_hosts(runtime: Runtime) -> None:
     body = json.dumps({"inputs": ["x" * 2000]}).encode()
     with client_for(runtime, HostSettings(payload_limit=1000)) as c:

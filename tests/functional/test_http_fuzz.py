@@ -1,14 +1,21 @@
 """Fuzzing the HTTP host's routes in process (starlette TestClient, hypothesis): random methods, real paths,
 random content-type / accept / content-length headers, random JSON (wrong types, nesting, huge numbers,
 unicode, lists and objects where strings go) and raw bytes. Every answer is JSON, typed when not 2xx, never
-a 500, and the host still answers /ping."""
+a 500, and the host still answers /ping. Then media types x fields x routes: every route x Accept (with
+parameters and q-values) x Content-Type (charsets, forms, garbage) x `encoding_format` / `dimensions` /
+`output_format`: an error's type is in docs/events.md's table, a 2xx answer's media type is one Accept
+allows, and a .npy answer is the route's JSON answer as one array."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +23,7 @@ from starlette.testclient import TestClient
 
 from handler.api import compat
 from handler.http_host.host import Host
-from handler.http_host.routes import ALL_METHODS, create_app
+from handler.http_host.routes import ALL_METHODS, GET_ROUTES, create_app
 from handler.runtime.invocation import Runtime
 from handler.runtime.workers import Sizing, WorkerPool
 
@@ -121,3 +128,145 @@ def test_content_length_lies_are_json(client: TestClient, path: str, body: Any, 
     r = client.post(path, content=content, headers={"content-type": "application/json", "content-length": length})
     assert r.headers.get("content-type", "").startswith("application/json")
     assert r.status_code != 500, r.text[:300]
+
+
+# -- media types x fields x routes (issue 32) ----------------------------------------------------------------
+
+ERROR_TYPES = frozenset(
+    re.findall(
+        r"^\| `(\w+)` \|",
+        (Path(__file__).resolve().parents[2] / "docs" / "events.md").read_text().split("## Errors", 1)[1],
+        re.M,
+    )
+)
+# A body each POST route takes (on the default embedding model, or refuses with a typed 400 for its task).
+ROUTE_BODIES: dict[str, dict[str, Any]] = {
+    "/invocations": {"inputs": ["x y"]},
+    "/v1/embeddings": {"input": "x y"},
+    "/embed": {"inputs": "x y"},
+    "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b", "c"]}},
+    "/rerank": {"query": "q", "texts": ["a"]},
+    "/v1/rerank": {"query": "q", "documents": ["d"]},
+    "/v2/rerank": {"query": "q", "documents": ["d"]},
+    "/predict": {"inputs": "x"},
+    "/tokenize": {"inputs": "x"},
+    "/decode": {"ids": [101, 102]},
+    "/": {"inputs": "x"},
+}
+# Where a route's JSON answer keeps the array its .npy answer holds.
+JSON_ARRAY: dict[str, Callable[[Any], Any]] = {
+    "/invocations": lambda a: a["embeddings"],
+    "/v1/embeddings": lambda a: [d["embedding"] for d in a["data"]],
+}
+GET_PATHS = [p for p in GET_ROUTES if p != "/metrics"]  # /metrics: Prometheus' text format, by design
+ACCEPTS = [
+    "application/json",
+    "application/x-npy",
+    "*/*",
+    "application/*",
+    "text/html",
+    "application/vnd.api+json",
+    "application/x-npy;q=0.9, application/json;q=0.1",
+    "application/json;q=0, application/x-npy",
+    "application/json;q=0",
+    "*/*;q=0",
+    "application/x-npy, */*;q=0.1",
+    "application/json;q=abc, application/x-npy;q=2",
+    "text/csv;charset=utf-8, application/x-npy;q=0.5",
+    ";;;, ,",
+    "\x7fgarbage/\u00e9",
+]
+CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "application/json; charset=latin-1",
+    "application/json;charset=UTF-16",
+    "text/plain; charset=utf-8",
+    "application/x-npy",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "garbage",
+    ";;",
+]
+FIELD_VALUES: dict[str, list[Any]] = {
+    "encoding_format": ["float", "base64", "BASE64", "garbage", None, 3],
+    "dimensions": [8, 384, 385, 0, -1, "8", 1.5, True, None],
+    "output_format": ["list", "npy", "garbage", None],
+}
+
+
+def _accepts(accept: str | None, media: str) -> bool:
+    """Whether `media` is allowed by `accept`, read independently of `handler.api.media`: some range with a
+    valid q > 0 names it (exactly, as `type/*`, as `*/*`, or `*+json` for JSON) and no exact range has q=0."""
+    ranges = [[x.strip().lower() for x in part.split(";")] for part in (accept or "").split(",")]
+    ranges = [r for r in ranges if r[0]]
+    if not ranges:
+        return True
+    allowed = refused = False
+    for name, *params in ranges:
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value) if 0 <= float(value) <= 1 else 0.0
+                except ValueError:
+                    q = 0.0
+        exact = name == media or (media == "application/json" and name.endswith("+json"))
+        if exact and q == 0:
+            refused = True
+        if q > 0 and (exact or name in ("*/*", media.split("/")[0] + "/*")):
+            allowed = True
+    return allowed and not refused
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from([*ROUTE_BODIES, *GET_PATHS]),
+    accept=st.none() | st.sampled_from(ACCEPTS),
+    content_type=st.none() | st.sampled_from(CONTENT_TYPES),
+    fields=st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in FIELD_VALUES.items()}),
+    npy_body=st.booleans(),
+)
+def test_media_types_fields_and_routes(
+    client: TestClient,
+    path: str,
+    accept: str | None,
+    content_type: str | None,
+    fields: dict[str, Any],
+    npy_body: bool,
+) -> None:
+    """Never a 500; an error is JSON with a type from the error table; a 2xx answer's media type is one the
+    request's Accept allows (GET routes answer JSON whatever Accept says: a probe is never refused for it),
+    and a .npy answer loads."""
+    # As bytes: a header is latin-1 on the wire, and the client refuses to encode a str that is not ASCII.
+    hdrs = {k: v.encode("latin-1") for k, v in (("accept", accept), ("content-type", content_type)) if v is not None}
+    if path in GET_PATHS:
+        r = client.get(path, headers=hdrs)
+    else:
+        if npy_body:
+            buf = io.BytesIO()
+            np.save(buf, np.ones((1, 3), np.float32))
+            content = buf.getvalue()
+        else:
+            body = {**ROUTE_BODIES[path], **fields}
+            content = json.dumps(body).encode("utf-16" if "utf-16" in (content_type or "").lower() else "utf-8")
+        r = client.post(path, content=content, headers=hdrs)
+    media = r.headers.get("content-type", "").split(";")[0]
+    assert r.status_code != 500, (path, hdrs, fields, r.text[:300])
+    if media == "application/x-npy":
+        assert r.status_code == 200 and path not in GET_PATHS, (path, hdrs, r.status_code)
+        assert _accepts(accept, media), (path, hdrs)
+        array = np.load(io.BytesIO(r.content), allow_pickle=False)
+        # The same answer as JSON, as one array: the route's answer, not what is behind it.
+        json_hdrs = {**hdrs, "accept": b"application/json"}
+        as_json = client.post(path, content=content, headers=json_hdrs).json()
+        assert np.allclose(array, np.asarray(JSON_ARRAY.get(path, lambda a: a)(as_json), np.float32)), path
+        return
+    assert media == "application/json", (path, hdrs, r.status_code, r.text[:200])
+    parsed = r.json()
+    if r.status_code >= 400:
+        assert parsed["error"]["type"] in ERROR_TYPES, parsed
+        assert isinstance(parsed["error"]["message"], str), parsed
+    elif path not in GET_PATHS:
+        assert _accepts(accept, media), (path, hdrs, r.status_code, r.text[:200])

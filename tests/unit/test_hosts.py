@@ -86,3 +86,18 @@ def test_connection_cap_stays_below_the_file_limit() -> None:
     assert settings_module.max_connections(1 << 20) == settings_module.DEFAULT_MAX_CONNECTIONS
     assert settings_module.max_connections(10) == 1
     assert settings_module.accept_backlog(224) == 56 and settings_module.accept_backlog(1000) == 250
+
+
+def test_body_rate_and_health_reserve_settings() -> None:
+    default = HostSettings.from_environ({})
+    assert (default.body_grace_s, default.body_min_rate, default.health_reserve) == (5, 1024, 16)
+    env = {
+        "WARMSTART_HTTP_BODY_GRACE_S": "2",
+        "WARMSTART_HTTP_BODY_MIN_RATE": "0",
+        "WARMSTART_HTTP_HEALTH_RESERVE": "0",
+    }
+    custom = HostSettings.from_environ(env)
+    assert (custom.body_grace_s, custom.body_min_rate, custom.health_reserve) == (2, 0, 0)
+    for key in ("WARMSTART_HTTP_BODY_GRACE_S", "WARMSTART_HTTP_BODY_MIN_RATE", "WARMSTART_HTTP_HEALTH_RESERVE"):
+        with pytest.raises(ConfigError, match=key):
+            HostSettings.from_environ({key: "-1"})

@@ -90,3 +90,15 @@ def test_emit_writes_one_json_line() -> None:
     assert {k: record.pop(k) for k in ("level", "message")} == {"level": "INFO", "message": "init report"}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record.pop("timestamp"))
     assert record == {"warmstart": "init", "path": "/x", "phases_ms": {"a": 1.5}}
+
+
+def test_report_says_what_memory_the_limits_assume(model_dir: Path) -> None:
+    config = Config(model_dir=model_dir, backend="onnx", batch_tokens=4096, max_inputs=64, max_chars=5000)
+    records: list[dict[str, Any]] = []
+    Runtime.start(config, environ={}, emit=records.append)  # type: ignore[arg-type]
+    assert records[0]["limits"] == {
+        "batch_tokens": 4096,
+        "max_inputs": 64,
+        "max_chars": 5000,
+        "assumed_memory_mb": 1024,
+    }

@@ -6,14 +6,16 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from handler.backends import program
+from handler.backends import program, program_ops
 from handler.backends.program import ProgramError, load, parameter_names
+from handler.core.errors import ModelLoadError, ModelRunError
 
 
 class Tiny(torch.nn.Module):
@@ -28,7 +30,8 @@ class Tiny(torch.nn.Module):
         x = self.embed(ids) * mask.unsqueeze(-1).to(torch.float32)
         _ = self.unused(x)  # dead code: dropped at load
         pooled = x.sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(torch.float32)
-        return torch.nn.functional.normalize(torch.tanh(self.proj(pooled)) * self.scale, dim=1)
+        scale: torch.Tensor = self.scale  # type: ignore[assignment]  # a buffer (nn.Module types it Tensor | Module)
+        return torch.nn.functional.normalize(torch.tanh(self.proj(pooled)) * scale, dim=1)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,8 @@ class Lists(torch.nn.Module):
         rows = torch.arange(n).unsqueeze(1)
         cols = torch.arange(n).unsqueeze(0)
         bias = self.table[rows, cols]  # [n, n], the index tensors used only in this list
-        return torch.softmax(a @ b.transpose(1, 2) + bias, dim=-1) @ v
+        out: torch.Tensor = torch.softmax(a @ b.transpose(1, 2) + bias, dim=-1) @ v
+        return out
 
 
 def test_lists_of_tensors_in_and_out(tmp_path: Path) -> None:
@@ -216,3 +220,240 @@ def test_enum_tables_match_torchs_schema() -> None:
     formats = {1: "ContiguousFormat", 2: "ChannelsLast", 3: "ChannelsLast3d", 4: "PreserveFormat"}
     assert {k: schema.MemoryFormat[v].value for k, v in formats.items()} == {k: k for k in formats}
     assert schema.ArgumentKind.KEYWORD.value == program._KEYWORD
+
+
+# ------------------------------------------------------------------ issue 32: an allowlist, names, typed errors
+
+
+def _node(target: str, args: list[dict[str, Any]], out: str, **keywords: dict[str, Any]) -> dict[str, Any]:
+    inputs = [{"name": f"a{i}", "arg": a, "kind": 1} for i, a in enumerate(args)]
+    inputs += [{"name": k, "arg": a, "kind": program._KEYWORD} for k, a in keywords.items()]
+    return {"target": target, "inputs": inputs, "outputs": [{"as_tensor": {"name": out}}], "metadata": {}, "name": out}
+
+
+def _with(raw: dict[str, Any], nodes: list[dict[str, Any]], output: str | None = None) -> dict[str, Any]:
+    """`raw` with `nodes` run first, and its output replaced by `output`."""
+    bad = copy.deepcopy(raw)
+    bad["graph_module"]["graph"]["nodes"][:0] = nodes
+    if output is not None:
+        bad["graph_module"]["signature"]["output_specs"][0]["user_output"]["arg"]["as_tensor"]["name"] = output
+    return bad
+
+
+def _t(name: str) -> dict[str, Any]:
+    return {"as_tensor": {"name": name}}
+
+
+def _feeds() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    return ids, torch.ones_like(ids)
+
+
+HEAP_WRITE = [  # issue 32 fault 1: a write at an offset the pack chooses (a sparse index far out of range)
+    _node(
+        "torch.ops.aten.full.default", [{"as_ints": [1, 1]}, {"as_int": 1 << 40}], "index", dtype={"as_scalar_type": 5}
+    ),
+    _node("torch.ops.aten.full.default", [{"as_ints": [1]}, {"as_float": 1.0}], "values"),
+    _node("torch.ops.aten._sparse_coo_tensor_unsafe.default", [_t("index"), _t("values"), {"as_ints": [4]}], "sparse"),
+    _node("torch.ops.aten._to_dense.default", [_t("sparse")], "dense"),
+]
+
+
+def test_a_program_that_writes_the_heap_is_refused_at_load(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """Run in a child: before the allowlist, the child died of SIGSEGV (or ran on with its heap corrupted)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    _, raw, tensors = exported
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    path = write(tmp_path, _with(raw, HEAP_WRITE, "dense"))
+    child = f"""
+from pathlib import Path
+import torch
+from handler.backends.program import ProgramError, load
+from handler.backends.weights import mmap_safetensors
+try:
+    run = load(Path({str(path)!r}), mmap_safetensors(Path({str(tmp_path / "model.safetensors")!r})))
+except ProgramError as e:
+    print("refused:", e)
+else:
+    ids = torch.tensor([[1, 2]])
+    print("ran:", run(ids, torch.ones_like(ids)))
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused:" in done.stdout and "'torch.ops.aten.full.default' is not one this interpreter runs" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "torch.ops.aten.add_.Tensor",  # in place on a weight: issue 32 fault 2
+        "torch.ops.aten.copy_.default",
+        "torch.ops.aten.add.out",
+        "torch.ops.aten._sparse_coo_tensor_unsafe.default",
+        "torch.ops.aten._to_dense.default",
+        "torch.ops.aten.empty.memory_format",
+        "torch.ops.aten.set_.source_Storage",
+        "torch.ops.aten.as_strided.default",
+    ],
+)
+def test_operators_outside_the_allowlist_are_refused_by_name(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path, target: str
+) -> None:
+    _, raw, tensors = exported
+    bad = copy.deepcopy(raw)
+    _first_node(bad, "tanh")["target"] = target
+    with pytest.raises(ProgramError, match=re.escape(repr(target))):
+        load(write(tmp_path, bad), tensors)
+
+
+def test_three_identical_requests_get_one_answer_and_the_weights_stay(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """issue 32 fault 2: `add_` on a mapped weight gave three requests three answers (refused now); an output
+    that is a weight or an input is copied, so what a caller does to its answer reaches no other request."""
+    _, raw, tensors = exported
+    weights = {k: v.clone() for k, v in tensors.items()}
+    names = {v: k for k, v in parameter_names(raw).items()}
+    bias, scale = names["proj.bias"], names["scale"]
+    bad = _with(raw, [_node("torch.ops.aten.add_.Tensor", [_t(bias), _t(scale)], "grown")])
+    for node in bad["graph_module"]["graph"]["nodes"][1:]:
+        for item in node["inputs"]:
+            if item["arg"] == _t(bias):
+                item["arg"] = _t("grown")
+    with pytest.raises(ProgramError, match="add_"):
+        load(write(tmp_path, bad), weights)
+
+    ids, mask = _feeds()
+    for output in (bias, "ids"):
+        run = load(write(tmp_path, _with(raw, [], output)), weights)
+        first = run(ids, mask)[0]
+        want = first.clone()
+        first.add_(100)  # a caller post-processing its answer in place
+        torch.testing.assert_close(run(ids, mask)[0], want, atol=0, rtol=0)
+    torch.testing.assert_close(weights, tensors, atol=0, rtol=0)
+    assert torch.equal(ids, _feeds()[0])
+
+
+def test_a_name_nothing_defines_is_refused_at_load(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """issue 32 fault 3: it loaded, and with warm-up off every request was a bare KeyError."""
+    _, raw, tensors = exported
+    bad = copy.deepcopy(raw)
+    node = _first_node(bad, "tanh")
+    node["inputs"][0]["arg"] = _t("ghost")
+    with pytest.raises(ProgramError, match=r"\(torch\.ops\.aten\.tanh\.default\) reads 'ghost', which nothing"):
+        load(write(tmp_path, bad), tensors)
+    twice = _with(raw, [_node("torch.ops.aten.zeros_like.default", [_t("ids")], "ids")])
+    with pytest.raises(ProgramError, match="defines 'ids' a second time"):
+        load(write(tmp_path, twice), tensors)
+
+
+def test_failures_while_running_are_model_run_errors(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """issue 32 fault 3: a huge size was a bare RuntimeError; now any failure names the node, typed."""
+    _, raw, tensors = exported
+    ids, mask = _feeds()
+    huge = _with(raw, [_node("torch.ops.aten.zeros.default", [{"as_ints": [1 << 20, 1 << 20]}], "huge")], "huge")
+    with pytest.raises(ModelRunError, match=r"node huge \(torch\.ops\.aten\.zeros\.default\) failed: MemoryError"):
+        load(write(tmp_path, huge), tensors)(ids, mask)
+    wrong = _with(raw, [_node("torch.ops.aten.view.default", [_t("ids"), {"as_ints": [7, 7]}], "wrong")], "wrong")
+    with pytest.raises(ModelRunError, match=r"node wrong \(torch\.ops\.aten\.view\.default\) failed: RuntimeError"):
+        load(write(tmp_path, wrong), tensors)(ids, mask)
+    empty = _with(raw, [_node("torch.ops.aten.empty.memory_format", [{"as_ints": [1 << 40]}], "e")], "e")
+    with pytest.raises(ProgramError, match="empty"):
+        load(write(tmp_path, empty), tensors)
+    assert issubclass(ModelRunError, ModelLoadError)  # failing at warm-up, init fails as a load error
+
+
+def test_sizes_are_bounded_by_the_run_not_refused_below_it(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    _, raw, tensors = exported
+    ids, mask = _feeds()
+    largest = max(t.numel() for t in tensors.values())
+    limit = program.size_limit((ids, mask), largest, 50)
+    assert limit == max(largest, 10 * 5 * 50)  # the inputs' 10 elements, their longest dim 5, the vocabulary 50
+    for n, ok in ((limit, True), (limit + 1, False)):
+        run = load(
+            write(tmp_path, _with(raw, [_node("torch.ops.aten.arange.default", [{"as_int": n}], "r")], "r")), tensors
+        )
+        if ok:
+            assert run(ids, mask)[0].numel() == n
+        else:
+            with pytest.raises(ModelRunError, match="past this run's bound"):
+                run(ids, mask)
+
+
+def test_dropout_and_attention_dropout_must_be_off(
+    exported: tuple[torch.nn.Module, dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    _, raw, tensors = exported
+    train = _node("torch.ops.aten.dropout.default", [_t("ids"), {"as_float": 0.5}, {"as_bool": True}], "d")
+    with pytest.raises(ProgramError, match="train must be False"):
+        load(write(tmp_path, _with(raw, [train], "d")), tensors)
+
+
+def test_the_pack_writes_in_place_nodes_as_their_functional_twins_only_where_exact() -> None:
+    from infra.pack.torch_program import ProgramExportError, allowed_only
+
+    def graph(nodes: list[dict[str, Any]], output: str) -> dict[str, Any]:
+        spec = {"user_output": {"arg": _t(output)}}
+        return {"graph_module": {"graph": {"nodes": nodes}, "signature": {"output_specs": [spec]}}}
+
+    fresh = graph(
+        [
+            _node("torch.ops.aten.mul.Tensor", [_t("x"), _t("x")], "sq"),
+            _node("torch.ops.aten.add_.Tensor", [_t("sq"), _t("w")], "sum"),
+        ],
+        "sum",
+    )
+    allowed_only(fresh)
+    assert [n["target"] for n in fresh["graph_module"]["graph"]["nodes"]][1] == "torch.ops.aten.add.Tensor"
+    on_weight = graph([_node("torch.ops.aten.add_.Tensor", [_t("w"), _t("x")], "sum")], "sum")
+    read_again = graph(  # `sq` is read after the write: the functional twin would give that reader another value
+        [
+            _node("torch.ops.aten.mul.Tensor", [_t("x"), _t("x")], "sq"),
+            _node("torch.ops.aten.add_.Tensor", [_t("sq"), _t("w")], "sum"),
+            _node("torch.ops.aten.add.Tensor", [_t("sq"), _t("sum")], "out"),
+        ],
+        "out",
+    )
+    on_view = graph(
+        [
+            _node("torch.ops.aten.view.default", [_t("x"), {"as_ints": [-1]}], "flat"),
+            _node("torch.ops.aten.add_.Tensor", [_t("flat"), _t("w")], "sum"),
+        ],
+        "sum",
+    )
+    for bad in (on_weight, read_again, on_view):
+        with pytest.raises(ProgramExportError, match=r"calls torch\.ops\.aten\.add_\.Tensor"):
+            allowed_only(bad)
+
+
+def test_the_allowlist_is_functional_and_its_sized_operators_are_bounded() -> None:
+    """Every allowed operator exists here, writes no argument (its schema is not mutable), is no `out=` overload,
+    no `*_unsafe` and nothing sparse; every one that takes a size list or an end (arange) is SIZED, except the
+    ones that keep their input's element count or make it smaller (view, reshape, slice)."""
+    keep_count = {"view.default", "reshape.default", "slice.Tensor", "expand_as.default"}
+    for target in program_ops.ALLOWED:
+        name, overload = target.removeprefix("torch.ops.aten.").split(".")
+        op = getattr(getattr(torch.ops.aten, name), overload)
+        schema = op._schema
+        assert not schema.is_mutable, target
+        assert not name.endswith("_") or name.startswith("__"), target
+        assert not overload.startswith("out") and "unsafe" not in name and "sparse" not in name, target
+        sizes = any(
+            str(a.type) in ("List[int]", "SymInt[]") and a.name in ("size", "repeats") for a in schema.arguments
+        )
+        if (sizes or name == "arange") and f"{name}.{overload}" not in keep_count:
+            assert target in program_ops.SIZED, target
+    assert set(program_ops.SIZED) <= program_ops.ALLOWED
+    assert program_ops.ALIASING.isdisjoint(program_ops.FRESH)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
+from typing import Any
 
 import pytest
 
 from handler.core.errors import ServiceBusyError
-from handler.runtime.workers import Sizing, WorkerPool, decide, sizing_from_environ
+from handler.runtime.workers import Abandoned, Batch, RunMany, Sizing, WorkerPool, decide, sizing_from_environ
 
 
 def test_grows_only_after_a_sustained_backlog_with_cpu_to_spare() -> None:
@@ -96,6 +99,16 @@ def test_sizing_from_environ() -> None:
     assert (s.max_workers, s.max_queue) == (6, 9)
 
 
+def _each(fn: Callable[[Any], Any]) -> RunMany:
+    """A batch call that settles each item with `fn(item)`."""
+
+    def run_many(items: Sequence[Any], batch: Batch) -> None:
+        for k, item in enumerate(items):
+            batch.settle(k, fn(item))
+
+    return run_many
+
+
 def _gate(pool: WorkerPool) -> threading.Event:
     """Hold the pool's one worker on a plain job, so what is submitted next queues up behind it."""
     return _blocker(pool, 1)
@@ -105,13 +118,15 @@ def test_queued_requests_with_the_same_key_run_as_one_batch_each_with_its_answer
     pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, max_batch=4, batch_wait_s=0))
     calls: list[list[int]] = []
 
-    def double(items: list[int]) -> list[object]:
+    def double(items: list[int], batch: Batch) -> None:
         calls.append(list(items))
-        return [ValueError(f"bad {i}") if i == 3 else i * 2 for i in items]
+        for k, i in enumerate(items):
+            batch.settle(k, ValueError(f"bad {i}") if i == 3 else i * 2)
 
-    def other(items: list[int]) -> list[object]:
+    def other(items: list[int], batch: Batch) -> None:
         calls.append([-i for i in items])
-        return list(items)
+        for k, i in enumerate(items):
+            batch.settle(k, i)
 
     release = _gate(pool)
     futures = [pool.submit_batch(double, i) for i in range(6)]
@@ -131,7 +146,7 @@ def test_queued_requests_with_the_same_key_run_as_one_batch_each_with_its_answer
 def test_a_lone_request_runs_at_once_without_the_batch_wait() -> None:
     pool = WorkerPool(Sizing(min_workers=1, max_workers=1, batch_wait_s=5.0))
     t0 = time.monotonic()
-    assert pool.submit_batch(lambda items: [i + 1 for i in items], 1).result(10) == 2
+    assert pool.submit_batch(_each(lambda i: i + 1), 1).result(10) == 2
     assert time.monotonic() - t0 < 1.0  # nothing was queued: no wait for batch-mates
     pool.shutdown()
 
@@ -139,12 +154,12 @@ def test_a_lone_request_runs_at_once_without_the_batch_wait() -> None:
 def test_a_batch_that_fails_as_a_whole_is_retried_one_request_at_a_time() -> None:
     pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
 
-    def fragile(items: list[int]) -> list[int]:
+    def fragile(items: list[int], batch: Batch) -> None:
         if len(items) > 1:
             raise MemoryError("the batch did not fit")
         if items[0] == 2:
             raise KeyError("two")
-        return [items[0] * 10]
+        batch.settle(0, items[0] * 10)
 
     release = _gate(pool)
     futures = [pool.submit_batch(fragile, i) for i in range(4)]
@@ -159,10 +174,134 @@ def test_a_batch_that_fails_as_a_whole_is_retried_one_request_at_a_time() -> Non
 def test_drain_fails_queued_batch_requests_too() -> None:
     pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100))
     release = _gate(pool)
-    queued = [pool.submit_batch(lambda items: list(items), i) for i in range(3)]
+    queued = [pool.submit_batch(_each(lambda i: i), i) for i in range(3)]
     assert pool.drain("going away") == 3
     release.set()
     for f in queued:
         with pytest.raises(ServiceBusyError, match="going away"):
             f.result(10)
+    pool.shutdown()
+
+
+def test_each_batch_item_is_answered_as_soon_as_it_is_settled() -> None:
+    """Item 0 settled, then the call goes on: its caller has its answer while the rest still runs (before,
+    every item waited for the whole batch call to return)."""
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
+    first_answered, finish = threading.Event(), threading.Event()
+
+    def staged(items: Sequence[int], batch: Batch) -> None:
+        batch.settle(0, items[0] * 10)
+        assert finish.wait(10)
+        for k in range(1, len(items)):
+            batch.settle(k, items[k] * 10)
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(staged, i) for i in (1, 2, 3)]
+    futures[0].add_done_callback(lambda f: first_answered.set())
+    release.set()
+    assert first_answered.wait(10) and futures[0].result() == 10
+    assert not futures[1].done() and not futures[2].done()  # still running
+    finish.set()
+    assert [f.result(10) for f in futures[1:]] == [20, 30]
+    s = pool.stats()
+    assert (s["batches"], s["batched"], s["completed"], s["batch_fallbacks"]) == (1, 3, 4, 0)
+    pool.shutdown()
+
+
+def test_a_batch_failing_after_some_answers_reruns_only_the_rest_alone() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
+    runs: list[list[int]] = []
+
+    def half(items: Sequence[int], batch: Batch) -> None:
+        runs.append(list(items))
+        batch.settle(0, items[0])
+        if len(items) > 1:
+            raise MemoryError("the rest did not fit")
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(half, i) for i in (1, 2, 3)]
+    release.set()
+    assert [f.result(10) for f in futures] == [1, 2, 3]
+    assert runs == [[1, 2, 3], [2], [3]]  # the answered one is not run again
+    assert pool.stats()["batch_fallbacks"] == 1
+    pool.shutdown()
+
+
+def test_an_item_handed_back_runs_as_its_own_job_next() -> None:
+    """A batch item that does not batch goes back to the pool: the others are answered without waiting for
+    it, and it runs next, before requests that came after it."""
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
+    order: list[str] = []
+
+    def batched(items: Sequence[str], batch: Batch) -> None:
+        for k, item in enumerate(items):
+            if item == "slow":
+                batch.alone(k, lambda: order.append("slow") or "alone")
+            else:
+                order.append(item)
+                batch.settle(k, item)
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(batched, x) for x in ("a", "slow", "b")]
+    release.set()
+    assert futures[0].result(10) == "a" and futures[2].result(10) == "b"
+    assert futures[1].result(10) == "alone"
+    later = pool.submit(lambda: order.append("later"))
+    later.result(10)
+    assert order == ["a", "b", "slow", "later"]
+    s = pool.stats()
+    assert (s["submitted"], s["completed"]) == (5, 5)  # the gate, 3 items (one run alone), the later job
+    pool.shutdown()
+
+
+def test_an_abandoned_queued_job_leaves_the_queue_at_once() -> None:
+    """Before, a cancelled future stayed queued until a worker reached it, and counted against max_queue."""
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=2, batch_wait_s=0))
+    release = _gate(pool)
+    ran: list[int] = []
+    dead = [pool.submit_batch(_each(ran.append), i) for i in (1, 2)]
+    assert all(pool.abandon(f) for f in dead)
+    assert pool.stats()["queued"] == 0
+    live = [pool.submit_batch(_each(lambda i: ran.append(i) or i), i) for i in (3, 4)]  # the queue has room
+    release.set()
+    assert [f.result(10) for f in live] == [3, 4]
+    for f in dead:
+        with pytest.raises(CancelledError):
+            f.result(0)
+    assert ran == [3, 4]
+    assert not pool.abandon(live[0])  # answered already: nothing to abandon
+    s = pool.stats()
+    assert (s["abandoned"], s["dropped"], s["rejected"], s["completed"]) == (2, 2, 0, 3)
+    pool.shutdown()
+
+
+def test_a_running_batch_sees_which_callers_left_and_skips_them() -> None:
+    pool = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=100, batch_wait_s=0))
+    started, go_on = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def two_runs(items: Sequence[int], batch: Batch) -> None:
+        ran.append(items[0])
+        batch.settle(0, items[0])
+        started.set()
+        assert go_on.wait(10)
+        for k in range(1, len(items)):  # a second model run: only for callers still there
+            if batch.gone(k):
+                batch.settle(k, Abandoned())
+            else:
+                ran.append(items[k])
+                batch.settle(k, items[k])
+
+    release = _gate(pool)
+    futures = [pool.submit_batch(two_runs, i) for i in (1, 2, 3)]
+    release.set()
+    assert started.wait(10)
+    assert pool.abandon(futures[1])
+    go_on.set()
+    assert futures[2].result(10) == 3
+    with pytest.raises(Abandoned):
+        futures[1].result(10)
+    assert ran == [1, 3]
+    s = pool.stats()
+    assert (s["abandoned"], s["dropped"], s["completed"]) == (1, 1, 3)  # the gate, items 1 and 3
     pool.shutdown()
