@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 
 from handler.core.cpu import cpu_budget
+from handler.http_host.budget import BodyBudget
 from handler.http_host.drain import Drain
 from handler.http_host.settings import HostSettings
 from handler.observability.prometheus import Prometheus
@@ -31,6 +32,7 @@ class Host:
         self._workers = workers
         self.settings = settings or HostSettings()
         self.drain = Drain(self.settings.drain_s)
+        self.bodies = BodyBudget(self.settings.body_budget)
         self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
 
     def start(self) -> Runtime:
