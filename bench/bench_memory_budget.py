@@ -113,7 +113,9 @@ def worst(models: dict[str, Path]) -> list[dict[str, Any]]:
         env.update(PYTHONPATH=str(ROOT), PORT=str(port), HOST="127.0.0.1", WARMSTART_MODEL=str(path))
         env.update(WARMSTART_HOST="knative", WARMSTART_WORKERS_MAX="2")
         stderr = open(f"/tmp/membench-{name}.stderr", "w")  # noqa: SIM115 (the child's, closed below)
-        proc = subprocess.Popen(group.wrap([sys.executable, "-m", "handler"]), cwd=ROOT, env=env, stderr=stderr)
+        proc = subprocess.Popen(
+            group.wrap([sys.executable, "-m", "handler"]), cwd=ROOT, env=env, stdout=stderr, stderr=stderr
+        )
         try:
             deadline = time.monotonic() + 300
             while True:
@@ -126,7 +128,7 @@ def worst(models: dict[str, Path]) -> list[dict[str, Any]]:
                 assert time.monotonic() < deadline, "no /ping"
                 time.sleep(0.5)
             lines = Path(stderr.name).read_text().splitlines()
-            init = next(json.loads(line) for line in lines if '"warmstart": "init"' in line)
+            init = next(json.loads(line) for line in lines if line.startswith('{"warmstart":"init"'))
             after_init = int(group.read(peak_file))
             limits = Config(model_dir=path, backend=None)
             half = limits.max_chars // 2
