@@ -90,6 +90,8 @@ class Manifest:
     labels: tuple[str, ...] = ()  # classify: id2label in id order
     problem_type: str | None = None  # classify
     unsupported_backends: dict[str, str] = field(default_factory=dict)  # backend → why it cannot run this model
+    # hidden, layers, heads, intermediate as packed (handler.core.memory budgets activations by them); {} before
+    shape: dict[str, int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -245,6 +247,7 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
         family=_choice(raw, "family", FAMILIES),
         dimension=_positive(raw, "dimension"),
         unsupported_backends={str(k): v for k, v in unsupported.items()},
+        shape=_shape(raw),
         raw=raw,
         **_task_fields(task, raw),
     )
@@ -262,6 +265,16 @@ def _positive(raw: dict[str, Any], key: str) -> int | None:
     if value is not None and (type(value) is not int or value < 1):
         raise ValueError(f"{key} {value!r} is not a positive integer")
     return value
+
+
+SHAPE_KEYS = ("hidden", "layers", "heads", "intermediate")
+
+
+def _shape(raw: dict[str, Any]) -> dict[str, int]:
+    shape = raw.get("shape") or {}
+    if not isinstance(shape, dict):
+        raise ValueError(f"shape {shape!r} is not an object of {', '.join(SHAPE_KEYS)}")
+    return {key: v for key in SHAPE_KEYS if (v := _positive(shape, key)) is not None}
 
 
 def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ _KEYS = {
         intermediate="intermediate_size",
     ),
 }
+CONFIG_KEYS = _KEYS  # the sizes' names per family, for the manifest's `shape` (hf_source)
 MAX_POSITIONS = 1 << 20
 _DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,

@@ -429,6 +429,7 @@ def manifest_for(
             "pad_id": pad_id,
         },
         "max_seq_length": source.max_seq_length,
+        "shape": source.shape,
     }
     if unsupported:
         manifest["unsupported_backends"] = dict(unsupported)

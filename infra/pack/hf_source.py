@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 
 from infra.pack.families import CUSTOM_ONLY, NEW_FAMILIES
 from infra.pack.hf_checks import (
+    CONFIG_KEYS,
     SourceError,
     check_checkpoint,
     check_config,
@@ -176,6 +177,18 @@ class HFSource:
     @property
     def num_heads(self) -> int:
         return int(self.config.get("num_attention_heads") or self.config["n_heads"])
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The encoder's sizes the run time budgets activation memory by (handler.core.memory): hidden,
+        layers, heads, intermediate; a size the config does not give is left out (the run time estimates it)."""
+        keys = CONFIG_KEYS["distilbert" if self.family == "distilbert" else "other"]
+        out: dict[str, int] = {}
+        for name in ("hidden", "layers", "heads", "intermediate"):
+            value = self.config.get(keys[name])
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[name] = value
+        return out
 
     @property
     def token_types(self) -> bool:
