@@ -7,6 +7,7 @@ mapping, so pages are read on first touch and the weights exist once in memory (
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from handler.core.errors import ModelLoadError
+from handler.core.manifest import regular_path
 
 _DTYPES = {
     "F32": torch.float32,
@@ -31,8 +33,15 @@ _MAX_HEADER = 100 * 1024 * 1024
 
 
 def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    # The header read and the mapping go through one checked descriptor (regular_path): a FIFO or device put at
+    # the name is refused, never read, and the file mapped is the one whose header was read.
+    with regular_path(path) as name:
+        return _map(path, name)
+
+
+def _map(path: Path, name: str) -> dict[str, torch.Tensor]:
+    size = os.stat(name).st_size
+    with open(name, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
             raise ModelLoadError(f"{path}: too short to be safetensors ({size} bytes)")
@@ -47,7 +56,7 @@ def mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
             raise ModelLoadError(f"{path}: safetensors header is not valid JSON (nested too deeply)") from None
         if not isinstance(header, dict):
             raise ModelLoadError(f"{path}: safetensors header is not a JSON object (got {type(header).__name__})")
-    storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+    storage = torch.UntypedStorage.from_file(name, shared=False, nbytes=size)
     whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]  # byte view of the mapping; slices stay views
     base = 8 + header_len
     tensors: dict[str, torch.Tensor] = {}

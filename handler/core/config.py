@@ -22,8 +22,7 @@ DEFAULT_MODEL_DIRS = (_PACKAGE_ROOT / "models" / "default", Path("/opt/models/de
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 
 
-# What the default limits are sized for: the deploy manifests' `limits.memory: 1Gi` (docs/configuration.md#memory).
-ASSUMED_MEMORY_MB = 1024
+# The most padded tokens of one model run; at init the memory the instance has may lower it (handler.core.memory).
 DEFAULT_BATCH_TOKENS = 8192
 
 
@@ -118,7 +117,10 @@ class Config:
     max_chars: int = 20_000
     # Padded tokens (rows x the longest) of one model run, one request's or a batch's: activation memory
     # grows with it, so a request of max_inputs long texts runs in several (docs/configuration.md#memory).
+    # Unless `batch_tokens_set` (WARMSTART_BATCH_TOKENS), a ceiling: loading a model lowers it to what the memory
+    # left after the model holds (handler.core.memory.derive).
     batch_tokens: int = DEFAULT_BATCH_TOKENS
+    batch_tokens_set: bool = False
     max_elements: int = 1 << 24  # per tensor-task input; a .npy header is checked against it before allocating
     max_hold_ms: int = 10_000
     verify_sha256: bool = False
@@ -167,6 +169,7 @@ class Config:
             max_inputs=env_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
             max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
             batch_tokens=env_int(env, "WARMSTART_BATCH_TOKENS", cls.batch_tokens, 1, 1 << 24),
+            batch_tokens_set=bool((env.get("WARMSTART_BATCH_TOKENS") or "").strip()),
             max_elements=env_int(env, "WARMSTART_MAX_ELEMENTS", cls.max_elements, 1, 1 << 31),
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=env_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),

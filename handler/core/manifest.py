@@ -6,6 +6,8 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -88,6 +90,8 @@ class Manifest:
     labels: tuple[str, ...] = ()  # classify: id2label in id order
     problem_type: str | None = None  # classify
     unsupported_backends: dict[str, str] = field(default_factory=dict)  # backend → why it cannot run this model
+    # hidden, layers, heads, intermediate as packed (handler.core.memory budgets activations by them); {} before
+    shape: dict[str, int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -130,10 +134,10 @@ def load_manifest(root: Path) -> Manifest:
         raise ModelLoadError(
             f"model directory {root} does not exist (set WARMSTART_MODEL or run `warmstart pack --default`)"
         )
+    if not os.path.lexists(path):
+        raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)")
     try:
-        raw = parse_json(path.read_bytes())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)") from None
+        raw = parse_json(read_regular(path))
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     try:
@@ -243,6 +247,7 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
         family=_choice(raw, "family", FAMILIES),
         dimension=_positive(raw, "dimension"),
         unsupported_backends={str(k): v for k, v in unsupported.items()},
+        shape=_shape(raw),
         raw=raw,
         **_task_fields(task, raw),
     )
@@ -260,6 +265,16 @@ def _positive(raw: dict[str, Any], key: str) -> int | None:
     if value is not None and (type(value) is not int or value < 1):
         raise ValueError(f"{key} {value!r} is not a positive integer")
     return value
+
+
+SHAPE_KEYS = ("hidden", "layers", "heads", "intermediate")
+
+
+def _shape(raw: dict[str, Any]) -> dict[str, int]:
+    shape = raw.get("shape") or {}
+    if not isinstance(shape, dict):
+        raise ValueError(f"shape {shape!r} is not an object of {', '.join(SHAPE_KEYS)}")
+    return {key: v for key in SHAPE_KEYS if (v := _positive(shape, key)) is not None}
 
 
 def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -292,11 +307,57 @@ def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of `path`, refused (ModelLoadError) unless it is a regular file. A model directory is
+    untrusted: a FIFO at a listed name blocks a plain `open` forever (no writer), and a device such as /dev/zero
+    reads forever. So: opened non-blocking (a FIFO opens at once, a socket fails with ENXIO), no controlling tty,
+    then `fstat` of the descriptor itself: what was opened is what is checked, with no window to swap the name
+    between a `stat` and the `open`. O_NONBLOCK has no effect on a regular file's reads."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:  # missing, a symlink loop (ELOOP), a socket (ENXIO), no permission
+        raise ModelLoadError(f"{path}: cannot be opened: {e.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise ModelLoadError(f"{path}: {kind}, not a regular file (a model's files must be regular files)")
+    return fd
+
+
+def read_regular(path: Path) -> bytes:
+    """All of a regular file's bytes (`open_regular`'s refusals)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
+
+
+@contextmanager
+def regular_path(path: Path) -> Iterator[str]:
+    """A name for a library that opens files itself (torch's mapping, the tokenizers' vocabulary): the checked
+    descriptor's /proc/self/fd entry, which opens that very file, whatever now sits at `path`. Without /proc (not
+    Linux): `path` itself, checked just before."""
+    fd = open_regular(path)
+    try:
+        proc = f"/proc/self/fd/{fd}"
+        yield proc if os.path.exists(proc) else str(path)
+    finally:
+        os.close(fd)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     import hashlib  # deferred: loads libcrypto (4.5 MB), and plain init hashes nothing (docs/coldstart.md)
 
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()

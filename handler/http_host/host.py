@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 from handler.core.cpu import cpu_budget
+from handler.http_host.budget import BodyBudget
 from handler.http_host.drain import Drain
 from handler.http_host.settings import HostSettings
 from handler.observability.prometheus import Prometheus
@@ -31,6 +33,7 @@ class Host:
         self._workers = workers
         self.settings = settings or HostSettings()
         self.drain = Drain(self.settings.drain_s)
+        self.bodies = BodyBudget(self.settings.body_budget)
         self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
 
     def start(self) -> Runtime:
@@ -40,6 +43,10 @@ class Host:
                 cpus = cpu_budget(os.environ).cpus
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
             runtime = self._make_runtime()
+            # The pool was sized before the model loaded: it groups requests by the model's derived batch tokens.
+            tokens = runtime.init_report.get("limits", {}).get("batch_tokens")
+            if tokens:
+                self._workers.sizing = replace(self._workers.sizing, batch_tokens=tokens)
             runtime.workers = self._workers
             self.prometheus = Prometheus(runtime.backend.name)
             self.prometheus.init_report(runtime.init_report)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from functools import partial
 from importlib import metadata
 from typing import Any
 
@@ -40,6 +42,7 @@ from handler.core.errors import (
     error_body,
     internal_error_body,
 )
+from handler.http_host.budget import BodyBudget
 from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
 from handler.http_host.settings import HostSettings
@@ -77,6 +80,10 @@ class NotFoundError(UnsupportedRequestError):
     status = 404
 
 
+def _release(bodies: BodyBudget, size: int, _: Future[Any]) -> None:
+    bodies.release(size)
+
+
 def _error(error: RequestError) -> JSONResponse:
     headers = {"retry-after": "1"} if isinstance(error, ServiceBusyError) else {}
     if isinstance(error, RequestTimeoutError | PayloadTooLargeError):
@@ -84,14 +91,19 @@ def _error(error: RequestError) -> JSONResponse:
     return JSONResponse(error.to_body(), error.status, headers=headers)
 
 
-async def _read_body(request: Request, settings: HostSettings) -> bytes:
+async def _read_body(request: Request, settings: HostSettings, charged: list[int], bodies: BodyBudget) -> bytes:
     """The body, refused with 413 as soon as it is over the host's limit (never buffered past it), and with
     408 once it falls under the minimum rate: all of it that came by then must have come by `grace + received /
-    rate` seconds (Apache's MinRate), so a trickle cannot hold a connection for the whole body timeout."""
+    rate` seconds (Apache's MinRate), so a trickle cannot hold a connection for the whole body timeout. Its bytes
+    are charged to the host's body budget (`charged[0]`: what this request holds; the caller releases it),
+    a declared length up front, a chunked body as it comes: 503 when the budget has no room."""
     limit, rate, grace = settings.payload_limit, settings.body_min_rate, settings.body_grace_s
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"body is {length} bytes; the limit is {limit} bytes")
+    if length.isdigit():
+        bodies.charge(int(length))
+        charged[0] = int(length)
     chunks: list[bytes] = []
     size = 0
     started = asyncio.get_running_loop().time()
@@ -102,6 +114,9 @@ async def _read_body(request: Request, settings: HostSettings) -> bytes:
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+                if size > charged[0]:  # chunked, or more than it declared (h11 refuses that; charged anyway)
+                    bodies.charge(size - charged[0])
+                    charged[0] = size
                 chunks.append(chunk)
                 if rate:
                     scope.reschedule(started + grace + size / rate)
@@ -131,6 +146,8 @@ class Routes:
 
     async def infer(self, route: compat.Route, request: Request) -> Response:
         host, drain = self.host, self.drain
+        charged = [0]  # bytes of this request's body held in the host's budget
+        running: Future[Any] | None = None  # its job, while its client left and the job may still run
         try:
             if request.method != "POST":
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
@@ -140,7 +157,9 @@ class Routes:
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
-            raw = await drain.read(_read_body(request, host.settings), host.settings.body_timeout_s)
+            raw = await drain.read(
+                _read_body(request, host.settings, charged, host.bodies), host.settings.body_timeout_s
+            )
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))
@@ -154,12 +173,19 @@ class Routes:
                 status, body, media = await drain.answer(future, request.receive)
             except ClientDisconnect:
                 host.workers.abandon(future)  # out of the queue, or skipped by its batch: nobody waits for it
+                running = future
                 raise
         except RequestError as e:
             host.runtime.count("rejected")
             return _error(e)
         except ClientDisconnect:  # gone while sending its body or waiting: no answer reaches it
             return Response(status_code=CLIENT_GONE)
+        finally:
+            if charged[0]:
+                if running is not None and not running.done():  # its body is held until its work ends
+                    running.add_done_callback(partial(_release, host.bodies, charged[0]))
+                else:
+                    host.bodies.release(charged[0])
         return Response(body, status, headers=echo, media_type=media)
 
     def healthy(self) -> Response | None:

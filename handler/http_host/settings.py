@@ -70,6 +70,11 @@ FILES_KEPT = 64
 # Connections taken over the cap for health checks only (`/ping`, `/healthz`, `/health`, `GET /`), so a probe
 # is answered while bodies in flight hold every connection; they come out of the half of the files kept.
 DEFAULT_HEALTH_RESERVE = 16
+# Bytes of request bodies held at once (read, queued or running; handler/http_host/budget.py), as payload limits:
+# 4 x 32 MB = 128 MB on Knative / Cloud Run, 4 x 6 MB = 24 MB elsewhere. Under the deploy manifests' 1 GiB
+# that leaves the worst request's ~470 MB (docs/configuration.md#memory) its room; bodies of the usual size
+# (kilobytes) never come near it.
+BODY_BUDGET_PAYLOADS = 4
 _SAGEMAKER_HINTS = ("SAGEMAKER_BIND_TO_PORT", "SAGEMAKER_SAFE_PORT_RANGE")
 
 
@@ -110,6 +115,7 @@ class HostSettings:
     body_grace_s: int = DEFAULT_BODY_GRACE_S
     body_min_rate: int = DEFAULT_BODY_MIN_RATE  # bytes/s; 0: no minimum (the body timeout alone)
     health_reserve: int = DEFAULT_HEALTH_RESERVE
+    body_budget: int = BODY_BUDGET_PAYLOADS * LAMBDA_PAYLOAD_LIMIT  # bytes of bodies held at once
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, serve: bool = False) -> HostSettings:
@@ -117,9 +123,10 @@ class HostSettings:
         name = detect_host(env, serve)
         # SageMaker names the port in multi-container endpoints; every other host uses PORT.
         port_key = "SAGEMAKER_BIND_TO_PORT" if env.get("SAGEMAKER_BIND_TO_PORT", "").strip() else "PORT"
+        payload_limit = env_int(env, "WARMSTART_MAX_PAYLOAD_BYTES", PAYLOAD_LIMITS[name], 1, 1 << 31)
         return cls(
             name=name,
-            payload_limit=env_int(env, "WARMSTART_MAX_PAYLOAD_BYTES", PAYLOAD_LIMITS[name], 1, 1 << 31),
+            payload_limit=payload_limit,
             drain_s=env_int(env, "WARMSTART_DRAIN_S", DEFAULT_DRAIN_S, 0, 3600),
             port=env_int(env, port_key, DEFAULT_PORT, 1, 65535),
             header_timeout_s=env_int(env, "WARMSTART_HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S, 1, 3600),
@@ -128,6 +135,9 @@ class HostSettings:
             body_grace_s=env_int(env, "WARMSTART_HTTP_BODY_GRACE_S", DEFAULT_BODY_GRACE_S, 0, 3600),
             body_min_rate=env_int(env, "WARMSTART_HTTP_BODY_MIN_RATE", DEFAULT_BODY_MIN_RATE, 0, 1 << 30),
             health_reserve=env_int(env, "WARMSTART_HTTP_HEALTH_RESERVE", DEFAULT_HEALTH_RESERVE, 0, 1000),
+            body_budget=env_int(
+                env, "WARMSTART_HTTP_BODY_BUDGET_BYTES", BODY_BUDGET_PAYLOADS * payload_limit, 1, 1 << 40
+            ),
         )
 
     def describe_limit(self) -> str:

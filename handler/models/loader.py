@@ -7,9 +7,10 @@ for extra models and the reloader for a standby version, so all of them are buil
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from handler.backends.pool import BufferPool
 from handler.core.config import Config
 from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
-from handler.core.manifest import Manifest, load_manifest, verify_sha256
+from handler.core.manifest import Manifest, load_manifest, open_regular, verify_sha256
+from handler.core.memory import Budget, batch_budget
 from handler.observability.report import PhaseTimer
 from handler.tasks.catalog import TASKS, Task
 
@@ -40,6 +42,7 @@ class Loaded:
     phases_ms: dict[str, float] = field(default_factory=dict)
     # Which cold-start savings this load used, or why not (the init report's "coldstart").
     coldstart: dict[str, Any] = field(default_factory=dict)
+    budget: Budget | None = None  # its model runs' padded tokens and the memory figures they came from
 
     @property
     def key(self) -> str:
@@ -58,7 +61,7 @@ def verify_paced(
     for name in names:
         path = manifest.root / name
         digest = hashlib.sha256()
-        with path.open("rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             while block := f.read(chunk):
                 digest.update(block)
                 if busy():
@@ -145,6 +148,9 @@ def load_model(
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):
         device = backend.warm_device()
+    # After the session is built (weights mapped, prepacked): its RSS is what the runs' memory comes after.
+    memory = batch_budget(config, manifest, runs_at_once(env), env)
+    config = replace(config, batch_tokens=memory.batch_tokens)
     with timer.phase("task"):
         # Pinned host buffers only where a device will copy from them.
         pool = pool or BufferPool.for_device(cuda.usable)
@@ -181,6 +187,7 @@ def load_model(
             for k, v in (("onnx_optimized", getattr(backend, "optimized", None)), ("tokenizer", _tokenizer(task)))
             if v is not None
         },
+        budget=memory,
     )
 
 

@@ -26,6 +26,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from handler.core.errors import ModelLoadError
+from handler.core.manifest import read_regular
+
 MARKER = ".warmstart-s3.json"  # inside a published directory: where it came from, the manifest's ETag
 STAGING = ".staging-"
 _KEEP = ".keep-"
@@ -70,8 +73,8 @@ def write_json(path: Path, data: Any) -> None:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):  # missing, torn or hostile: as if absent
+        return json.loads(read_regular(path))  # a FIFO or device at the name is refused, never read
+    except (OSError, ValueError, RecursionError, ModelLoadError):  # missing, torn or hostile: as if absent
         return None
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from handler.core.config import ASSUMED_MEMORY_MB, Config, init_type, snapshot_mode
+from handler.core.config import Config, init_type, snapshot_mode
 from handler.models import loader
 from handler.models.loader import Loaded, load_model, max_concurrency
 from handler.models.registry import Registry
@@ -74,18 +74,24 @@ def start(
                 model_dir = sources.resolve(source)
     loaded = load_model(model_dir, config, env, timer, threads=threads, bound_by=bound_by)
     init = _report(loaded, env, snapshot, timer, age_at_start)
-    init["limits"] = limits(config)
+    init["limits"] = limits(config, loaded)
     host = loader.host_runs
     if host is not None and "AWS_LAMBDA_MAX_CONCURRENCY" not in env:
         # The HTTP host's pool and batch bounds beside the threads they were sized with: what was chosen, why.
         intra = int(init.get("threads", {}).get("intra_op", 0))
-        init["http_workers"] = {**host.report, "threads_per_worker": intra, "fits": intra * host.runs <= loaded.cpus}
+        init["http_workers"] = {
+            **host.report,
+            "batch_tokens": init["limits"]["batch_tokens"],  # the pool was sized before the model's budget
+            "threads_per_worker": intra,
+            "fits": intra * host.runs <= loaded.cpus,
+        }
     workers = None
     if "AWS_LAMBDA_MAX_CONCURRENCY" in env:
         from handler.runtime.workers import WorkerPool, sizing_from_environ
 
         slots = max_concurrency(env)
-        workers = WorkerPool(sizing_from_environ(env, max(1, loaded.cpus // slots)), loaded.cpus)
+        cpus = max(1, loaded.cpus // slots)
+        workers = WorkerPool(sizing_from_environ(env, cpus, init["limits"]["batch_tokens"]), loaded.cpus)
         init["workers"] = {"max_concurrency": slots, **workers.stats()}
     # A fork template must hold no thread pool: extra models then load on first use, after restore.
     eager = snapshot != "fork"
@@ -152,15 +158,12 @@ def coldstart_report(facts: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def limits(config: Config) -> dict[str, int]:
-    """The request limits in force and the memory they were sized for (docs/configuration.md#memory): a
-    request of max inputs x max chars (prompt included) runs in model runs of at most batch tokens."""
-    return {
-        "batch_tokens": config.batch_tokens,
-        "max_inputs": config.max_inputs,
-        "max_chars": config.max_chars,
-        "assumed_memory_mb": ASSUMED_MEMORY_MB,
-    }
+def limits(config: Config, loaded: Loaded) -> dict[str, Any]:
+    """The request limits in force and the memory budget behind batch tokens (docs/configuration.md#memory): a
+    request of max inputs x max chars (prompt included) runs in model runs of at most batch tokens, derived
+    from the memory read (where from), the model's bytes per token and the RSS after loading it."""
+    budget = loaded.budget.describe() if loaded.budget is not None else {"batch_tokens": config.batch_tokens}
+    return {**budget, "max_inputs": config.max_inputs, "max_chars": config.max_chars}
 
 
 def _watched(config: Config) -> bool:

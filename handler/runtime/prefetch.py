@@ -163,7 +163,9 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
     model_dir = _model_dir(env)
     if model_dir is None:
         return "", []
-    raw = json.loads((model_dir / "manifest.json").read_bytes())
+    from handler.runtime.startfiles import read_regular
+
+    raw = json.loads(read_regular(model_dir / "manifest.json"))  # never a plain open: a FIFO there would hang init
     backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
     spec = raw["backends"].get(backend)
     if spec is None:

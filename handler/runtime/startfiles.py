@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,12 +36,41 @@ EVENT = {"inputs": ["A cold start is the time from nothing to the first answer."
 Item = tuple[Path, "list[list[int]] | None"]
 
 
+def open_regular(path: str | os.PathLike[str]) -> int | None:
+    """A read-only descriptor of `path` if it is a regular file, else None (a hint skips what it cannot read). A
+    plain `open` of a FIFO blocks until a writer comes (forever: a model directory or a start list can name one,
+    and the start would hang); non-blocking it opens at once, and `fstat` of the descriptor then says what was
+    opened (no window between a check and the open). A device (/dev/zero: endless) or a directory is skipped too;
+    the manifest's own check reports a model file that is not regular."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:  # absent, a socket (ENXIO), a symlink loop (ELOOP)
+        return None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """A regular file's bytes; FileNotFoundError for anything else (absent, a FIFO, a device)."""
+    fd = open_regular(path)
+    if fd is None:
+        raise FileNotFoundError(f"{path}: absent or not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def load(backend: str, path: Path | None = None, count: int | None = None) -> tuple[list[Item] | None, str]:
     """The recorded files resolved against this interpreter's sys.path, in start order; or None and why. With
     `count`, only that many of them, evenly spread (`sample`): what a warm-cache probe reads, at ~0.1 ms where
     the whole list costs ~1.6 ms of CPU."""
     try:
-        raw = json.loads((path or LIST).read_bytes())
+        raw = json.loads(read_regular(path or LIST))
     except FileNotFoundError:
         return None, "none recorded"
     except (OSError, ValueError) as e:
@@ -75,10 +105,9 @@ def warm(items: Sequence[Item]) -> bool:
         return False
     buf = bytearray(1)
     for path, ranges in items:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # gone: nothing to read either way
+        fd = open_regular(path)
+        if fd is None:
+            continue  # gone, or not a regular file: nothing to read either way
         try:
             size = os.fstat(fd).st_size
             for offset in {r[0] for r in (ranges[0], ranges[-1])} if ranges else (0,):
@@ -96,10 +125,9 @@ def issue(items: Iterable[Item]) -> tuple[int, str | None]:
     the bytes asked for, and the last error (a file that is absent is skipped silently)."""
     asked, error = 0, None
     for path, ranges in items:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # a file the manifest or the list names but that is absent: init reports it, not us
+        fd = open_regular(path)
+        if fd is None:
+            continue  # absent or not a regular file (a FIFO would block us): init reports it, not us
         try:
             if ranges is None:
                 asked += os.fstat(fd).st_size
@@ -158,7 +186,7 @@ def _backend_of(listing: str) -> str:
     # The hook runs before any manifest is read: the list's own backend (a start with another one reads the
     # same import chain up to the backend's module, and the prefetch thread then does the model as always).
     try:
-        return str(json.loads(Path(listing).read_bytes()).get("backend", ""))
+        return str(json.loads(read_regular(listing)).get("backend", ""))
     except (OSError, ValueError, AttributeError):
         return ""
 
@@ -241,9 +269,8 @@ def _child(env: dict[str, str], cwd: Path) -> dict[str, Any]:
 
 def evict(paths: Iterable[str]) -> None:
     for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
+        fd = open_regular(p)
+        if fd is None:
             continue
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -265,7 +292,9 @@ def resident(path: str) -> list[bool]:
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     pages = (size + PAGE - 1) // PAGE
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
+    if fd is None:
+        raise OSError(f"{path}: absent or not a regular file")
     try:
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, ctypes.c_void_p(-1).value):

@@ -446,13 +446,15 @@ DEFAULT_BATCH_TOKENS = Sizing.batch_tokens
 DEFAULT_BATCH_WAIT_MS = 2
 
 
-def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
+def sizing_from_environ(environ: Mapping[str, str], cpus: int, batch_tokens: int | None = None) -> Sizing:
     """WARMSTART_WORKERS_MIN (default 1), WARMSTART_WORKERS_MAX (default: the usable CPUs: with batching one
     worker per CPU keeps them busy, and each worker's run gets a CPU to itself), WARMSTART_BATCH_MAX (requests
     per batch, default 32), WARMSTART_BATCH_TOKENS (padded tokens per model run, default 8192),
     WARMSTART_BATCH_WAIT_MS (default 2; 0: never wait) and WARMSTART_QUEUE_MAX (default: one full batch per
     worker). `cpus` is the quota's (`handler.core.cpu`), never the host's core count, so all follow the CPU
-    the instance really has."""
+    the instance really has. `batch_tokens`: the loaded model's (handler.core.memory, WARMSTART_BATCH_TOKENS
+    included), so the pool groups requests as the model runs them; None (a pool made before the model
+    loads): the setting, until `Host.start` hands it the model's."""
     max_workers = env_int(environ, "WARMSTART_WORKERS_MAX", max(1, cpus), 1, 256)
     max_batch = env_int(environ, "WARMSTART_BATCH_MAX", DEFAULT_MAX_BATCH, 1, 4096)
     default_queue = BATCHES_QUEUED_PER_WORKER * max_batch * max_workers
@@ -461,6 +463,6 @@ def sizing_from_environ(environ: Mapping[str, str], cpus: int) -> Sizing:
         max_workers=max_workers,
         max_queue=env_int(environ, "WARMSTART_QUEUE_MAX", default_queue, 1, 100_000),
         max_batch=max_batch,
-        batch_tokens=env_int(environ, "WARMSTART_BATCH_TOKENS", DEFAULT_BATCH_TOKENS, 1, 1 << 24),
+        batch_tokens=batch_tokens or env_int(environ, "WARMSTART_BATCH_TOKENS", DEFAULT_BATCH_TOKENS, 1, 1 << 24),
         batch_wait_s=env_int(environ, "WARMSTART_BATCH_WAIT_MS", DEFAULT_BATCH_WAIT_MS, 0, 1000) / 1000,
     )

@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from handler.core.manifest import read_regular, regular_path
+
 
 def bert_wordpiece(vocab: Path, settings: Mapping[str, Any]) -> Tokenizer:
     """A BERT WordPiece tokenizer from its vocabulary file and the manifest's recorded settings: ~2x faster to
@@ -25,14 +27,15 @@ def bert_wordpiece(vocab: Path, settings: Mapping[str, Any]) -> Tokenizer:
     from tokenizers import AddedToken, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
 
-    tok = Tokenizer(
-        WordPiece.from_file(
-            str(vocab),
-            unk_token=settings["unk_token"],
-            continuing_subword_prefix=settings["continuing_subword_prefix"],
-            max_input_chars_per_word=settings["max_input_chars_per_word"],
+    with regular_path(vocab) as name:  # a FIFO or a device at the name is refused, not read (forever)
+        tok = Tokenizer(
+            WordPiece.from_file(
+                name,
+                unk_token=settings["unk_token"],
+                continuing_subword_prefix=settings["continuing_subword_prefix"],
+                max_input_chars_per_word=settings["max_input_chars_per_word"],
+            )
         )
-    )
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=settings["clean_text"],
         handle_chinese_chars=settings["handle_chinese_chars"],
@@ -72,7 +75,7 @@ class TextEncoder:
         else:
             # Read here (file I/O releases the GIL), parsed by `from_str`: the parse holds the GIL, and
             # `from_file` took ~22-27 ms of it for all-MiniLM's 466 KB tokenizer.json, `from_str` ~13 ms.
-            self._tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+            self._tok = Tokenizer.from_str(read_regular(path).decode("utf-8"))
             self.coldstart = {"shortcut": None}
         # The packed tokenizer.json may carry its own truncation/padding (all-MiniLM's says 128, fixed);
         # the manifest's settings are the truth: sentence-transformers truncates at max_seq_length.

@@ -225,6 +225,10 @@ def read_calibration(path: Path) -> list[str]:
                 value = line
             if not isinstance(value, str):
                 raise ValueError(f"--calibration {path}: line {n} is JSON but not a string")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # "\ud800": JSON escapes a lone surrogate, which no tokenizer takes
+                raise ValueError(f"--calibration {path}: line {n} holds a lone surrogate, not valid Unicode") from None
             texts.append(value)
         else:
             texts.append(line)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 from infra.pack.families import NEW_FAMILIES
 
@@ -31,6 +32,7 @@ _KEYS = {
         intermediate="intermediate_size",
     ),
 }
+CONFIG_KEYS = _KEYS  # the sizes' names per family, for the manifest's `shape` (hf_source)
 MAX_POSITIONS = 1 << 20
 _DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -45,6 +47,54 @@ class SourceError(ValueError):
 
 def _error(message: str) -> Exception:
     return SourceError(message)
+
+
+def open_source(path: Path) -> BinaryIO:
+    """A source file opened for reading, refused (SourceError) unless it is a regular file: a FIFO would block the
+    read forever, /dev/zero would never end it. Opened non-blocking and checked on the descriptor
+    (handler.core.manifest.open_regular): no window between the check and the read."""
+    from handler.core.errors import ModelLoadError
+    from handler.core.manifest import open_regular
+
+    try:
+        return os.fdopen(open_regular(path), "rb")
+    except ModelLoadError as e:
+        raise SourceError(str(e)) from None
+
+
+def read_source_file(path: Path) -> bytes:
+    with open_source(path) as f:
+        return f.read()
+
+
+def one_line(error: BaseException) -> str:
+    """A library's exception as one short line: its type and its message, whitespace folded."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def config_refusal(path: Path, config: dict[str, Any], error: BaseException, doing: str) -> SourceError:
+    """A config.json whose fields transformers accepts but cannot build a model from (an activation or rope type
+    it has no entry for: a KeyError; `query_pre_attn_scalar: 0`: a ZeroDivisionError), as the pack's one-line
+    refusal, naming the fields where it can: those the failing line of transformers reads (`config.X`, innermost
+    first), else for a KeyError the fields holding the missing key."""
+    import re
+    import traceback
+
+    fields: list[str] = []
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        fields = [f for f in dict.fromkeys(re.findall(r"config\.(\w+)", frame.line or "")) if f in config]
+        if fields:
+            break
+    if not fields and isinstance(error, KeyError) and error.args:
+        wanted = error.args[0]
+        for key, value in config.items():
+            if value == wanted and not isinstance(value, bool):
+                fields.append(key)
+            elif isinstance(value, dict):  # one level down: rope_scaling.rope_type
+                fields += [f"{key}.{k}" for k, v in value.items() if v == wanted and not isinstance(v, bool)]
+    where = f" (check {', '.join(fields)})" if fields else ""
+    return SourceError(f"{path}: transformers cannot {doing} from it{where}: {one_line(error)}")
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -82,8 +132,8 @@ def check_config(config: dict[str, Any], path: Path, family: str, position_offse
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor name -> shape from a safetensors file, after checking its header the way the library reads it:
     a sane header length, known dtypes, every tensor's bytes inside the file, the data covered exactly."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    with open_source(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise _error(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
@@ -233,7 +283,7 @@ def check_tokenizer_json(path: Path) -> None:
     from tokenizers import Tokenizer
 
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_source_file(path).decode("utf-8")
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise _error(f"{path}: not valid JSON ({type(e).__name__})") from None

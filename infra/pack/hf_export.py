@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infra.pack.families import NEW_FAMILIES, layer_type_masks
-from infra.pack.hf_checks import SourceError, check_loading_info
+from infra.pack.hf_checks import SourceError, check_loading_info, config_refusal
 from infra.pack.hf_source import DenseLayer, HFSource
 from infra.pack.onnx_io import OPSET
 
@@ -88,8 +88,11 @@ def reference_outputs(source: HFSource, model: Any) -> Reference:
     names = input_names(source)
     probes = probe_batches(source, int(source.config["vocab_size"]))
     probes.append({k: v[:1, :1] for k, v in probes[0].items()})
-    with torch.inference_mode():
-        outputs = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
+    try:
+        with torch.inference_mode():
+            outputs = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
+    except Exception as e:  # a config built into a model whose forward pass fails (a hostile field's value)
+        raise config_refusal(source.model_root / "config.json", source.config, e, "run the model") from None
     return Reference(probes, outputs)
 
 
@@ -124,16 +127,19 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
     # MPNet has its own attention (relative position bias), outside transformers' attention interface; the newer
     # families build their own masks (causal, local windows, disentangled attention): transformers' eager attention.
     bert_mask = new is None or new.mask == "bert"
-    model, info = cls.from_pretrained(
-        str(safetensors_dir),
-        local_files_only=True,
-        use_safetensors=True,
-        # MPNet has its own attention (relative position bias), outside transformers' attention interface.
-        attn_implementation=EXPORT_ATTENTION if bert_mask and source.family != "mpnet" else "eager",
-        dtype="float32",
-        output_loading_info=True,  # missing / unexpected / mismatched tensors: refused, never filled at random
-        ignore_mismatched_sizes=True,  # reported in `info` (and refused there) rather than raised mid-load
-    )
+    try:
+        model, info = cls.from_pretrained(
+            str(safetensors_dir),
+            local_files_only=True,
+            use_safetensors=True,
+            # MPNet has its own attention (relative position bias), outside transformers' attention interface.
+            attn_implementation=EXPORT_ATTENTION if bert_mask and source.family != "mpnet" else "eager",
+            dtype="float32",
+            output_loading_info=True,  # missing / unexpected / mismatched tensors: refused, never filled at random
+            ignore_mismatched_sizes=True,  # reported in `info` (and refused there) rather than raised mid-load
+        )
+    except Exception as e:  # a config its class accepts but cannot build (an unknown activation: KeyError)
+        raise config_refusal(source.model_root / "config.json", source.config, e, "build the model") from None
     check_loading_info(source.weights, type(model).__name__, info, model.base_model_prefix, source.task == "embedding")
     # One forward pass per batch, nothing generated: no key/value cache (a decoder's default). Its sliding-window
     # layers (Gemma 3) slice the cache by the sequence length, which torch.export cannot keep dynamic.

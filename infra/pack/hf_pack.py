@@ -19,7 +19,7 @@ from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.golden import with_golden
-from infra.pack.hf_checks import SourceError, check_checkpoint, safetensors_shapes
+from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
@@ -348,7 +348,7 @@ def check_transformers_config(source: HFSource) -> None:
     try:
         transformers.AutoConfig.from_pretrained(str(source.model_root), local_files_only=True)
     except Exception as e:  # transformers raises many types (TypeError, ValueError, its own validation errors)
-        raise SourceError(f"{path}: transformers refuses it ({_one_line(e)})") from None
+        raise SourceError(f"{path}: transformers refuses it ({one_line(e)})") from None
 
 
 def load_tokenizer(source: HFSource) -> Any:
@@ -359,12 +359,7 @@ def load_tokenizer(source: HFSource) -> Any:
     try:
         return transformers.AutoTokenizer.from_pretrained(str(where), local_files_only=True, use_fast=True)
     except Exception as e:  # a tokenizer_config.json or vocabulary transformers cannot build from
-        raise SourceError(f"{where}: transformers cannot load its tokenizer ({_one_line(e)})") from None
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}"
+        raise SourceError(f"{where}: transformers cannot load its tokenizer ({one_line(e)})") from None
 
 
 def write_tokenizer(source: HFSource, tokenizer: Any, dest: Path) -> int:
@@ -434,6 +429,7 @@ def manifest_for(
             "pad_id": pad_id,
         },
         "max_seq_length": source.max_seq_length,
+        "shape": source.shape,
     }
     if unsupported:
         manifest["unsupported_backends"] = dict(unsupported)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -20,11 +21,14 @@ from typing import Any, Literal, get_args
 
 from infra.pack.families import CUSTOM_ONLY, NEW_FAMILIES
 from infra.pack.hf_checks import (
+    CONFIG_KEYS,
     SourceError,
     check_checkpoint,
     check_config,
     check_tokenizer_json,
     is_int,
+    open_source,
+    read_source_file,
     safetensors_shapes,
 )
 
@@ -175,6 +179,18 @@ class HFSource:
         return int(self.config.get("num_attention_heads") or self.config["n_heads"])
 
     @property
+    def shape(self) -> dict[str, int]:
+        """The encoder's sizes the run time budgets activation memory by (handler.core.memory): hidden,
+        layers, heads, intermediate; a size the config does not give is left out (the run time estimates it)."""
+        keys = CONFIG_KEYS["distilbert" if self.family == "distilbert" else "other"]
+        out: dict[str, int] = {}
+        for name in ("hidden", "layers", "heads", "intermediate"):
+            value = self.config.get(keys[name])
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[name] = value
+        return out
+
+    @property
     def token_types(self) -> bool:
         """Whether the graph takes token_type_ids: a sentence pair's segments, for families that embed them."""
         return self.family in TOKEN_TYPE_FAMILIES and self.task in ("rerank", "classify")
@@ -185,12 +201,12 @@ class HFSource:
 
 
 def _read_json(path: Path) -> Any:
-    if not path.exists():
+    if not os.path.lexists(path):
         raise MissingFileError(f"{path}: missing")
-    if not path.is_file():  # a directory, or a FIFO whose read would block forever
-        raise SourceError(f"{path}: not a regular file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
+    try:  # a directory, a FIFO (its read would block forever), a device, a symlink loop: refused, never read
+        return json.loads(read_source_file(path).decode("utf-8"))
+    except SourceError:
+        raise  # its own message: what the file is instead
     except OSError as e:
         raise SourceError(f"{path}: unreadable ({e.strerror})") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -200,7 +216,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _optional_json(path: Path) -> Any:
-    return _read_json(path) if path.exists() else None
+    # lexists: a symlink loop or a dangling link is not "absent" (exists() says False), it is refused
+    return _read_json(path) if os.path.lexists(path) else None
 
 
 def _optional_object(path: Path) -> dict[str, Any]:
@@ -614,7 +631,7 @@ def content_hash(root: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in sorted(set(files)):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        with path.open("rb") as f:
+        with open_source(path) as f:
             while block := f.read(1 << 20):
                 digest.update(block)
         digest.update(b"\0")

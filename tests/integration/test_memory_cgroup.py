@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from handler.core.config import ASSUMED_MEMORY_MB, Config
+from handler.core.config import Config
 from infra.local.cgroups import Cgroups, InstanceCgroup
 from tests.fixtures.drain_scenario import ROOT, _request, free_port
 
 pytestmark = pytest.mark.integration
 
-LIMIT = ASSUMED_MEMORY_MB * 2**20
+MEMORY_MB = 1024  # the deploy manifests' limits.memory: 1Gi
+LIMIT = MEMORY_MB * 2**20
 CPUS = 2  # the manifests' limits.cpu
 
 
@@ -34,7 +35,7 @@ def cgroup() -> Iterator[InstanceCgroup]:
     cgroups = Cgroups.detect()
     if cgroups.mode == "none":
         pytest.skip(f"no writable memory cgroup: {cgroups.reason}")
-    group = cgroups.create(f"memtest-{uuid.uuid4().hex[:8]}", ASSUMED_MEMORY_MB)
+    group = cgroups.create(f"memtest-{uuid.uuid4().hex[:8]}", MEMORY_MB)
     assert group is not None
     # The manifests give 2 CPUs beside 1Gi; Lambda's share for 1,024 MB (0.58 vCPU) would only be slower.
     if group.mode == "v2":

@@ -101,3 +101,11 @@ def test_body_rate_and_health_reserve_settings() -> None:
     for key in ("WARMSTART_HTTP_BODY_GRACE_S", "WARMSTART_HTTP_BODY_MIN_RATE", "WARMSTART_HTTP_HEALTH_RESERVE"):
         with pytest.raises(ConfigError, match=key):
             HostSettings.from_environ({key: "-1"})
+
+
+def test_the_body_budget_is_four_payload_limits_unless_set() -> None:
+    assert HostSettings.from_environ({"WARMSTART_HOST": "knative"}).body_budget == 4 * 32 * 1024 * 1024
+    assert HostSettings.from_environ({"WARMSTART_MAX_PAYLOAD_BYTES": "1000"}).body_budget == 4000
+    assert HostSettings.from_environ({"WARMSTART_HTTP_BODY_BUDGET_BYTES": "5"}).body_budget == 5
+    with pytest.raises(ConfigError, match="WARMSTART_HTTP_BODY_BUDGET_BYTES"):
+        HostSettings.from_environ({"WARMSTART_HTTP_BODY_BUDGET_BYTES": "0"})

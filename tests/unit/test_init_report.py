@@ -93,12 +93,23 @@ def test_emit_writes_one_json_line() -> None:
 
 
 def test_report_says_what_memory_the_limits_assume(model_dir: Path) -> None:
+    """The memory read (and where from), the model's cost per token and the batch tokens they give."""
     config = Config(model_dir=model_dir, backend="onnx", batch_tokens=4096, max_inputs=64, max_chars=5000)
     records: list[dict[str, Any]] = []
-    Runtime.start(config, environ={}, emit=records.append)  # type: ignore[arg-type]
-    assert records[0]["limits"] == {
-        "batch_tokens": 4096,
+    env = {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "2048"}
+    Runtime.start(config, environ=env, emit=records.append)  # type: ignore[arg-type]
+    limits = records[0]["limits"]
+    assert 0 < limits.pop("resident_mb") < 2048
+    assert limits == {
+        "memory_mb": 2048,
+        "memory_from": "lambda",
+        "request_reserve_mb": 10,  # 64 x 5,000 characters x 32 B
+        "margin_mb": 205,
+        "runs_at_once": 1,
+        "bytes_per_token": 26112,  # the default model's manifest predates `shape`: estimated from its width
+        "shape_from": "estimated",
+        "batch_tokens": 4096,  # the memory allows more: the Config's 4,096 is the ceiling
+        "batch_tokens_from": "ceiling",
         "max_inputs": 64,
         "max_chars": 5000,
-        "assumed_memory_mb": 1024,
     }
