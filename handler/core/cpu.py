@@ -23,10 +23,10 @@ class CpuBudget:
     detail: dict[str, float | int | None]
 
 
-def _own_cgroup(proc_cgroup: Path | None) -> tuple[str, str]:
-    """(v2 path, v1 cpu path) of this process. Inside a container's cgroup namespace both are "/"; outside
-    one (the local Lambda puts each instance in its own cgroup) the quota is on the process's own cgroup,
-    not on the hierarchy's root."""
+def own_cgroup(proc_cgroup: Path | None, controller: str = "cpu") -> tuple[str, str]:
+    """(v2 path, v1 `controller` path) of this process. Inside a container's cgroup namespace both are "/";
+    outside one (the local Lambda puts each instance in its own cgroup) the limit is on the process's own
+    cgroup, not on the hierarchy's root."""
     v2 = v1 = "/"
     if proc_cgroup is None:
         return v2, v1
@@ -35,7 +35,7 @@ def _own_cgroup(proc_cgroup: Path | None) -> tuple[str, str]:
             hid, controllers, path = line.split(":", 2)
             if hid == "0" and not controllers:
                 v2 = path
-            elif "cpu" in controllers.split(","):
+            elif controller in controllers.split(","):
                 v1 = path
     except (OSError, ValueError):
         pass
@@ -43,7 +43,7 @@ def _own_cgroup(proc_cgroup: Path | None) -> tuple[str, str]:
 
 
 def _cgroup_quota(root: Path, proc_cgroup: Path | None = None) -> tuple[float | None, str]:
-    own_v2, own_v1 = _own_cgroup(proc_cgroup)
+    own_v2, own_v1 = own_cgroup(proc_cgroup)
     for base in dict.fromkeys([root / own_v2.lstrip("/"), root]):  # own cgroup first, then the root
         try:
             quota, period = (base / "cpu.max").read_text().split()[:2]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.config import Config
+from handler.core.cpu import own_cgroup
 from handler.core.manifest import Manifest
 
 # No Lambda setting and no cgroup limit (a laptop, a host without limits): size for the deploy manifests'
@@ -44,25 +45,8 @@ class MemoryLimit:
     source: str  # lambda (AWS_LAMBDA_FUNCTION_MEMORY_SIZE), cgroup-v2, cgroup-v1, fallback
 
 
-def _own_memory_cgroup(proc_cgroup: Path | None) -> tuple[str, str]:
-    """(v2 path, v1 memory path) of this process ("/" inside a container's cgroup namespace)."""
-    v2 = v1 = "/"
-    if proc_cgroup is None:
-        return v2, v1
-    try:
-        for line in proc_cgroup.read_text().splitlines():
-            hid, controllers, path = line.split(":", 2)
-            if hid == "0" and not controllers:
-                v2 = path
-            elif "memory" in controllers.split(","):
-                v1 = path
-    except (OSError, ValueError):
-        pass
-    return v2, v1
-
-
 def _cgroup_limit(root: Path, proc_cgroup: Path | None) -> tuple[int | None, str]:
-    own_v2, own_v1 = _own_memory_cgroup(proc_cgroup)
+    own_v2, own_v1 = own_cgroup(proc_cgroup, "memory")
     candidates = [
         *((base / "memory.max", "cgroup-v2") for base in dict.fromkeys([root / own_v2.lstrip("/"), root])),
         *(
