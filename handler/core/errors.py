@@ -90,3 +90,8 @@ class ModelRunError(ModelLoadError):
     """The packed model fails while running (at warm-up or on a request): its program raised, or asked for more
     memory than its bound. The model's fault, not the request's (a 500 naming the file and the node, at init a
     load failure); nothing is left half-done and the instance keeps serving."""
+
+
+class Abandoned(Exception):
+    """The outcome of a request whose caller left before it ran (nobody reads it). Here, not in
+    `handler.runtime.workers`, so the single-call Lambda path names it without loading the pool."""

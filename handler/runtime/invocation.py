@@ -24,18 +24,18 @@ from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
-from handler.core.errors import RequestError, UnsupportedRequestError, internal_error_body
+from handler.core.errors import Abandoned, RequestError, UnsupportedRequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
 from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
-from handler.runtime.workers import Abandoned, Batch
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
+    from handler.runtime.workers import Batch  # loaded by HTTP hosts only, never on Lambda's init path
 
 log = logging.getLogger("warmstart")
 ADMIN_OVER_HTTP = "model admin events are accepted from direct invokes only"

@@ -37,13 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from handler.core.config import Config, env_int
-from handler.core.errors import ServiceBusyError
+from handler.core.errors import Abandoned, ServiceBusyError
 
 T = TypeVar("T")
-
-
-class Abandoned(Exception):
-    """The outcome of a request whose caller left before it ran (nobody reads it)."""
 
 
 class Batch(Protocol):

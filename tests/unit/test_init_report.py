@@ -106,8 +106,8 @@ def test_report_says_what_memory_the_limits_assume(model_dir: Path) -> None:
         "request_reserve_mb": 10,  # 64 x 5,000 characters x 32 B
         "margin_mb": 205,
         "runs_at_once": 1,
-        "bytes_per_token": 26112,  # the default model's manifest predates `shape`: estimated from its width
-        "shape_from": "estimated",
+        "bytes_per_token": 26112,  # from the shape `warmstart pack` writes into the manifest
+        "shape_from": "manifest",
         "batch_tokens": 4096,  # the memory allows more: the Config's 4,096 is the ceiling
         "batch_tokens_from": "ceiling",
         "max_inputs": 64,

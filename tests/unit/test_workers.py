@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from handler.core.errors import ServiceBusyError
-from handler.runtime.workers import Abandoned, Batch, RunMany, Sizing, WorkerPool, decide, sizing_from_environ
+from handler.core.errors import Abandoned
+from handler.runtime.workers import Batch, RunMany, Sizing, WorkerPool, decide, sizing_from_environ
 
 
 def test_grows_only_after_a_sustained_backlog_with_cpu_to_spare() -> None:
