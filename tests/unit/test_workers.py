@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from handler.core.errors import ServiceBusyError
-from handler.core.errors import Abandoned
+from handler.core.errors import Abandoned, ServiceBusyError
 from handler.runtime.workers import Batch, RunMany, Sizing, WorkerPool, decide, sizing_from_environ
 
 
