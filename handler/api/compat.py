@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,11 +40,10 @@ import numpy as np
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
-from handler.tasks.text import encoding_format as _encoding_format
-from handler.tasks.text import flag as _flag
+from handler.tasks import catalog
 
 
-def _check(body: Any, schema: str) -> Any:
+def _check(body: Any, schema: str) -> dict[str, Any]:
     """`handler.api.schemas.check`, imported on first use: the schemas are ~0.8 ms of import that a Lambda
     function serving only native requests never needs (the HTTP host imports them at startup anyway)."""
     from handler.api import schemas
@@ -55,14 +55,99 @@ Find = Callable[[str], str | None]  # a model name → the key this instance ser
 LANGCHAIN_HINT = "LangChain's OpenAIEmbeddings sends token ids unless it is made with check_embedding_ctx_length=False"
 
 
+# ---------------------------------------------------------------------------------------- semantic refusals
+# What a route recognises and refuses (UnsupportedRequestError: a 400 saying what to send instead), declared as
+# data and applied by `validate` before the schema, which checks structure only: a value refused here is one
+# the schema would reject too, but with a message that says why the API's field is not served.
+
+
+def _at(body: dict[str, Any], field: str) -> tuple[bool, Any]:
+    """The value at a dotted `field` ("parameters.truncation_direction"), and whether it is there at all."""
+    value: Any = body
+    for part in field.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """`field` refused when it holds one of `values` (by type too: `0` is not `false`), or, with `allowed`,
+    anything but those (null is never refused: it means "not set")."""
+
+    field: str
+    message: str
+    values: tuple[Any, ...] = ()
+    allowed: tuple[Any, ...] | None = None
+
+    def find(self, body: dict[str, Any]) -> str | None:
+        there, value = _at(body, self.field)
+        if not there or value is None:
+            return None
+        if self.allowed is not None:
+            refused = not any(value == v and type(value) is type(v) for v in self.allowed)
+        else:
+            refused = any(value == v and type(value) is type(v) for v in self.values)
+        return f'"{self.field}": {self.message}' if refused else None
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Token ids (an int, a list of ints) and text pairs in a texts field, refused with what to send.
+    `lists_only`: only items of a list are read (`/predict`'s single int is a type error, not token ids)."""
+
+    field: str
+    hint: str = ""
+    lists_only: bool = False
+
+    def find(self, body: dict[str, Any]) -> str | None:
+        there, value = _at(body, self.field)
+        if not there or (self.lists_only and not isinstance(value, list)):
+            return None
+        for i, text in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(text, list | int) and not isinstance(text, bool):
+                hint = f" ({self.hint})" if self.hint else ""
+                return f"{self.field}[{i}]: token ids and text pairs are not taken here; send text{hint}"
+        return None
+
+
+Refusal = Refuse | TokenIds
+# TEI's `truncation_direction`: long texts always lose their end here.
+RIGHT_ONLY = Refuse("truncation_direction", 'only "Right" (the end of a text is dropped)', allowed=("Right", "right"))
+
+
+def validate(payload: JSON, schema: str, refusals: tuple[Refusal, ...]) -> dict[str, Any]:
+    """The client's body, checked once: its refusals (UnsupportedRequestError), then its schema (structure:
+    InvalidInputError naming every fault). What passes needs no further check before the native task's."""
+    if isinstance(payload, dict):
+        for refusal in refusals:
+            message = refusal.find(payload)
+            if message is not None:
+                raise UnsupportedRequestError(message)
+    return _check(payload, schema)
+
+
+def _given(body: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """The fields among `keys` that the client set (not absent, not null), as they are."""
+    return {k: body[k] for k in keys if body.get(k) is not None}
+
+
+def _on(body: dict[str, Any], key: str, default: Any) -> Any:
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _texts(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+# ------------------------------------------------------------------------------------------------- routes
+
+
 class Route(Protocol):
     @property
     def path(self) -> str: ...
-
-    @property
-    def task(self) -> str | None:
-        """The task the model must have (None: any)."""
-        ...
 
     @property
     def schema(self) -> str:
@@ -82,7 +167,13 @@ class Route(Protocol):
         """The media kinds this route answers in, preferred first (`handler.api.media.response_kind`)."""
         ...
 
+    def check(self, task: str, key: str) -> None:
+        """UnsupportedRequestError unless a model of `task` (served as `key`) serves this route."""
+        ...
+
     def request(self, payload: JSON, find: Find) -> JSON: ...
+
+    def takes(self, payload: JSON) -> bool: ...
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         """The answer to a native request from the model's task object (inference: `task(native)`)."""
@@ -98,17 +189,33 @@ class Route(Protocol):
 
 
 class Base:
-    """What every route shares: inference runs the task; the answer is the native one unless overridden."""
+    """What every route shares: the body validated once (`refusals`, then `schema`) and mapped to the native
+    request (`native`); inference runs the task; the answer is the native one unless overridden."""
 
     path = ""
-    task: str | None = None
     schema = ""  # the request's schema in `handler.api.schemas`
     answer = ""  # the 200 answer's schema
     summary = ""
     media: tuple[Kind, ...] = ("json",)
+    refusals: tuple[Refusal, ...] = ()
+
+    def check(self, task: str, key: str) -> None:
+        # The served model's task says which routes it serves (`TaskSpec.routes`); no route names a task.
+        if self.path not in catalog.spec(task).routes:
+            wanted = " or ".join(catalog.having(lambda spec: self.path in spec.routes)) or "another"
+            raise UnsupportedRequestError(f"POST {self.path} needs a {wanted} model; {key} is {task}")
 
     def request(self, payload: JSON, find: Find) -> JSON:
-        return payload
+        body = validate(payload, self.schema, self.refusals)
+        return {**self.native(body), **model_field(body, find)}
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The validated body as the native request (the model's routing field is added by `request`)."""
+        return body
+
+    def takes(self, payload: JSON) -> bool:
+        """Whether `POST /` should answer `payload` as this route (of the routes the model's task serves)."""
+        return True
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         answer: dict[str, Any] = task(native)
@@ -120,50 +227,6 @@ class Base:
     def npy(self, body: dict[str, Any], original: JSON) -> bytes:
         # Reached through `POST /` picking a JSON-only route (the headers were checked against `/`'s media).
         raise NotAcceptableError(f"POST {self.path} answers {JSON_TYPE} only ({NPY_TYPE}: routes answering arrays)")
-
-
-def _object(payload: JSON, required: str) -> dict[str, Any]:
-    if not isinstance(payload, dict):
-        raise InvalidInputError(f'request must be a JSON object with "{required}", got {type(payload).__name__}')
-    if required not in payload:
-        raise InvalidInputError(f'request has no "{required}" field')
-    return payload
-
-
-def _refuse_token_ids(value: Any, field: str, hint: str = "") -> None:
-    """Token ids (a list of ints, or lists of them) and text pairs are recognised, and refused with what to send."""
-    texts = value if isinstance(value, list) else [value]
-    for i, text in enumerate(texts):
-        if isinstance(text, list | int) and not isinstance(text, bool):
-            raise UnsupportedRequestError(
-                f"{field}[{i}]: token ids and text pairs are not taken here; send text" + (f" ({hint})" if hint else "")
-            )
-
-
-def _texts(value: Any, field: str) -> list[str]:
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts:
-        raise InvalidInputError(f'"{field}" must be a string or a non-empty list of strings')
-    _refuse_token_ids(texts, field)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InvalidInputError(f"{field}[{i}] must be a string, got {type(text).__name__}")
-    return texts
-
-
-def _dimensions(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f'"dimensions" must be a positive integer, got {value!r}')
-    return value
-
-
-def _tei_options(body: dict[str, Any]) -> None:
-    """TEI's `truncate` / `truncation_direction`: long texts always lose their end here."""
-    if body.get("truncation_direction") not in (None, "Right", "right"):
-        raise UnsupportedRequestError('"truncation_direction": only "Right" (the end of a text is dropped)')
-    _flag(body, "truncate", False)
 
 
 def model_field(body: Any, find: Find) -> dict[str, str]:
@@ -198,6 +261,16 @@ def shape_vectors(vectors: list[Any], dimensions: int | None, encoding: str) -> 
     return out
 
 
+class Vectors(Base):
+    """An embedding route answering the vectors themselves: as JSON (`response`) or as one .npy array."""
+
+    media: tuple[Kind, ...] = ("json", "npy")
+
+    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
+        assert isinstance(original, dict)
+        return npy_vectors(shape_vectors(body["embeddings"], original.get("dimensions"), "float"))
+
+
 class Native(Base):
     path = "/invocations"
     schema = "NativeRequest"
@@ -205,11 +278,17 @@ class Native(Base):
     summary = "The native request and answer of the served model's task (SageMaker's inference route)"
     media: tuple[Kind, ...] = ("json", "npy")
 
+    def check(self, task: str, key: str) -> None:
+        pass  # every task serves its native request
+
+    def request(self, payload: JSON, find: Find) -> JSON:
+        return payload  # the task validates it: its schema (the task's spec's) documents it
+
     def npy(self, body: dict[str, Any], original: JSON) -> bytes:
-        return npy_answer(body)  # an embedding model's vectors, a tensor model's one output; else 406
+        return npy_answer(body)  # a vectors answer's vectors, a one-output answer's array; else 406
 
 
-class OpenAIEmbeddings(Base):
+class OpenAIEmbeddings(Vectors):
     """`POST /v1/embeddings`: `{"input", "model"?, "encoding_format"?, "dimensions"?, "user"?}` →
     `{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}`.
 
@@ -217,28 +296,20 @@ class OpenAIEmbeddings(Base):
     one, anything else, which means the default model: it never collides with our routing field."""
 
     path = "/v1/embeddings"
-    task = "embedding"
     schema = "OpenAIEmbeddingsRequest"
     answer = "OpenAIEmbeddingsResponse"
     summary = "OpenAI's embeddings API"
-    media: tuple[Kind, ...] = ("json", "npy")
+    refusals = (TokenIds("input", LANGCHAIN_HINT),)
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "input")
-        _refuse_token_ids(body["input"], "input", LANGCHAIN_HINT)
-        _check(body, self.schema)
-        encoding = _encoding_format(body)  # null: float
-        native: dict[str, Any] = {"inputs": _texts(body["input"], "input")}
-        dimensions = _dimensions(body.get("dimensions"))
-        if dimensions is not None:
-            native["dimensions"] = dimensions
-        if encoding == "base64":
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        native = {"inputs": _texts(body["input"]), **_given(body, "dimensions")}
+        if body.get("encoding_format") == "base64":
             native["encoding_format"] = "base64"
-        return {**native, **model_field(body, find)}
+        return native
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
-        encoding = _encoding_format(original)
+        encoding = _on(original, "encoding_format", "float")
         vectors = shape_vectors(body["embeddings"], original.get("dimensions"), encoding)
         tokens = int((body.get("usage") or {}).get("tokens", 0))
         return {
@@ -248,44 +319,34 @@ class OpenAIEmbeddings(Base):
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
-        assert isinstance(original, dict)
-        return npy_vectors(shape_vectors(body["embeddings"], original.get("dimensions"), "float"))
 
-
-class TeiEmbed(Base):
+class TeiEmbed(Vectors):
     """`POST /embed`: `{"inputs", "normalize"?, "truncate"?, "prompt_name"?, "dimensions"?, "model"?}` →
     `[[...], ...]`. Inputs longer than the model's window are always truncated (as sentence-transformers does)."""
 
     path = "/embed"
-    task = "embedding"
     schema = "EmbedRequest"
     answer = "EmbedResponse"
     summary = "text-embeddings-inference's embeddings"
-    media: tuple[Kind, ...] = ("json", "npy")
+    refusals = (
+        TokenIds("inputs"),
+        Refuse("normalize", "false is not served: this model's vectors are normalized", values=(False,)),
+        RIGHT_ONLY,
+    )
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "inputs")
-        _refuse_token_ids(body["inputs"], "inputs")
-        if not _flag(body, "normalize", True):
-            raise UnsupportedRequestError('"normalize": false is not served: this model\'s vectors are normalized')
-        _tei_options(body)
-        _check(body, self.schema)
-        native: dict[str, Any] = {"inputs": _texts(body["inputs"], "inputs")}
-        dimensions = _dimensions(body.get("dimensions"))
-        if dimensions is not None:
-            native["dimensions"] = dimensions
-        if body.get("prompt_name") is not None:
-            native["prompt_name"] = body["prompt_name"]
-        return {**native, **model_field(body, find)}
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"inputs": _texts(body["inputs"]), **_given(body, "dimensions", "prompt_name")}
+
+    def takes(self, payload: JSON) -> bool:
+        return not self._pair(payload)
+
+    @staticmethod
+    def _pair(payload: JSON) -> bool:
+        return isinstance(payload, dict) and isinstance(payload.get("inputs"), dict)
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
         return shape_vectors(body["embeddings"], original.get("dimensions"), "float")
-
-    def npy(self, body: dict[str, Any], original: JSON) -> bytes:
-        assert isinstance(original, dict)
-        return npy_vectors(shape_vectors(body["embeddings"], original.get("dimensions"), "float"))
 
 
 class TeiSimilarity(Base):
@@ -294,23 +355,21 @@ class TeiSimilarity(Base):
     `sentence_similarity` and the Inference API's shape)."""
 
     path = "/similarity"
-    task = "embedding"
     schema = "SimilarityRequest"
     answer = "SimilarityResponse"
     summary = "text-embeddings-inference's sentence similarity: cosine of each sentence's vector with the source's"
     media: tuple[Kind, ...] = ("json", "npy")
+    refusals = (Refuse(f"parameters.{RIGHT_ONLY.field}", RIGHT_ONLY.message, allowed=RIGHT_ONLY.allowed),)
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "inputs")
-        parameters = body.get("parameters")
-        if isinstance(parameters, dict):
-            _tei_options(parameters)
-        _check(body, self.schema)
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
         inputs = body["inputs"]
-        native: dict[str, Any] = {"inputs": [inputs["source_sentence"], *inputs["sentences"]]}
-        if isinstance(parameters, dict) and parameters.get("prompt_name") is not None:
-            native["prompt_name"] = parameters["prompt_name"]
-        return {**native, **model_field(body, find)}
+        return {
+            "inputs": [inputs["source_sentence"], *inputs["sentences"]],
+            **_given(body.get("parameters") or {}, "prompt_name"),
+        }
+
+    def takes(self, payload: JSON) -> bool:
+        return TeiEmbed._pair(payload)  # TEI's `TASK=sentence-similarity` shape
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         return [float(x) for x in self.scores(body)]
@@ -333,27 +392,20 @@ class TeiRerank(Base):
     `[{"index", "score", "text"?}, ...]`, highest score first."""
 
     path = "/rerank"
-    task = "rerank"
     schema = "RerankRequest"
     answer = "RerankResponse"
     summary = "text-embeddings-inference's rerank"
+    refusals = (
+        Refuse("raw_scores", "true is not served: scores are the model's activated ones", values=(True,)),
+        RIGHT_ONLY,
+    )
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "texts")
-        if not isinstance(body.get("query"), str):
-            raise InvalidInputError('"query" must be a string')
-        if _flag(body, "raw_scores", False):
-            raise UnsupportedRequestError('"raw_scores": true is not served: scores are the model\'s activated ones')
-        _tei_options(body)
-        _check(body, self.schema)
-        texts = _texts(body["texts"], "texts")
-        native = {"query": body["query"], "documents": texts, "return_documents": _flag(body, "return_text", False)}
-        return {**native, **model_field(body, find)}
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"query": body["query"], "documents": body["texts"], "return_documents": _on(body, "return_text", False)}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
-        texts = _texts(original["texts"], "texts")
-        return_text = _flag(original, "return_text", False)
+        texts, return_text = original["texts"], _on(original, "return_text", False)
         out = []
         for result in body["results"]:
             item: dict[str, Any] = {"index": result["index"], "score": result["relevance_score"]}
@@ -368,29 +420,27 @@ class Rerank(Base):
     {"text"}], "top_n"?, "return_documents"?, "model"?}` → `{"model", "results": [{"index", "relevance_score",
     "document"?: {"text"}}], "usage": {"total_tokens"}}`, highest score first: the native answer's own shape."""
 
-    task = "rerank"
     schema = "CohereRerankRequest"
     answer = "CohereRerankResponse"
+    refusals = tuple(
+        Refuse(name, f"not served: {why}", allowed=())
+        for name, why in (
+            ("max_tokens_per_doc", "documents are truncated at the model's own limit"),
+            ("rank_fields", 'documents are text (or {"text"} objects)'),
+        )
+    )
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.summary = f"the rerank API Cohere ({path[1:3]}), Jina and vLLM share"
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "documents")
-        if not isinstance(body.get("query"), str):
-            raise InvalidInputError('"query" must be a string')
-        if body.get("max_tokens_per_doc") is not None or body.get("rank_fields") is not None:
-            raise UnsupportedRequestError(
-                '"max_tokens_per_doc" and "rank_fields" are not served: documents are truncated at the model\'s '
-                'own limit, and are text (or {"text"} objects)'
-            )
-        _check(body, self.schema)
-        native: dict[str, Any] = {"query": body["query"], "documents": body["documents"]}
-        if body.get("top_n") is not None:
-            native["top_n"] = body["top_n"]
-        native["return_documents"] = _flag(body, "return_documents", False)
-        return {**native, **model_field(body, find)}
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "query": body["query"],
+            "documents": body["documents"],
+            **_given(body, "top_n"),
+            "return_documents": _on(body, "return_documents", False),
+        }
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         tokens = int((body.get("usage") or {}).get("tokens", 0))
@@ -407,30 +457,23 @@ class TeiPredict(Base):
     included (TEI ignores the field and answers one list, which that client reads as its first label only)."""
 
     path = "/predict"
-    task = "classify"
     schema = "PredictRequest"
     answer = "PredictResponse"
     summary = "text-embeddings-inference's classification (and the Inference API's, with `parameters`)"
+    refusals = (
+        TokenIds("inputs", lists_only=True),
+        Refuse("raw_scores", "true is not served: scores are probabilities", values=(True,)),
+        RIGHT_ONLY,
+    )
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "inputs")
-        _refuse_token_ids(body["inputs"] if isinstance(body["inputs"], list) else [], "inputs")
-        if _flag(body, "raw_scores", False):
-            raise UnsupportedRequestError('"raw_scores": true is not served: scores are probabilities')
-        _tei_options(body)
-        _check(body, self.schema)
-        native: dict[str, Any] = {"inputs": _texts(body["inputs"], "inputs")}
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
         parameters = body.get("parameters") or {}
-        if parameters.get("top_k") is not None:
-            native["top_k"] = parameters["top_k"]
-        if parameters.get("function_to_apply") is not None:
-            native["function_to_apply"] = parameters["function_to_apply"]
-        return {**native, **model_field(body, find)}
+        return {"inputs": _texts(body["inputs"]), **_given(parameters, "top_k", "function_to_apply")}
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         assert isinstance(native, dict)
         wanted = native.pop("function_to_apply", None)
-        own = "sigmoid" if getattr(task, "multi_label", False) else "softmax"
+        own = "sigmoid" if getattr(task, "multi_label", False) else "softmax"  # ClassifyTask's public attribute
         if wanted is not None and wanted != own:
             raise UnsupportedRequestError(
                 f'"function_to_apply": {wanted!r} is not served; this model\'s scores are its {own}'
@@ -444,14 +487,6 @@ class TeiPredict(Base):
         return predictions[0] if one else predictions
 
 
-def _encoder(task: Any) -> Any:
-    """The model's tokenizer (`tokenizers.Tokenizer`), or a 400 for a model without one."""
-    encoder = getattr(task, "encoder", None)
-    if encoder is None:
-        raise UnsupportedRequestError(f"this route needs a text model; {task.model} is {task.name}")
-    return encoder._tok
-
-
 class TeiTokenize(Base):
     """`POST /tokenize`: `{"inputs", "add_special_tokens"?, "prompt_name"?}` → per text, its tokens
     `[{"id", "text", "special", "start", "stop"}]` as the model sees them (truncated at its length). `start` and
@@ -461,43 +496,32 @@ class TeiTokenize(Base):
     schema = "TokenizeRequest"
     answer = "TokenizeResponse"
     summary = "text-embeddings-inference's tokenize: the tokens the model sees"
+    refusals = (TokenIds("inputs"),)
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _object(payload, "inputs")
-        _refuse_token_ids(body["inputs"], "inputs")
-        _check(body, self.schema)
-        native: dict[str, Any] = {
-            "inputs": _texts(body["inputs"], "inputs"),
-            "add_special_tokens": _flag(body, "add_special_tokens", True),
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "inputs": _texts(body["inputs"]),
+            "add_special_tokens": _on(body, "add_special_tokens", True),
+            **_given(body, "prompt_name"),
         }
-        if body.get("prompt_name") is not None:
-            native["prompt_name"] = body["prompt_name"]
-        return {**native, **model_field(body, find)}
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
-        from handler.tasks.text import check_texts, prompt_for
+        from handler.tasks.text import check_texts  # deferred: only this route reads texts outside a task
 
         assert isinstance(native, dict)
-        tok = _encoder(task)
         texts = check_texts(native["inputs"], "inputs", task.max_inputs, task.max_chars)
-        # The prompt the embedding task would put in front (prompt_name's, or the model's default).
-        prompt = prompt_for(native, getattr(task, "prompts", None) or {}, getattr(task, "default_prompt", None))
+        prompt = task.prompt(native)  # what the task would put in front (prompt_name's, or its default)
         out = []
         for text in texts:
-            # One at a time: the shared tokenizer pads a batch to its longest.
             full = prompt + text
-            encoding = tok.encode(full, add_special_tokens=native["add_special_tokens"])
-            tokens = []
-            for token_id, token, (start, stop), special in zip(
-                encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
-            ):
-                if special:
-                    tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
-                else:
-                    tokens.append(
-                        {"id": token_id, "text": full[start:stop], "special": False, "start": start, "stop": stop}
-                    )
-            out.append(tokens)
+            out.append(
+                [
+                    {"id": i, "text": token, "special": True, "start": None, "stop": None}
+                    if special
+                    else {"id": i, "text": full[start:stop], "special": False, "start": start, "stop": stop}
+                    for i, token, (start, stop), special in task.tokens(full, native["add_special_tokens"])
+                ]
+            )
         return {"tokens": out, "model": task.model}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
@@ -513,25 +537,16 @@ class TeiDecode(Base):
     answer = "DecodeResponse"
     summary = "text-embeddings-inference's decode: token ids back to text"
 
-    def request(self, payload: JSON, find: Find) -> JSON:
-        body = _check(_object(payload, "ids"), self.schema)
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
         ids = body["ids"]
-        batch = ids if ids and isinstance(ids[0], list) else [ids]
-        native = {"ids": batch, "skip_special_tokens": _flag(body, "skip_special_tokens", True)}
-        return {**native, **model_field(body, find)}
+        return {
+            "ids": ids if ids and isinstance(ids[0], list) else [ids],
+            "skip_special_tokens": _on(body, "skip_special_tokens", True),
+        }
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         assert isinstance(native, dict)
-        tok = _encoder(task)
-        if len(native["ids"]) > task.max_inputs:
-            raise InvalidInputError(f"{len(native['ids'])} id lists; at most {task.max_inputs} (WARMSTART_MAX_INPUTS)")
-        size = tok.get_vocab_size(with_added_tokens=True)
-        for i, ids in enumerate(native["ids"]):
-            bad = next((x for x in ids if x >= size), None)
-            if bad is not None:
-                raise InvalidInputError(f"ids[{i}]: {bad} is not a token id of this model (0 to {size - 1})")
-        texts: list[str] = tok.decode_batch(native["ids"], skip_special_tokens=native["skip_special_tokens"])
-        return {"texts": texts, "model": task.model}
+        return {"texts": task.decode(native["ids"], native["skip_special_tokens"]), "model": task.model}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         texts: list[Any] = body["texts"]
@@ -540,23 +555,25 @@ class TeiDecode(Base):
 
 class Root(Base):
     """`POST /`: text-embeddings-inference's default route, answered as the model's task's own route answers:
-    an embedding model as `/embed` (or `/similarity` for `{"inputs": {"source_sentence", "sentences"}}`, as
-    TEI does with `TASK=sentence-similarity`), a reranker as `/rerank`, a classifier as `/predict`."""
+    the first of `CHOICES` that the model's task serves and that takes the body (an embedding model: `/embed`,
+    or `/similarity` for `{"inputs": {"source_sentence", "sentences"}}`, as TEI does with
+    `TASK=sentence-similarity`; a reranker: `/rerank`; a classifier: `/predict`)."""
 
     path = "/"
     schema = "RootRequest"
     answer = "RootResponse"
     summary = "text-embeddings-inference's default route: the model's task's route (embed, similarity, rerank, predict)"
     media: tuple[Kind, ...] = ("json", "npy")  # the route it picks says, for the model's task (`npy`)
+    CHOICES = ("/similarity", "/embed", "/rerank", "/predict")
 
     def pick(self, payload: JSON, task: str) -> Route:
-        if task == "embedding":
-            inputs = payload.get("inputs") if isinstance(payload, dict) else None
-            return ROUTES["/similarity"] if isinstance(inputs, dict) else ROUTES["/embed"]
-        by_task = {"rerank": "/rerank", "classify": "/predict"}
-        if task not in by_task:
-            raise UnsupportedRequestError(f"POST / serves embedding, rerank and classify models; this one is {task}")
-        return ROUTES[by_task[task]]
+        served = catalog.spec(task).routes
+        for path in self.CHOICES:
+            if path in served and ROUTES[path].takes(payload):
+                return ROUTES[path]
+        raise UnsupportedRequestError(
+            f"POST / answers as {', '.join(self.CHOICES)} do; a {task} model serves none of them for this body"
+        )
 
 
 NATIVE = Native()

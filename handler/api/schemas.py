@@ -10,7 +10,8 @@ refuses (token ids, `normalize: false`, `raw_scores: true`) is refused by the ro
 `UnsupportedRequestError` and what to do instead; the schemas say what is accepted.
 
 Native requests (`POST /invocations`) are each model's task's, validated by the task
-([events.md](../../docs/events.md)); the schema here documents them.
+([events.md](../../docs/events.md)); each task's spec (`handler.tasks.spec.TaskSpec`) holds their schemas,
+and the document is written from every task's (`openapi(..., tasks)`), a plugin's included.
 
 About one thing (every route's shapes, which refer to each other, and the validator that reads them), hence
 its length.
@@ -21,40 +22,29 @@ from __future__ import annotations
 from typing import Any
 
 from handler.core.errors import InvalidInputError
-
-Schema = dict[str, Any]
+from handler.tasks.spec import (
+    FLAG,
+    MODEL,
+    NUMBER,
+    POSITIVE,
+    STRING,
+    TEXTS,
+    VECTOR,
+    VECTOR_OR_BASE64,
+    Schema,
+    TaskSpec,
+    nullable,
+)
 
 
 def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _nullable(schema: Schema) -> Schema:
-    """The schema, or JSON null (a client's "not set")."""
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-STRING: Schema = {"type": "string"}
-TEXTS: Schema = {
-    "anyOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}],
-    "description": "one text, or a non-empty list of texts (token ids are refused: send text)",
-}
-MODEL: Schema = _nullable(
-    {
-        "type": "string",
-        "description": "a model this instance serves (`id` or `id@version`); any other name means the default "
-        "model (clients always send one)",
-    }
-)
-FLAG: Schema = _nullable({"type": "boolean"})
+_nullable = nullable
 TRUNCATION_DIRECTION: Schema = _nullable(
     {"enum": ["Right", "right"], "description": "the end of a long text is dropped (Left is refused)"}
 )
-POSITIVE: Schema = _nullable({"type": "integer", "minimum": 1})
-NUMBER: Schema = {"type": "number"}
-VECTOR: Schema = {"type": "array", "items": NUMBER}
-VECTOR_OR_BASE64: Schema = {"anyOf": [VECTOR, {"type": "string", "description": "base64 of little-endian float32"}]}
-USAGE: Schema = {"type": "object", "required": ["tokens"], "properties": {"tokens": {"type": "integer"}}}
 
 SCHEMAS: dict[str, Schema] = {
     "Error": {
@@ -298,93 +288,7 @@ SCHEMAS: dict[str, Schema] = {
             "document": {"type": "object", "required": ["text"], "properties": {"text": STRING}},
         },
     },
-    # -- native (POST /invocations): validated by the model's task
-    "NativeRequest": {
-        "anyOf": [
-            {
-                "title": "embedding",
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {
-                    "inputs": TEXTS,
-                    "model": MODEL,
-                    "dimensions": POSITIVE,
-                    "encoding_format": _nullable({"enum": ["float", "base64"]}),
-                    "prompt_name": _nullable(STRING),
-                    "prompt": _nullable(STRING),
-                },
-            },
-            {
-                "title": "rerank",
-                "type": "object",
-                "required": ["query", "documents"],
-                "properties": {
-                    "query": STRING,
-                    "documents": {"type": "array"},
-                    "top_n": POSITIVE,
-                    "return_documents": FLAG,
-                    "model": MODEL,
-                },
-            },
-            {
-                "title": "classify",
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {"inputs": TEXTS, "top_k": POSITIVE, "model": MODEL},
-            },
-            {
-                "title": "tensor",
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {
-                    "inputs": {"type": "object", "description": 'name → nested list, or {"npy": base64 .npy}'},
-                    "output_format": _nullable({"enum": ["list", "npy"]}),
-                    "model": MODEL,
-                },
-            },
-        ],
-        "description": "the model's task's request (docs/events.md); `application/x-npy` for a one-input tensor model",
-    },
-    "NativeResponse": {
-        "anyOf": [
-            {
-                "title": "embedding",
-                "type": "object",
-                "required": ["embeddings", "model", "usage"],
-                "properties": {
-                    "embeddings": {"type": "array", "items": VECTOR_OR_BASE64},
-                    "model": STRING,
-                    "usage": USAGE,
-                },
-            },
-            {
-                "title": "rerank",
-                "type": "object",
-                "required": ["results", "model", "usage"],
-                "properties": {
-                    "results": {"type": "array", "items": ref("RerankResult")},
-                    "model": STRING,
-                    "usage": USAGE,
-                },
-            },
-            {
-                "title": "classify",
-                "type": "object",
-                "required": ["predictions", "model", "usage"],
-                "properties": {
-                    "predictions": {"type": "array", "items": {"type": "array", "items": ref("Prediction")}},
-                    "model": STRING,
-                    "usage": USAGE,
-                },
-            },
-            {
-                "title": "tensor",
-                "type": "object",
-                "required": ["outputs", "model"],
-                "properties": {"outputs": {"type": "object"}, "model": STRING},
-            },
-        ]
-    },
+    # -- native (POST /invocations): each task's own (`NativeRequest`, `NativeResponse`), added by `openapi`
     # -- health, facts, status
     "Ping": {
         "type": "object",
@@ -416,20 +320,8 @@ SCHEMAS: dict[str, Schema] = {
             "model_id": STRING,
             "model_sha": _nullable(STRING),
             "model_dtype": STRING,
-            "model_type": {
-                "anyOf": [
-                    {
-                        "type": "object",
-                        "required": ["embedding"],
-                        "properties": {
-                            "embedding": {"type": "object", "required": ["pooling"], "properties": {"pooling": STRING}}
-                        },
-                    },
-                    {"type": "object", "required": ["classifier"], "properties": {"classifier": ref("Labels")}},
-                    {"type": "object", "required": ["reranker"], "properties": {"reranker": ref("Labels")}},
-                    {"type": "object", "required": ["tensor"], "properties": {"tensor": {"type": "object"}}},
-                ]
-            },
+            # each task's TEI name and facts (`TaskSpec.tei_kind`, `tei_info_schema`), written by `openapi`
+            "model_type": {"type": "object"},
             "max_concurrent_requests": {"type": "integer", "minimum": 0},
             "max_input_length": {"type": "integer", "minimum": 0},
             "max_batch_tokens": {"type": "integer", "minimum": 0},
@@ -442,14 +334,6 @@ SCHEMAS: dict[str, Schema] = {
             "docker_label": _nullable(STRING),
         },
         "description": "text-embeddings-inference's model facts, for the default model",
-    },
-    "Labels": {
-        "type": "object",
-        "required": ["id2label", "label2id"],
-        "properties": {
-            "id2label": {"type": "object", "additionalProperties": STRING},
-            "label2id": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
-        },
     },
     "Status": {"type": "object", "description": "counts and health (WARMSTART_HTTP_STATUS=full: everything)"},
 }
@@ -616,8 +500,33 @@ def operation(summary: str, answer: str | None, request: str | None = None, medi
     return op
 
 
-def openapi(paths: dict[str, dict[str, Schema]], version: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document (JSON Schema 2020-12 schemas) for `paths` (path → method → operation)."""
+def task_schemas(tasks: list[TaskSpec]) -> dict[str, Schema]:
+    """The schemas each task's spec holds: the native request and answer (one branch per task), and `/info`'s
+    `model_type` (one per task, under its TEI name)."""
+    info = dict(SCHEMAS["Info"])
+    model_types = [
+        {
+            "type": "object",
+            "required": [t.info_kind],
+            "properties": {t.info_kind: t.tei_info_schema or {"type": "object"}},
+        }
+        for t in tasks
+    ]
+    info["properties"] = {**info["properties"], "model_type": {"anyOf": model_types}}
+    return {
+        "NativeRequest": {
+            "anyOf": [t.request for t in tasks],
+            "description": "the model's task's request (docs/events.md); `application/x-npy` for a task that takes "
+            "one array",
+        },
+        "NativeResponse": {"anyOf": [t.answer for t in tasks]},
+        "Info": info,
+    }
+
+
+def openapi(paths: dict[str, dict[str, Schema]], version: str, tasks: list[TaskSpec]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document (JSON Schema 2020-12 schemas) for `paths` (path → method → operation), with
+    every task's own schemas (`tasks`: the built-in ones and any a plugin adds)."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -627,5 +536,5 @@ def openapi(paths: dict[str, dict[str, Schema]], version: str) -> dict[str, Any]
             "mapped onto the served model's task. Every answer is JSON; not 2xx: the Error schema.",
         },
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": {**SCHEMAS, **task_schemas(tasks)}},
     }

@@ -119,7 +119,7 @@ class TorchBackend:
                     head=spec.get("head", "none"),
                     pooling=str(manifest.pooling.get("mode", "mean")),
                     normalize=normalize,
-                    activation=manifest.activation if manifest.task == "rerank" else None,
+                    activation=manifest.options.get("activation"),  # a rerank model's (its spec's field)
                 )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelLoadError(f"{manifest.root / 'manifest.json'}: backends.torch: {e}") from None

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -17,7 +17,6 @@ from handler.core.errors import ModelLoadError
 MANIFEST_NAME = "manifest.json"
 FORMAT = "warmstart-packed-model"
 FORMAT_VERSION = 1
-TASKS = ("embedding", "rerank", "classify", "tensor")
 FAMILIES = (
     "bert",
     "roberta",
@@ -34,9 +33,6 @@ FAMILIES = (
     "qwen3",
     "gemma3_text",
 )
-POOLING_MODES = ("mean", "cls", "max", "lasttoken")
-ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
-PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_DEPTH = 64  # JSON nesting a manifest may have (a packed one has 6 levels); deeper is refused
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
@@ -83,12 +79,10 @@ class Manifest:
     pooling: dict[str, Any] = field(default_factory=dict)
     max_seq_length: int | None = None
     family: str | None = None
-    dimension: int | None = None  # embedding: the output width
-    prompts: dict[str, str] = field(default_factory=dict)  # embedding: prompt name → text prepended
-    default_prompt_name: str | None = None
-    activation: str | None = None  # rerank
-    labels: tuple[str, ...] = ()  # classify: id2label in id order
-    problem_type: str | None = None  # classify
+    dimension: int | None = None  # the output width, where the model has one
+    # The fields only its task reads, as its task's spec checked them (`TaskSpec.fields`, at model load);
+    # {} when read without a task hook (`load_manifest(root)`: packing tools, structure checks).
+    options: dict[str, Any] = field(default_factory=dict)
     unsupported_backends: dict[str, str] = field(default_factory=dict)  # backend → why it cannot run this model
     # hidden, layers, heads, intermediate as packed (handler.core.memory budgets activations by them); {} before
     shape: dict[str, int] = field(default_factory=dict)
@@ -124,10 +118,15 @@ class Manifest:
         return self.root / name
 
 
-def load_manifest(root: Path) -> Manifest:
+TaskFields = Callable[[str, dict[str, Any]], dict[str, Any]]  # (task, raw manifest) → Manifest.options
+
+
+def load_manifest(root: Path, task_fields: TaskFields | None = None) -> Manifest:
     """Read and check a manifest: structure, and that every listed file exists with its listed size.
 
     Sizes are cheap (one stat each) and catch truncated copies; SHA-256 is `verify_sha256`'s job.
+    `task_fields`: checks the task's own fields (`handler.tasks.catalog.load_manifest` passes its spec's; this
+    layer knows no task), a ValueError reported as this manifest's fault.
     """
     path = root / MANIFEST_NAME
     if not root.is_dir():
@@ -141,7 +140,7 @@ def load_manifest(root: Path) -> Manifest:
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     try:
-        manifest = _parse(root, raw)
+        manifest = _parse(root, raw, task_fields)
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{path}: invalid manifest: {e}") from None
     for name, entry in manifest.files.items():
@@ -208,12 +207,12 @@ def check_file_name(name: str) -> None:
         raise ValueError(f"files entry {name!r}: not a canonical relative path (no '.', '//' or trailing '/')")
 
 
-def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
+def _parse(root: Path, raw: dict[str, Any], task_fields: TaskFields | None = None) -> Manifest:
     if raw.get("format") != FORMAT or raw.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"format must be {FORMAT!r} version {FORMAT_VERSION}")
     task = raw["task"]
-    if task not in TASKS:
-        raise ValueError(f"task {task!r}; valid tasks: {', '.join(TASKS)}")
+    if not isinstance(task, str) or not task:
+        raise ValueError(f"task {task!r} is not a task name")
     files = {}
     for name, entry in raw["files"].items():
         check_file_name(name)
@@ -249,7 +248,7 @@ def _parse(root: Path, raw: dict[str, Any]) -> Manifest:
         unsupported_backends={str(k): v for k, v in unsupported.items()},
         shape=_shape(raw),
         raw=raw,
-        **_task_fields(task, raw),
+        options=task_fields(task, raw) if task_fields is not None else {},
     )
 
 
@@ -275,36 +274,6 @@ def _shape(raw: dict[str, Any]) -> dict[str, int]:
     if not isinstance(shape, dict):
         raise ValueError(f"shape {shape!r} is not an object of {', '.join(SHAPE_KEYS)}")
     return {key: v for key in SHAPE_KEYS if (v := _positive(shape, key)) is not None}
-
-
-def _task_fields(task: str, raw: dict[str, Any]) -> dict[str, Any]:
-    """The fields only some tasks read, checked where that task needs them (a task's absent field is an error,
-    another task's is ignored)."""
-    out: dict[str, Any] = {}
-    if task == "embedding":
-        mode = (raw.get("pooling") or {}).get("mode")
-        if mode is not None and mode not in POOLING_MODES:
-            raise ValueError(f"pooling mode {mode!r}; valid: {', '.join(POOLING_MODES)}")
-        prompts = raw.get("prompts") or {}
-        if not isinstance(prompts, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
-        ):
-            raise ValueError("prompts must be an object of prompt name → text")
-        default = raw.get("default_prompt_name")
-        if default is not None and default not in prompts:
-            raise ValueError(f"default_prompt_name {default!r} is not among prompts {sorted(prompts)}")
-        out.update(prompts=dict(prompts), default_prompt_name=default)
-    elif task == "rerank":
-        if raw.get("activation") is None:
-            raise ValueError(f"a rerank model needs 'activation'; valid: {', '.join(ACTIVATIONS)}")
-        out["activation"] = _choice(raw, "activation", ACTIVATIONS)
-    elif task == "classify":
-        labels = raw.get("labels")
-        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
-            raise ValueError("a classify model needs 'labels': a non-empty list of label names in id order")
-        out["labels"] = tuple(labels)
-        out["problem_type"] = _choice(raw, "problem_type", PROBLEM_TYPES) or PROBLEM_TYPES[0]
-    return out
 
 
 _KINDS = {

@@ -50,9 +50,9 @@ from handler.models.admin import AdminNotAllowedError
 from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
 from handler.runtime.invocation import HttpCall, batchable
+from handler.tasks import catalog
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-TASK_KINDS = {"embedding": "embedding", "rerank": "reranker", "classify": "classifier"}  # TEI's names
 
 
 try:
@@ -211,25 +211,14 @@ class Routes:
         """text-embeddings-inference's `GET /info` (its `Info` schema's fields), for the default model."""
         runtime, workers = self.host.runtime, self.host.workers
         manifest = runtime.manifest
-        kind = TASK_KINDS.get(manifest.task, manifest.task)
-        model_type: dict[str, Any]
-        if kind == "embedding":
-            model_type = {"pooling": manifest.pooling.get("mode", "mean")}
-        elif kind in ("classifier", "reranker"):
-            labels = manifest.labels or ("LABEL_0",)  # a reranker has one score: TEI names it LABEL_0
-            model_type = {
-                "id2label": {str(i): label for i, label in enumerate(labels)},
-                "label2id": {label: i for i, label in enumerate(labels)},
-            }
-        else:
-            model_type = {}
+        spec = catalog.spec(manifest.task)  # TEI's name for the task and its facts: the task's spec says
         max_length = manifest.max_seq_length or 0
         return JSONResponse(
             {
                 "model_id": manifest.id,
                 "model_sha": manifest.version,
                 "model_dtype": "float32",
-                "model_type": {kind: model_type},
+                "model_type": {spec.info_kind: spec.tei_info(manifest)},
                 "max_concurrent_requests": workers.sizing.max_workers + workers.sizing.max_queue,
                 "max_input_length": max_length,
                 # One request's texts are one batch: at most max_client_batch_size texts of max_input_length.
@@ -311,7 +300,7 @@ def document() -> dict[str, Any]:
                 "answers .npy for an embedding model or a tensor model with one output"
             )
         paths.setdefault(route.path, {})["post"] = op
-    return schemas.openapi(dict(sorted(paths.items())), VERSION)
+    return schemas.openapi(dict(sorted(paths.items())), VERSION, catalog.specs())
 
 
 def create_app(host: Host) -> Starlette:

@@ -20,10 +20,11 @@ from handler.backends.pool import BufferPool
 from handler.core.config import Config
 from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
-from handler.core.manifest import Manifest, load_manifest, open_regular, verify_sha256
+from handler.core.manifest import Manifest, open_regular, verify_sha256
 from handler.core.memory import Budget, batch_budget
 from handler.observability.report import PhaseTimer
-from handler.tasks.catalog import TASKS, Task
+from handler.tasks import catalog
+from handler.tasks.catalog import Task
 
 
 @dataclass
@@ -123,7 +124,8 @@ def load_model(
     requests), the hash is paced by it (`verify_paced`).
     """
     with timer.phase("manifest"):
-        manifest = load_manifest(model_dir)
+        manifest = catalog.load_manifest(model_dir)  # the task's spec module is imported here
+    spec = catalog.spec(manifest.task)
     name = config.backend or manifest.default_backend
     with timer.phase("imports"):
         backend = create_backend(name, manifest)
@@ -154,16 +156,16 @@ def load_model(
     with timer.phase("task"):
         # Pinned host buffers only where a device will copy from them.
         pool = pool or BufferPool.for_device(cuda.usable)
-        task: Task = TASKS[manifest.task](manifest, backend, config, pool)
+        task: Task = spec.factory(manifest, backend, config, pool)
     warmup_error = None
     if config.warmup if warmup is None else warmup:
         with timer.phase("warmup"):
             try:
                 task.warmup()
             except Exception as e:
-                if manifest.task != "tensor":
+                if not spec.warmup_may_fail:
                     raise  # a text task warms up on real text: failing there, it would fail every request
-                # A generic model may reject all-zero inputs; that is not a reason to refuse to serve.
+                # A generic model may reject the warm-up's inputs; that is not a reason to refuse to serve.
                 warmup_error = f"{type(e).__name__}: {e}"
     facts = {
         **backend.describe(),

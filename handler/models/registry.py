@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from handler.core.errors import ConfigError, InvalidInputError, RequestError
-from handler.core.manifest import Manifest, load_manifest
+from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.models.loader import Loaded
+from handler.tasks.catalog import load_manifest
 
 MB = 2**20
 

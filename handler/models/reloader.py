@@ -28,12 +28,12 @@ from typing import Any
 
 from handler.core.config import Config
 from handler.core.errors import InvalidInputError, WarmstartError, error_body
-from handler.core.manifest import load_manifest
 from handler.models.admin import ReloadInProgressError
 from handler.models.loader import Loaded, load_model, verify_paced
 from handler.models.origins import ModelSources
 from handler.models.registry import Registry, release_memory, weights_bytes
 from handler.observability.report import PhaseTimer
+from handler.tasks.catalog import load_manifest
 
 log = logging.getLogger("warmstart")
 

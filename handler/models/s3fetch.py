@@ -36,8 +36,9 @@ from typing import Any
 
 from handler.core.config import env_int
 from handler.core.errors import ConfigError, InsufficientStorageError, ModelFetchError, WarmstartError
-from handler.core.manifest import MANIFEST_NAME, Manifest, _parse, load_manifest, parse_json, replace_dir, sha256_file
+from handler.core.manifest import MANIFEST_NAME, Manifest, _parse, parse_json, replace_dir, sha256_file
 from handler.models.s3cache import MARKER, STAGING, flock, hold, prune, read_json, tidy, write_json
+from handler.tasks.catalog import load_manifest, task_fields
 
 DEFAULT_CACHE_DIR = Path("/tmp/warmstart/models")
 DEFAULT_PART_MB = 8
@@ -426,7 +427,7 @@ class _Fetch:
             raise _fetch_error(url, e) from e
         try:
             raw = parse_json(body)
-            manifest = _parse(self.settings.cache_dir, raw)
+            manifest = _parse(self.settings.cache_dir, raw, task_fields)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ModelFetchError(f"{url}: invalid manifest: {e}") from None
         if self.backend not in (None, "default", *manifest.backends):

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
-from handler.core.errors import UnsupportedRequestError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.models.loader import Loaded
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from handler.runtime.workers import WorkerPool
 
 Run = Callable[[Any, JSON], dict[str, Any]]  # a route's call of the model's task object with a native request
+Check = Callable[[str, str], None]  # a route's check of (task name, model key): raises when it is not served
 
 
 class Instance:
@@ -200,26 +200,26 @@ class Instance:
             return self.invocations
 
     def infer(
-        self, payload: JSON, inv: logs.Invocation | None = None, task: str | None = None, run: Run | None = None
+        self, payload: JSON, inv: logs.Invocation | None = None, check: Check | None = None, run: Run | None = None
     ) -> dict[str, Any]:
-        """The task, on a worker when several requests may run at once. `task`: what a compatible route needs;
-        `run`: how the route calls the task (None: `task(payload)`)."""
+        """The task, on a worker when several requests may run at once. `check`: a compatible route's check of
+        the model's task; `run`: how the route calls the task (None: `task(payload)`)."""
         self.count("inference")
         # The native path calls serve as it always has.
-        args: tuple[Any, ...] = (payload,) if task is None and run is None else (payload, task, run)
+        args: tuple[Any, ...] = (payload,) if check is None and run is None else (payload, check, run)
         workers = self.workers
         reply = workers.call(self.serve, *args) if workers is not None else self.serve(*args)
         if inv is not None:
             usage(inv, payload, reply)
         return reply
 
-    def serve(self, payload: JSON, task: str | None = None, run: Run | None = None) -> dict[str, Any]:
+    def serve(self, payload: JSON, check: Check | None = None, run: Run | None = None) -> dict[str, Any]:
         """The named (or default) model's task, under a lease: a reload or eviction never pulls the model
-        out from under a running request. `task`: the one a compatible route needs the model to have; `run`:
-        how the route calls it (`/tokenize` calls its tokenizer)."""
+        out from under a running request. `check`: a compatible route's (does the model's task serve it?);
+        `run`: how the route calls it (`/tokenize` calls its tokenizer)."""
         with self.registry.lease(requested_model(payload)) as model:
-            if task is not None and model.task.name != task:
-                raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
+            if check is not None:
+                check(model.task.name, model.key)
             return model.task(payload) if run is None else run(model.task, payload)
 
     def task_name(self, payload: JSON) -> str:

@@ -24,13 +24,14 @@ from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
-from handler.core.errors import Abandoned, RequestError, UnsupportedRequestError, internal_error_body
+from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
 from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
+from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class Runtime(Instance):
                 path = source.path(event)  # type: ignore[attr-defined]
                 if path in LAMBDA_PATHS:
                     route = ROUTES[path]
-                    answer = self.infer(route.request(payload, self.find), inv, route.task, route.run)
+                    answer = self.infer(route.request(payload, self.find), inv, route.check, route.run)
                     return source.respond(event, route.response(answer, payload))
             return source.respond(event, self.infer(payload, inv))
         except Exception as e:
@@ -163,7 +164,7 @@ class Runtime(Instance):
         with self._invocation(request_id, trace_id) as (inv, _):
             try:
                 route, payload, native = self._http_request(raw, route, content, accept, limit)
-                answer = self.serve(native, route.task, route.run)
+                answer = self.serve(native, route.check, route.run)
                 return self._http_answer(inv, route, payload, native, answer, accept)
             except Exception as e:
                 return self._http_error(e)
@@ -237,16 +238,12 @@ class Runtime(Instance):
                 for p in pending:
                     logs.enter(p.inv)
                     try:
-                        if p.route.task is not None and model.task.name != p.route.task:
-                            raise UnsupportedRequestError(
-                                f"this route needs a {p.route.task} model; {model.key} is {model.task.name}"
-                            )
-                        prepare = getattr(model.task, "prepare", None)
-                        if prepare is None:  # a task that does not batch (tensor): its own job
+                        p.route.check(model.task.name, model.key)
+                        if not catalog.spec(model.task.name).batches:  # its own job
                             p.done = True
                             batch.alone(p.index, partial(self._alone, p))
                             continue
-                        ready.append((p, prepare(p.native)))
+                        ready.append((p, cast(Any, model.task).prepare(p.native)))
                     except Exception as e:
                         self._settle(p, batch, e)
                 logs.enter(None)
@@ -288,7 +285,7 @@ class Runtime(Instance):
         """A batch's request that does not batch, on its own job: the rest of `handle_http`."""
         logs.enter(p.inv)
         try:
-            answer = self.serve(p.native, p.route.task, p.route.run)
+            answer = self.serve(p.native, p.route.check, p.route.run)
             return self._http_answer(p.inv, p.route, p.payload, p.native, answer, p.call.accept)
         except Exception as e:
             return self._http_error(e)
@@ -302,8 +299,9 @@ class Runtime(Instance):
     def _npy_request(self, raw: bytes) -> JSON:
         """An `application/x-npy` body as the default tensor model's one input."""
         inputs = getattr(self.task, "inputs", None)
-        if self.task.name != "tensor" or not isinstance(inputs, dict):
-            raise UnsupportedMediaTypeError(f"a {self.task.name} model reads JSON only; .npy is for tensor models")
+        if not catalog.spec(self.task.name).npy_input or not isinstance(inputs, dict):
+            takes = " or ".join(catalog.having(lambda spec: spec.npy_input))
+            raise UnsupportedMediaTypeError(f"a {self.task.name} model reads JSON only; .npy is for {takes} models")
         if len(inputs) != 1:
             raise UnsupportedMediaTypeError(f"this model takes inputs {sorted(inputs)}: send JSON with each named")
         (name,) = inputs

@@ -15,7 +15,9 @@ from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.batch import Prepared
+from handler.tasks.spec import MODEL, POSITIVE, STRING, TEXTS, USAGE, VECTOR_OR_BASE64, TaskSpec, nullable
 from handler.tasks.text import (
+    TEXT_ROUTES,
     TextModel,
     base64_rows,
     check_texts,
@@ -39,8 +41,8 @@ class EmbeddingTask(TextModel):
         width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
         self.dimension = manifest.dimension or (width if isinstance(width, int) else None)
         self.normalize = bool(manifest.pooling.get("normalize", True))
-        self.prompts = manifest.prompts
-        self.default_prompt = manifest.default_prompt_name
+        self.prompts: dict[str, str] = manifest.options.get("prompts", {})
+        self.default_prompt: str | None = manifest.options.get("default_prompt_name")
 
     def texts(self, payload: JSON) -> list[str]:
         return check_texts(require_object(payload, "inputs")["inputs"], "inputs", self.max_inputs, self.max_chars)
@@ -62,7 +64,7 @@ class EmbeddingTask(TextModel):
         """The request's texts (prompt prepended), `dimensions` and encoding format, checked."""
         texts = self.texts(payload)
         body = require_object(payload, "inputs")
-        prompt = prompt_for(body, self.prompts, self.default_prompt, self.max_chars)
+        prompt = self.prompt(body)
         joined(prompt, texts, "the prompt", "inputs", self.max_chars)  # prepended to every input
         dimensions = positive_int(body, "dimensions", self.dimension)
         fmt = encoding_format(body)
@@ -104,3 +106,55 @@ class EmbeddingTask(TextModel):
         # batch-1 and the masked path. Longer shapes measured no faster afterwards on CPU, so they'd only cost.
         self.embed(["warm-up"])
         self.embed(["warm-up query", "a slightly longer warm-up passage, so the batch needs padding"])
+
+    def prompt(self, body: dict[str, Any]) -> str:
+        """The prompt this request's texts get in front (`prompt_name`'s, `prompt`, or the model's default)."""
+        return prompt_for(body, self.prompts, self.default_prompt, self.max_chars)
+
+
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+
+
+def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """`pooling.mode`, `prompts` (name → text prepended) and `default_prompt_name`, checked."""
+    mode = (raw.get("pooling") or {}).get("mode")
+    if mode is not None and mode not in POOLING_MODES:
+        raise ValueError(f"pooling mode {mode!r}; valid: {', '.join(POOLING_MODES)}")
+    prompts = raw.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError("prompts must be an object of prompt name → text")
+    default = raw.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"default_prompt_name {default!r} is not among prompts {sorted(prompts)}")
+    return {"prompts": dict(prompts), "default_prompt_name": default}
+
+
+SPEC = TaskSpec(
+    name=EmbeddingTask.name,
+    factory=EmbeddingTask,
+    request={
+        "title": "embedding",
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": TEXTS,
+            "model": MODEL,
+            "dimensions": POSITIVE,
+            "encoding_format": nullable({"enum": ["float", "base64"]}),
+            "prompt_name": nullable(STRING),
+            "prompt": nullable(STRING),
+        },
+    },
+    answer={
+        "title": "embedding",
+        "type": "object",
+        "required": ["embeddings", "model", "usage"],
+        "properties": {"embeddings": {"type": "array", "items": VECTOR_OR_BASE64}, "model": STRING, "usage": USAGE},
+    },
+    fields=manifest_fields,
+    routes=("/v1/embeddings", "/embed", "/similarity", *TEXT_ROUTES),
+    batches=True,
+    tei_kind="embedding",
+    tei_info=lambda manifest: {"pooling": manifest.pooling.get("mode", "mean")},
+    tei_info_schema={"type": "object", "required": ["pooling"], "properties": {"pooling": STRING}},
+)

@@ -22,7 +22,9 @@ from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.batch import Prepared
 from handler.tasks.scoring import rank, sigmoid, softmax
+from handler.tasks.spec import FLAG, LABELS, MODEL, NUMBER, POSITIVE, STRING, TEXTS, USAGE, TaskSpec
 from handler.tasks.text import (
+    TEXT_ROUTES,
     TextModel,
     check_text,
     check_texts,
@@ -100,8 +102,8 @@ class ClassifyTask(TextModel):
 
     def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
         super().__init__(manifest, backend, config, pool)
-        self.labels = manifest.labels
-        self.multi_label = manifest.problem_type == "multi_label_classification"
+        self.labels: tuple[str, ...] = manifest.options["labels"]
+        self.multi_label = manifest.options["problem_type"] == "multi_label_classification"
 
     def _options(self, payload: JSON) -> tuple[list[str], int | None]:
         """The request's texts and `top_k`, checked."""
@@ -135,3 +137,102 @@ class ClassifyTask(TextModel):
     def warmup(self) -> None:
         self.run_copy(["warm-up"])
         self.run_copy(["warm-up", "a slightly longer warm-up passage, so the batch needs padding"])
+
+
+ACTIVATIONS = ("sigmoid", "identity")  # rerank: what the graph applied to the single logit
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")  # classify: softmax | sigmoid
+
+
+def rerank_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    activation = raw.get("activation")
+    if activation is None:
+        raise ValueError(f"a rerank model needs 'activation'; valid: {', '.join(ACTIVATIONS)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
+    return {"activation": activation}
+
+
+def classify_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    labels = raw.get("labels")
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise ValueError("a classify model needs 'labels': a non-empty list of label names in id order")
+    problem_type = raw.get("problem_type")
+    if problem_type is not None and problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"problem_type {problem_type!r}; valid: {', '.join(PROBLEM_TYPES)}")
+    return {"labels": tuple(labels), "problem_type": problem_type or PROBLEM_TYPES[0]}
+
+
+def labels_info(labels: tuple[str, ...]) -> dict[str, Any]:
+    """TEI's `/info` id2label and label2id."""
+    return {
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
+RERANK_RESULT = {
+    "type": "object",
+    "required": ["index", "relevance_score"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 0},
+        "relevance_score": NUMBER,
+        "document": {"type": "object", "required": ["text"], "properties": {"text": STRING}},
+    },
+}
+PREDICTION = {"type": "object", "required": ["label", "score"], "properties": {"label": STRING, "score": NUMBER}}
+
+RERANK = TaskSpec(
+    name=RerankTask.name,
+    factory=RerankTask,
+    request={
+        "title": "rerank",
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": {
+            "query": STRING,
+            "documents": {"type": "array"},
+            "top_n": POSITIVE,
+            "return_documents": FLAG,
+            "model": MODEL,
+        },
+    },
+    answer={
+        "title": "rerank",
+        "type": "object",
+        "required": ["results", "model", "usage"],
+        "properties": {"results": {"type": "array", "items": RERANK_RESULT}, "model": STRING, "usage": USAGE},
+    },
+    fields=rerank_fields,
+    routes=("/rerank", "/v1/rerank", "/v2/rerank", *TEXT_ROUTES),
+    batches=True,
+    tei_kind="reranker",
+    tei_info=lambda manifest: labels_info(("LABEL_0",)),  # one score: TEI names it LABEL_0
+    tei_info_schema=LABELS,
+)
+
+CLASSIFY = TaskSpec(
+    name=ClassifyTask.name,
+    factory=ClassifyTask,
+    request={
+        "title": "classify",
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {"inputs": TEXTS, "top_k": POSITIVE, "model": MODEL},
+    },
+    answer={
+        "title": "classify",
+        "type": "object",
+        "required": ["predictions", "model", "usage"],
+        "properties": {
+            "predictions": {"type": "array", "items": {"type": "array", "items": PREDICTION}},
+            "model": STRING,
+            "usage": USAGE,
+        },
+    },
+    fields=classify_fields,
+    routes=("/predict", *TEXT_ROUTES),
+    batches=True,
+    tei_kind="classifier",
+    tei_info=lambda manifest: labels_info(manifest.options.get("labels") or ("LABEL_0",)),
+    tei_info_schema=LABELS,
+)

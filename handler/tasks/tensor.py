@@ -18,6 +18,7 @@ from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest, TensorSpec
 from handler.core.types import JSON, Arrays
 from handler.tasks.arrays import from_list, from_npy
+from handler.tasks.spec import MODEL, STRING, TaskSpec, nullable
 from handler.tasks.text import float_lists, require_object
 
 OUTPUT_FORMATS = ("list", "npy")
@@ -103,3 +104,27 @@ class TensorTask:
             for n, s in self.inputs.items()
         }
         self.backend.run(feeds)
+
+
+SPEC = TaskSpec(
+    name=TensorTask.name,
+    factory=TensorTask,
+    request={
+        "title": "tensor",
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {"type": "object", "description": 'name → nested list, or {"npy": base64 .npy}'},
+            "output_format": nullable({"enum": list(OUTPUT_FORMATS)}),
+            "model": MODEL,
+        },
+    },
+    answer={
+        "title": "tensor",
+        "type": "object",
+        "required": ["outputs", "model"],
+        "properties": {"outputs": {"type": "object"}, "model": STRING},
+    },
+    npy_input=True,
+    warmup_may_fail=True,  # a generic model may reject the all-zero inputs it is warmed with
+)

@@ -25,6 +25,7 @@ from handler.core.types import JSON
 from handler.tasks.tokens import TextEncoder, shared_encoder, usable_shortcut
 
 ENCODING_FORMATS = ("float", "base64")
+TEXT_ROUTES = ("/tokenize", "/decode")  # compatible routes every text task serves (TEI's): its tokenizer
 Text = str | tuple[str, str]  # one text, or a (query, document) pair
 
 
@@ -318,6 +319,27 @@ class TextModel:
             feeds["token_type_ids"] = types = arena.take(shape, np.int64)
             self.encoder.fill_type_ids(encodings, types)
         return self.backend.run(feeds)[self.output], mask
+
+    # -- the tokenizer, for routes that show it (TEI's `/tokenize`, `/decode`) -------------------------------
+
+    def prompt(self, body: dict[str, Any]) -> str:
+        """The text a request's `prompt_name` puts in front of each input (a task with prompts overrides)."""
+        return prompt_for(body, {}, None, self.max_chars)
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[tuple[int, str, tuple[int, int], bool]]:
+        """`text`'s tokens as the model sees them: (id, token, (start, stop) character offsets, special?)."""
+        return self.encoder.spans(text, add_special_tokens)
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Token id lists back to text; an id outside the vocabulary is an InvalidInputError naming it."""
+        if len(ids) > self.max_inputs:
+            raise InvalidInputError(f"{len(ids)} id lists; at most {self.max_inputs} (WARMSTART_MAX_INPUTS)")
+        size = self.encoder.vocab_size
+        for i, row in enumerate(ids):
+            bad = next((x for x in row if x >= size), None)
+            if bad is not None:
+                raise InvalidInputError(f"ids[{i}]: {bad} is not a token id of this model (0 to {size - 1})")
+        return self.encoder.decode(ids, skip_special_tokens)
 
     def run_copy(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
         with self.pool.request():

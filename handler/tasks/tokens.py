@@ -122,6 +122,21 @@ class TextEncoder:
                 k.type_ids += [0] * pad
         return kept
 
+    def spans(self, text: str, add_special_tokens: bool = True) -> list[tuple[int, str, tuple[int, int], bool]]:
+        """One text's tokens as the model sees them (truncated at `max_length`): (id, token, its (start, stop)
+        character offsets, special?). One text per call: the tokenizer pads a batch to its longest."""
+        e = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return list(zip(e.ids, e.tokens, e.offsets, map(bool, e.special_tokens_mask), strict=True))
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        texts: list[str] = self._tok.decode_batch(ids, skip_special_tokens=skip_special_tokens)
+        return texts
+
+    @property
+    def vocab_size(self) -> int:
+        size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        return size
+
     @staticmethod
     def fill(encodings: Sequence[Any], ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> None:
         # One assignment per array from a list of lists: measured as fast as np.array(...), without the new array.

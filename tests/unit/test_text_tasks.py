@@ -26,9 +26,10 @@ from handler.core.errors import (
     ModelLoadError,
     TooManyInputsError,
 )
-from handler.core.manifest import Manifest, load_manifest
+from handler.core.manifest import Manifest
 from handler.core.types import Arrays
-from handler.tasks.catalog import TASKS
+from handler.tasks import catalog
+from handler.tasks.catalog import load_manifest
 from handler.tasks.embedding import EmbeddingTask
 from handler.tasks.scored import ClassifyTask, RerankTask
 from handler.tasks.scoring import softmax
@@ -117,7 +118,7 @@ def make(tmp_path: Path, task: str, config: Config | None = None, **fields: Any)
     manifest = load_manifest(packed(tmp_path, task, **fields))
     backend = FakeBackend(manifest)
     config = config or Config(model_dir=tmp_path, backend=None)
-    return TASKS[task](manifest, backend, config), backend  # type: ignore[arg-type]
+    return catalog.spec(task).factory(manifest, backend, config), backend  # type: ignore[arg-type]
 
 
 def roundtrip(body: Any) -> Any:
