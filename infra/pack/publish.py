@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from handler.core.manifest import FORMAT, MANIFEST_NAME, load_manifest, parse_json, replace_dir, sha256_file
+from handler.core.manifest import FORMAT, MANIFEST_NAME, parse_json, replace_dir, sha256_file
+from handler.tasks.catalog import load_manifest  # the task's own fields checked too, as init checks them
 
 # A model id names a directory (`models/ID` by default) and the manifest's key (`ID@VERSION`): a closed set of
 # characters, no path separators, never `.` or `..` (the first character is a letter or a digit).
