@@ -1,16 +1,18 @@
 """Compatible APIs: OpenAI's, Cohere's / Jina's rerank and text-embeddings-inference's request and answer
 shapes, mapped onto the tasks.
 
-Each route is pure functions around the native task: `request` checks the client's body against its schema
-(`handler.api.schemas`, which `GET /openapi.json` is written from) and turns it into a native request,
-`response` turns the native answer into the client's shape, and `run` calls the model's task (a route that
-is not inference, such as `/tokenize`, calls the task's tokenizer instead). The vectors themselves are
-passed through untouched, so they are the native route's, byte for byte. Used by the HTTP host (by path)
+Each route is pure functions around the native task: `request` validates the client's body once (`validate`:
+the route's `refusals`, declared as data, then its schema in `handler.api.schemas`, which `GET /openapi.json` is
+written from) and maps what passed to a native request (`native`), whose texts the task alone checks; `response`
+turns the native answer into the client's shape, and `run` calls the model's task (a route that is not
+inference, such as `/tokenize`, calls the task's public tokenizer methods instead). No route names a task: the
+served model's task declares the routes it serves (`TaskSpec.routes`), and `check` reads that. The vectors
+themselves are passed through untouched, so they are the native route's, byte for byte. Used by the HTTP host (by path)
 and by Lambda HTTP events (Function URL, API Gateway) whose path names a route, except `/embed` and `/`: on
 Lambda those paths have always been the native route (the repo's events use them), so they keep the native
 answer there.
 
-| path | API | task | native request |
+| path | API | served by (the built-in tasks' `routes`) | native request |
 |---|---|---|---|
 | `POST /v1/embeddings` | OpenAI | embedding | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
 | `POST /embed` | TEI | embedding | `{"inputs", "dimensions"?, "prompt_name"?, "model"?}` |
