@@ -34,100 +34,22 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
+from handler.api.refusals import Refusal, Refuse, TokenIds, validate
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks import catalog
-
-
-def _check(body: Any, schema: str) -> dict[str, Any]:
-    """`handler.api.schemas.check`, imported on first use: the schemas are ~0.8 ms of import that a Lambda
-    function serving only native requests never needs (the HTTP host imports them at startup anyway)."""
-    from handler.api import schemas
-
-    return schemas.check(body, schema)
-
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
 LANGCHAIN_HINT = "LangChain's OpenAIEmbeddings sends token ids unless it is made with check_embedding_ctx_length=False"
 
 
-# ---------------------------------------------------------------------------------------- semantic refusals
-# What a route recognises and refuses (UnsupportedRequestError: a 400 saying what to send instead), declared as
-# data and applied by `validate` before the schema, which checks structure only: a value refused here is one
-# the schema would reject too, but with a message that says why the API's field is not served.
-
-
-def _at(body: dict[str, Any], field: str) -> tuple[bool, Any]:
-    """The value at a dotted `field` ("parameters.truncation_direction"), and whether it is there at all."""
-    value: Any = body
-    for part in field.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return False, None
-        value = value[part]
-    return True, value
-
-
-@dataclass(frozen=True)
-class Refuse:
-    """`field` refused when it holds one of `values` (by type too: `0` is not `false`), or, with `allowed`,
-    anything but those (null is never refused: it means "not set")."""
-
-    field: str
-    message: str
-    values: tuple[Any, ...] = ()
-    allowed: tuple[Any, ...] | None = None
-
-    def find(self, body: dict[str, Any]) -> str | None:
-        there, value = _at(body, self.field)
-        if not there or value is None:
-            return None
-        if self.allowed is not None:
-            refused = not any(value == v and type(value) is type(v) for v in self.allowed)
-        else:
-            refused = any(value == v and type(value) is type(v) for v in self.values)
-        return f'"{self.field}": {self.message}' if refused else None
-
-
-@dataclass(frozen=True)
-class TokenIds:
-    """Token ids (an int, a list of ints) and text pairs in a texts field, refused with what to send.
-    `lists_only`: only items of a list are read (`/predict`'s single int is a type error, not token ids)."""
-
-    field: str
-    hint: str = ""
-    lists_only: bool = False
-
-    def find(self, body: dict[str, Any]) -> str | None:
-        there, value = _at(body, self.field)
-        if not there or (self.lists_only and not isinstance(value, list)):
-            return None
-        for i, text in enumerate(value if isinstance(value, list) else [value]):
-            if isinstance(text, list | int) and not isinstance(text, bool):
-                hint = f" ({self.hint})" if self.hint else ""
-                return f"{self.field}[{i}]: token ids and text pairs are not taken here; send text{hint}"
-        return None
-
-
-Refusal = Refuse | TokenIds
 # TEI's `truncation_direction`: long texts always lose their end here.
 RIGHT_ONLY = Refuse("truncation_direction", 'only "Right" (the end of a text is dropped)', allowed=("Right", "right"))
-
-
-def validate(payload: JSON, schema: str, refusals: tuple[Refusal, ...]) -> dict[str, Any]:
-    """The client's body, checked once: its refusals (UnsupportedRequestError), then its schema (structure:
-    InvalidInputError naming every fault). What passes needs no further check before the native task's."""
-    if isinstance(payload, dict):
-        for refusal in refusals:
-            message = refusal.find(payload)
-            if message is not None:
-                raise UnsupportedRequestError(message)
-    return _check(payload, schema)
 
 
 def _given(body: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from handler.api import compat
-from handler.api.compat import NATIVE, ROUTES, Base, Refuse, TokenIds
+from handler.api.compat import NATIVE, ROUTES, Base
+from handler.api.refusals import Refuse, TokenIds
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 
 
