@@ -6,8 +6,8 @@ Each task module declares one next to its class (`SPEC = TaskSpec(...)`); `handl
 name, a built-in's from one table, any other from an installed package's `warmstart.tasks` entry point. So a
 task is one module and one entry, and nothing else in handler/ names it.
 
-The JSON Schema fragments here are what the task specs and `handler.api.schemas` share (stdlib only: this
-module is on Lambda's init path, the schemas module is not).
+The JSON Schema fragments here are what the task specs and `handler.api.schemas` share: plain dicts, as this
+module is on Lambda's init path and the schemas module (with its validator) is not.
 """
 
 from __future__ import annotations
