@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from handler.backends import registry
 from handler.backends.contract import Backend, BackendSettings, create_backend
 from handler.backends.device import probe_cuda
 from handler.backends.pool import BufferPool
@@ -125,8 +126,11 @@ def load_model(
     with timer.phase("manifest"):
         manifest = load_manifest(model_dir)
     name = config.backend or manifest.default_backend
+    spec = registry.spec(name)  # a built-in by its table; entry points read only for another name
+    own = spec.own_settings(env)  # its own settings checked before its (costly) import
     with timer.phase("imports"):
-        backend = create_backend(name, manifest)
+        # What the task hands its backend: arrays unless it says otherwise (a task for a "request" engine).
+        backend = create_backend(spec, manifest, getattr(TASKS[manifest.task], "gives", ("arrays",)))
     files = manifest.files_for(name)
     verified = 0
     if verify_all or config.verify_sha256:
@@ -144,7 +148,7 @@ def load_model(
     plan = plan_threads(budget.cpus, runs_at_once(env), threads or config.threads, spin_allowed=not on_lambda)
     threads = plan.threads
     cuda = probe_cuda(config.device)
-    settings = BackendSettings.from_environ(env, threads, cuda, spin=plan.spin)
+    settings = BackendSettings(threads, cuda, plan.spin, own)
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):
         device = backend.warm_device()
