@@ -31,6 +31,9 @@ class BackendSettings(Generic[Own]):
 
 
 class BackendBase(Protocol):
+    """What every backend does. Optional: a `coldstart` attribute, a dict of its own cold-start facts for the init
+    report (ONNX Runtime: whether its pre-optimized model was used)."""
+
     name: str
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:

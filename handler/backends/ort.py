@@ -122,6 +122,11 @@ class OnnxBackend:
             plan.append((o.name, dtype, list(o.shape)))
         self._bound = plan
 
+    @property
+    def coldstart(self) -> dict[str, Any]:
+        """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
+        return {"onnx_optimized": self.optimized}
+
     def warm_device(self) -> dict[str, Any]:
         if CUDA not in self.providers:
             return {"cuda": False, "reason": self.device_reason}

@@ -186,9 +186,10 @@ def load_model(
         verified_files=verified,
         warmup_error=warmup_error,
         phases_ms=dict(timer.phases),
+        # A backend's own cold-start facts (ONNX Runtime: whether the pre-optimized model was used), then the task's.
         coldstart={
             k: v
-            for k, v in (("onnx_optimized", getattr(backend, "optimized", None)), ("tokenizer", _tokenizer(task)))
+            for k, v in (*getattr(backend, "coldstart", {}).items(), ("tokenizer", _tokenizer(task)))
             if v is not None
         },
         budget=memory,

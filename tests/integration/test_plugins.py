@@ -181,15 +181,25 @@ try:
     registry.spec("nope")
 except Exception as e:
     error = f"{type(e).__name__}: {e}"
-print(json.dumps({"names": registry.names(), "error": error, "toy": registry.spec("toy").module}))
+from handler.runtime import prefetch
+planned = [p.name for p, _ in prefetch.plan({"WARMSTART_MODEL": sys.argv[1]})]
+print(json.dumps({"names": registry.names(), "error": error, "toy": registry.spec("toy").module, "plan": planned}))
 """
 
 
-def test_an_unknown_name_lists_the_installed_plugins_too(site: Path, toy_model: Path) -> None:
+def test_an_unknown_name_lists_the_installed_plugins_and_the_prefetch_reads_a_plugin(
+    site: Path, toy_model: Path
+) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, env=env_for(site, toy_model), capture_output=True, text=True
+        [sys.executable, "-c", PROBE, str(toy_model)],
+        cwd=ROOT,
+        env=env_for(site, toy_model),
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["names"] == ["onnx", "torch", "toy"] and got["toy"] == "warmstart_toy.backend"
     assert got["error"] == "ConfigError: unknown backend 'nope'; valid backends: onnx, torch, toy"
+    # The prefetch reads the plugin's spec too: the shim's libraries, then the model's file.
+    assert got["plan"][-1] == "toy.npz" and any(n.startswith("_multiarray_umath") for n in got["plan"])
