@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from handler.backends.registry import BackendSpec, Ranges
 from handler.core.config import env_bool, env_switch
 
 
-@dataclass(frozen=True)
-class OrtSettings:
+class OrtSettings(NamedTuple):  # not a dataclass: built in the prefetch's path (~0.2 ms against ~1 ms)
     prepack: bool = True
     # The manifest's pre-optimized ONNX model with prepacked weights, when made for this ORT and CPU
     # (WARMSTART_ORT_OPTIMIZED=0: never).

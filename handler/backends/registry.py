@@ -11,7 +11,6 @@ the backend is chosen (handler.backends.contract.create_backend): `onnxruntime` 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from handler.core import plugins
@@ -30,22 +29,37 @@ Libraries = tuple[tuple[str, tuple[str, ...]], ...]
 Ranges = dict[str, list[list[int]]]
 
 
-@dataclass(frozen=True)
 class BackendSpec:
-    name: str  # what WARMSTART_BACKEND and the manifest's `backends` call it
-    module: str  # the implementation: its `create()` builds the backend; imported only when chosen
-    needs: Needs = "arrays"
-    libraries: Libraries = ()  # beyond the shim's own (numpy, tokenizers): handler.runtime.prefetch
-    # Its own settings from the environment (ConfigError when one is invalid); the generic ones (threads, device,
-    # spin) come to every backend in handler.backends.contract.BackendSettings.
-    settings: Callable[[Mapping[str, str]], Any] | None = None
-    # The files of its manifest entry a start reads, in order, and the ranges read of each (default: the entry's
-    # `files`, whole). Runs before numpy is imported: stdlib only.
-    start_files: Callable[[Mapping[str, Any], Mapping[str, str]], tuple[list[str], Ranges]] | None = None
+    """A backend's declaration: what its entry point (or BUILTIN_BACKENDS) names. A plain class, not a dataclass:
+    it is built in the prefetch's path, before the start's reads are issued, where a dataclass costs ~1 ms."""
 
-    def __post_init__(self) -> None:
-        if self.needs not in NEEDS:
-            raise ConfigError(f"backend {self.name!r} needs {self.needs!r}; valid: {', '.join(NEEDS)}")
+    __slots__ = ("libraries", "module", "name", "needs", "settings", "start_files")
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        module: str,
+        needs: Needs = "arrays",
+        libraries: Libraries = (),
+        settings: Callable[[Mapping[str, str]], Any] | None = None,
+        start_files: Callable[[Mapping[str, Any], Mapping[str, str]], tuple[list[str], Ranges]] | None = None,
+    ) -> None:
+        if needs not in NEEDS:
+            raise ConfigError(f"backend {name!r} needs {needs!r}; valid: {', '.join(NEEDS)}")
+        self.name = name  # what WARMSTART_BACKEND and the manifest's `backends` call it
+        self.module = module  # the implementation: its `create()` builds the backend; imported only when chosen
+        self.needs = needs
+        self.libraries = libraries  # beyond the shim's own (numpy, tokenizers): handler.runtime.prefetch
+        # Its own settings from the environment (ConfigError when one is invalid); the generic ones (threads,
+        # device, spin) come to every backend in handler.backends.contract.BackendSettings.
+        self.settings = settings
+        # The files of its manifest entry a start reads, in order, and the ranges read of each (default: the
+        # entry's `files`, whole). Runs before numpy is imported: stdlib only.
+        self.start_files = start_files
+
+    def __repr__(self) -> str:
+        return f"BackendSpec(name={self.name!r}, module={self.module!r}, needs={self.needs!r})"
 
     def own_settings(self, env: Mapping[str, str]) -> Any:
         return self.settings(env) if self.settings is not None else None
