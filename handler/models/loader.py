@@ -126,11 +126,11 @@ def load_model(
     with timer.phase("manifest"):
         manifest = load_manifest(model_dir)
     name = config.backend or manifest.default_backend
-    spec = registry.spec(name)  # a built-in by its table; entry points read only for another name
-    own = spec.own_settings(env)  # its own settings checked before its (costly) import
+    backend_spec = registry.spec(name)  # a built-in by its table; entry points read only for another name
+    own = backend_spec.own_settings(env)  # its own settings checked before its (costly) import
     with timer.phase("imports"):
         # What the task hands its backend: arrays unless it says otherwise (a task for a "request" engine).
-        backend = create_backend(spec, manifest, getattr(TASKS[manifest.task], "gives", ("arrays",)))
+        backend = create_backend(backend_spec, manifest, getattr(TASKS[manifest.task], "gives", ("arrays",)))
     files = manifest.files_for(name)
     verified = 0
     if verify_all or config.verify_sha256:
