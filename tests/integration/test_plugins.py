@@ -1,7 +1,8 @@
-"""A backend (and a task) from outside: tests/fixtures/toy_plugin, a package with `warmstart.backends` entry points,
+"""A backend from outside: tests/fixtures/toy_plugin, a package with `warmstart.backends` entry points,
 pip-installed into a directory of its own (never into the project's environment) and put on the path. Nothing in
 handler/ names it; it serves through a Lambda event on the local Lambda (real awslambdaric instances), the HTTP host
-(`python -m handler`) and `/openapi.json`, and its own setting reaches it from the environment."""
+(`python -m handler`) and `/openapi.json`, and its own setting reaches it from the environment. Its task
+(`warmstart.tasks`): tests/integration/test_plugin_task.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,31 +108,38 @@ def test_a_plugin_backend_serves_a_lambda_event(site: Path, toy_model: Path) -> 
         assert result["FunctionError"] == "Unhandled" and error["errorType"] == "InvalidInputError", error
 
 
+@contextmanager
+def serving(env: dict[str, str], log_path: Path) -> Iterator[int]:
+    """A real `python -m handler` on a free port, once it answers /ping; stopped on leaving."""
+    port = free_port()
+    env = {**env, "PORT": str(port), "HOST": "127.0.0.1"}
+    with log_path.open("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "handler"], cwd=ROOT, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"python -m handler exited at startup: {log.read()[-3000:]}")
+                try:
+                    if get(port, "/ping")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "python -m handler did not answer /ping"
+                time.sleep(0.1)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def http_host(site: Path, toy_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """`python -m handler` with the plugin on its path and the plugin's own setting in its environment."""
-    port = free_port()
-    env = env_for(site, toy_model, PORT=str(port), HOST="127.0.0.1", WARMSTART_TOY_ACTIVATION="relu")
-    log = (tmp_path_factory.mktemp("host") / "host.log").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "handler"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"python -m handler exited at startup: {log.read()[-3000:]}")
-            try:
-                if get(port, "/ping")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "python -m handler did not answer /ping"
-            time.sleep(0.1)
+    env = env_for(site, toy_model, WARMSTART_TOY_ACTIVATION="relu")
+    with serving(env, tmp_path_factory.mktemp("host") / "host.log") as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def get(port: int, path: str) -> tuple[int, Any]:
@@ -160,10 +169,7 @@ def test_a_plugin_backend_serves_the_http_host_with_its_own_setting(http_host: i
 def test_the_http_hosts_openapi_document_serves_with_a_plugin(http_host: int) -> None:
     status, document = get(http_host, "/openapi.json")
     assert status == 200 and NATIVE.path in document["paths"]
-    # TODO(lead, issue 33 deliver 2, task half): when wt-tasks' task spec lands (a task module declares its name,
-    # manifest fields, request/answer schemas; the catalog resolves through core.plugins, group `warmstart.tasks`),
-    # add a `toy-sum` task to tests/fixtures/toy_plugin (an entry point under "warmstart.tasks"), pack toy_model for
-    # it, and assert here that its request schema is in this document and that it answers on the three paths above.
+    # The plugin's task (`toy-scores`) in this document: tests/integration/test_plugin_task.py.
 
 
 def test_a_bad_plugin_setting_fails_init_with_the_valid_values(site: Path, toy_model: Path) -> None:
