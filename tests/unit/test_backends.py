@@ -108,6 +108,47 @@ def test_a_task_and_a_backend_that_do_not_fit_fail_before_the_backend_is_importe
         check_pairing("chat", ("tokens",), engine)  # type: ignore[arg-type]
 
 
+ENGINES = """
+class Engine:
+    name = "engine"
+
+    def submit(self, request):
+        return {"echo": request}
+
+
+class NotAnEngine:
+    name = "engine"
+
+    def run(self, feeds):
+        return feeds
+
+
+def create():
+    return Engine()
+
+
+def create_wrong():
+    return NotAnEngine()
+"""
+
+
+def test_a_request_engine_is_created_for_a_task_that_gives_the_request_and_checked_for_submit(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "fake_engine.py").write_text(ENGINES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    manifest = load_manifest(model_dir)
+    manifest.backends["engine"] = {}
+    engine = registry.BackendSpec(name="engine", module="fake_engine", needs="request")
+    made = create_backend(engine, manifest, ("arrays", "request"))
+    assert made.submit({"prompt": "hi"}) == {"echo": {"prompt": "hi"}}  # type: ignore[attr-defined]
+    import fake_engine  # type: ignore[import-not-found]
+
+    monkeypatch.setattr(fake_engine, "create", fake_engine.create_wrong)
+    with pytest.raises(ConfigError, match=r"backend 'engine' needs request but NotAnEngine has no submit\(\)"):
+        create_backend(engine, manifest, ("request",))
+
+
 def test_a_spec_with_an_unknown_need_is_refused() -> None:
     with pytest.raises(ConfigError, match="needs 'tokens'; valid: arrays, request"):
         registry.BackendSpec(name="x", module="x", needs="tokens")  # type: ignore[arg-type]
