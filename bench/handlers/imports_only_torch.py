@@ -6,7 +6,7 @@ import numpy  # noqa: F401
 import tokenizers  # noqa: F401
 import torch  # noqa: F401
 
-import handler.backends.encoder_torch
+import handler.backends.pytorch
 import handler.runtime.invocation  # noqa: F401
 
 

@@ -1,63 +1,46 @@
-"""The accelerator contract (initialize / run / describe) and the registry that picks one by name.
-
-Backend modules are imported only when chosen: `onnxruntime` costs ~0.3 s to import and `torch` ~2.5 s,
-and a function pays only for the one it runs.
+"""The accelerator contract (initialize / run or submit / describe), the settings every backend gets, and
+`create_backend`, which imports the chosen backend's implementation module (handler.backends.registry: only the
+one chosen, when chosen) and checks that the task and the backend fit each other.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from handler.backends.device import CudaProbe
-from handler.core.config import env_bool, env_switch
+from handler.backends.registry import BUILTIN_BACKENDS, NEEDS, BackendSpec, Needs
 from handler.core.errors import ConfigError
 from handler.core.manifest import Manifest
-from handler.core.types import BACKEND_NAMES, Arrays, BackendName
+from handler.core.types import JSON, Arrays
 from handler.observability.report import PhaseTimer
 
-_MODULES: dict[BackendName, str] = {"onnx": "handler.backends.ort", "torch": "handler.backends.pytorch"}
+Own = TypeVar("Own")
 
 
 @dataclass(frozen=True)
-class BackendSettings:
+class BackendSettings(Generic[Own]):
+    """What every backend gets, and its own settings (`BackendSpec.settings`' reading of the environment)."""
+
     threads: int
     cuda: CudaProbe
     spin: bool  # let intra-op threads spin between ops: faster, but burns billed CPU time on Lambda
-    prepack: bool = True
-    # The manifest's pre-optimized ONNX model with prepacked weights, when made for this ORT and CPU
-    # (WARMSTART_ORT_OPTIMIZED=0: never).
-    optimized: bool = True
-    # Outputs bound into pooled buffers: None lets the backend decide (on for CUDA, where it saves a copy).
-    iobinding: bool | None = None
-
-    @classmethod
-    def from_environ(cls, env: Mapping[str, str], threads: int, cuda: CudaProbe, spin: bool) -> BackendSettings:
-        """ONNX Runtime's switches parsed as every other setting (`WARMSTART_ORT_PREPACK=false` is off; a value
-        outside 1/0/true/false/yes/no/on/off fails init with ConfigError)."""
-        return cls(
-            threads=threads,
-            cuda=cuda,
-            spin=spin,
-            prepack=env_bool(env, "WARMSTART_ORT_PREPACK", True),
-            optimized=env_bool(env, "WARMSTART_ORT_OPTIMIZED", True),
-            iobinding=env_switch(env, "WARMSTART_ORT_IOBINDING"),
-        )
+    own: Own
 
 
-class Backend(Protocol):
-    name: BackendName
+class BackendBase(Protocol):
+    """What every backend does. Optional: a `coldstart` attribute, a dict of its own cold-start facts for the init
+    report (ONNX Runtime: whether its pre-optimized model was used)."""
 
-    def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
+    name: str
+
+    def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         """Map the weights and build what runs them; record sub-phases on `timer`."""
 
     def warm_device(self) -> dict[str, Any]:
         """Initialize the accelerator for real (context, an allocation, a kernel); say what was done."""
-
-    def run(self, feeds: Arrays) -> Arrays:
-        """Named inputs → named outputs, as the manifest's spec says."""
 
     def set_threads(self, threads: int) -> int:
         """Change the intra-op thread count after init (a restored snapshot); returns the count in effect."""
@@ -66,9 +49,46 @@ class Backend(Protocol):
         """Facts for the init report and status: providers, device, threads, versions."""
 
 
-def create_backend(name: str, manifest: Manifest) -> Backend:
-    if name not in BACKEND_NAMES:
-        raise ConfigError(f"unknown backend {name!r}; valid backends: {', '.join(BACKEND_NAMES)}")
+class Backend(BackendBase, Protocol):
+    """needs "arrays": the task tokenizes, batches and shapes the answer; the backend runs the model."""
+
+    def run(self, feeds: Arrays) -> Arrays:
+        """Named inputs → named outputs, as the manifest's spec says."""
+
+
+class Engine(BackendBase, Protocol):
+    """needs "request": an engine that owns tokenization, scheduling and its KV cache (onnxruntime-genai, vLLM)
+    takes the whole validated request; the task only checks it and shapes what comes back."""
+
+    def submit(self, request: JSON) -> JSON | Iterator[JSON]:
+        """The answer to one request, or for a streamed task its pieces in order (stopped when not iterated)."""
+
+
+# The method each kind of backend must have: a plugin without it fails init here, not at its first request.
+_ENTRY = {"arrays": "run", "request": "submit"}
+
+
+class IncompatibleBackendError(ConfigError):
+    """The configured task and backend do not fit: the backend needs what the task does not give."""
+
+
+def check_pairing(task: str, gives: Sequence[Needs], spec: BackendSpec) -> None:
+    """A task gives its backend arrays, the whole request, or either; the backend needs one of them."""
+    unknown = [g for g in gives if g not in NEEDS]
+    if unknown:
+        raise ConfigError(f"task {task!r} gives {unknown[0]!r}; valid: {', '.join(NEEDS)}")
+    if spec.needs not in gives:
+        raise IncompatibleBackendError(
+            f"backend {spec.name!r} needs {spec.needs} from its task (BackendSpec.needs); task {task!r} gives "
+            f"{' or '.join(gives)}: choose a backend that takes {' or '.join(gives)} (WARMSTART_BACKEND)"
+        )
+
+
+def create_backend(spec: BackendSpec, manifest: Manifest, gives: Sequence[Needs] = ("arrays",)) -> Backend:
+    """The backend `spec` names, for `manifest`'s model and task (`gives`: what the task hands a backend).
+    Every refusal comes before the implementation module is imported. For a spec that needs "request" the
+    object is an `Engine`."""
+    name = spec.name
     if name in manifest.unsupported_backends:
         raise ConfigError(
             f"model {manifest.key} cannot run on backend {name!r}: {manifest.unsupported_backends[name]}; "
@@ -79,6 +99,19 @@ def create_backend(name: str, manifest: Manifest) -> Backend:
             f"model {manifest.key} is not packed for backend {name!r}; it is packed for: "
             f"{', '.join(sorted(manifest.backends))}"
         )
-    module = importlib.import_module(_MODULES[name])
-    backend: Backend = module.create()
+    check_pairing(manifest.task, gives, spec)
+    try:
+        module = importlib.import_module(spec.module)
+    except ImportError as e:
+        if name in BUILTIN_BACKENDS:
+            raise
+        raise ConfigError(f"backend {name!r}: its module {spec.module} cannot be imported: {e}") from None
+    create = getattr(module, "create", None)
+    if not callable(create):
+        raise ConfigError(f"backend {name!r}: its module {spec.module} has no create()")
+    backend: Backend = create()
+    if not callable(getattr(backend, _ENTRY[spec.needs], None)):
+        raise ConfigError(
+            f"backend {name!r} needs {spec.needs} but {type(backend).__name__} has no {_ENTRY[spec.needs]}()"
+        )
     return backend

@@ -11,10 +11,11 @@ import onnxruntime as ort
 
 from handler.backends.contract import BackendSettings
 from handler.backends.fingerprint import cpu_fingerprint
+from handler.backends.ort_spec import OrtSettings
 from handler.backends.pool import current_arena
 from handler.core.errors import ModelLoadError
 from handler.core.manifest import Manifest
-from handler.core.types import Arrays, BackendName
+from handler.core.types import Arrays
 from handler.observability.report import PhaseTimer
 
 CUDA = "CUDAExecutionProvider"
@@ -39,7 +40,7 @@ OutputSpec = tuple[str, Any, list[int | str]]
 
 
 class OnnxBackend:
-    name: BackendName = "onnx"
+    name = "onnx"
 
     def __init__(self) -> None:
         self.session: ort.InferenceSession | None = None
@@ -58,7 +59,7 @@ class OnnxBackend:
         self.bind_outputs = False
         self._lock = threading.Lock()
 
-    def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
+    def initialize(self, manifest: Manifest, settings: BackendSettings[OrtSettings], timer: PhaseTimer) -> None:
         path = manifest.path(manifest.backends["onnx"]["model"])
         optimized, self.optimized = optimized_model(manifest, settings)
         if optimized is not None:
@@ -69,7 +70,9 @@ class OnnxBackend:
                 self.optimized = {"used": False, "reason": f"load failed: {e}"}
         self._create(path, settings, timer, preoptimized=False)
 
-    def _create(self, path: Path, settings: BackendSettings, timer: PhaseTimer, preoptimized: bool) -> None:
+    def _create(
+        self, path: Path, settings: BackendSettings[OrtSettings], timer: PhaseTimer, preoptimized: bool
+    ) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.threads
         options.inter_op_num_threads = 1
@@ -83,7 +86,7 @@ class OnnxBackend:
         )
         options.log_severity_level = 3
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
-        if not settings.prepack:
+        if not settings.own.prepack:
             # Prepacking copies MatMul weights into a packed layout: ~30 ms at init and a second copy in
             # memory, for ~2x faster short-sequence inference. Off only when asked (WARMSTART_ORT_PREPACK=0).
             options.add_session_config_entry("session.disable_prepacking", "1")
@@ -101,7 +104,7 @@ class OnnxBackend:
         self.threads = settings.threads
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._plan_bound_outputs()
-        self.bind_outputs = CUDA in self.providers if settings.iobinding is None else settings.iobinding
+        self.bind_outputs = CUDA in self.providers if settings.own.iobinding is None else settings.own.iobinding
 
     def _plan_bound_outputs(self) -> None:
         """Outputs whose every dim is fixed or named after an input's dim can be preallocated and bound."""
@@ -118,6 +121,11 @@ class OnnxBackend:
                 return
             plan.append((o.name, dtype, list(o.shape)))
         self._bound = plan
+
+    @property
+    def coldstart(self) -> dict[str, Any]:
+        """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
+        return {"onnx_optimized": self.optimized}
 
     def warm_device(self) -> dict[str, Any]:
         if CUDA not in self.providers:
@@ -181,7 +189,7 @@ class OnnxBackend:
         }
 
 
-def optimized_model(manifest: Manifest, settings: BackendSettings) -> tuple[Path | None, dict[str, Any]]:
+def optimized_model(manifest: Manifest, settings: BackendSettings[OrtSettings]) -> tuple[Path | None, dict[str, Any]]:
     """The pre-optimized model's path when it may be used here, and the report's line either way.
 
     Its prepacked weights are in MLAS's layout for the ORT version and CPU features they were made with;
@@ -190,11 +198,11 @@ def optimized_model(manifest: Manifest, settings: BackendSettings) -> tuple[Path
     spec = manifest.backends["onnx"].get("optimized")
     if not spec:
         return None, {"used": False, "reason": "not packed (warmstart optimize)"}
-    if not settings.optimized:
+    if not settings.own.optimized:
         return None, {"used": False, "reason": "off (WARMSTART_ORT_OPTIMIZED=0)"}
     if settings.cuda.usable:
         return None, {"used": False, "reason": "CUDA: prepacked weights are for the CPU provider"}
-    if not settings.prepack:
+    if not settings.own.prepack:
         return None, {"used": False, "reason": "prepacking off (WARMSTART_ORT_PREPACK=0)"}
     made_for = {"onnxruntime": spec.get("onnxruntime"), **{k: spec.get(k) for k in ("arch", "cpu_features")}}
     here = {"onnxruntime": ort.__version__, **cpu_fingerprint()}

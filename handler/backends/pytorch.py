@@ -1,13 +1,11 @@
-"""PyTorch backend: a pack-time torch.export program, or the hand-written encoder, weights mapped from
+"""PyTorch backend: the pack-time torch.export program (what `warmstart pack --from` writes), weights mapped from
 safetensors (no copy).
 
-No `torch.load`: nothing is ever unpickled. Architectures:
-- "exported-program" (what `pack --from` writes): torch.export's program of the stock transformers model plus
-  the task's head, the same module the ONNX graph is exported from, so any family that exports serves here
-  too; run by `handler.backends.program` (JSON, ATen operators only) over the mapped weights.
-- "hf-encoder" (packs made before the exported program) and "bert-mean-pooled" (the default model's packs
-  made before `pack --default` went through `pack --from`'s path):
-  `encoder_torch`'s hand-written encoder, built on the meta device, weights adopted with `assign=True`.
+No `torch.load`: nothing is ever unpickled. torch.export's program of the stock transformers model plus the
+task's head is the same module the ONNX graph is exported from, so any family that exports serves here too; it is
+run by `handler.backends.program` (JSON, ATen operators only) over the mapped weights. A pack made for the
+hand-written encoder this backend once carried (architecture "hf-encoder" or "bert-mean-pooled": no program) is
+refused at init with the command that re-packs it.
 """
 
 from __future__ import annotations
@@ -20,20 +18,19 @@ import numpy as np
 import torch
 
 from handler.backends.contract import BackendSettings
-from handler.backends.encoder_torch import EncoderConfig, HFEncoder, weight_names
 from handler.backends.pool import current_arena
 from handler.backends.program import load as load_program
 from handler.backends.weights import mmap_safetensors
 from handler.core.errors import ModelLoadError
 from handler.core.manifest import Manifest
-from handler.core.types import Arrays, BackendName
+from handler.core.types import Arrays
 from handler.observability.report import PhaseTimer
 
-_ARCHITECTURES = ("bert-mean-pooled", "hf-encoder", "exported-program")
+ARCHITECTURE = "exported-program"
 
 
 class TorchBackend:
-    name: BackendName = "torch"
+    name = "torch"
 
     def __init__(self) -> None:
         self.model: Callable[..., torch.Tensor] | None = None
@@ -42,14 +39,9 @@ class TorchBackend:
         self.threads = 0
         self.output = "sentence_embedding"
 
-    def initialize(self, manifest: Manifest, settings: BackendSettings, timer: PhaseTimer) -> None:
+    def initialize(self, manifest: Manifest, settings: BackendSettings[None], timer: PhaseTimer) -> None:
         spec = manifest.backends["torch"]
-        if spec.get("architecture") not in _ARCHITECTURES:
-            raise ModelLoadError(
-                f"{manifest.root / 'manifest.json'}: torch architecture {spec.get('architecture')!r}; "
-                f"valid: {', '.join(_ARCHITECTURES)}"
-            )
-        path = manifest.path(spec["weights"])
+        check_architecture(manifest)
         self.threads = settings.threads
         torch.set_num_threads(settings.threads)
         if torch.get_num_interop_threads() != 1:
@@ -57,34 +49,11 @@ class TorchBackend:
             with contextlib.suppress(RuntimeError):
                 torch.set_num_interop_threads(1)
         self.output = manifest.outputs[0].name
-        if spec["architecture"] == "exported-program":
-            with timer.phase("load"):
-                self.model = self._program(manifest, spec, settings)
-            return
         with timer.phase("load"):
-            weights = mmap_safetensors(path)
-            model = self._build(manifest, spec)
-            names, missing = weight_names(model, model.family, set(weights))
-            if missing:
-                raise ModelLoadError(f"{path}: missing tensors {sorted(missing)[:5]} ({len(missing)} in all)")
-            # assign=True adopts the mapped tensors as parameters instead of copying into fresh ones; a
-            # float16/bfloat16 checkpoint is widened once here (CPU kernels are float32).
-            state = {
-                k: weights[n] if weights[n].dtype == torch.float32 else weights[n].float() for k, n in names.items()
-            }
-            model.load_state_dict(state, assign=True, strict=True)
-            model.eval().requires_grad_(False)
-        self.device_reason = settings.cuda.reason
-        if settings.cuda.usable and torch.cuda.is_available():
-            with timer.phase("to_device"):
-                self.device = torch.device("cuda")
-                model = model.to(self.device)
-        elif settings.cuda.usable:
-            self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
-        self.model = model
+            self.model = self._program(manifest, spec, settings)
 
     def _program(
-        self, manifest: Manifest, spec: dict[str, Any], settings: BackendSettings
+        self, manifest: Manifest, spec: dict[str, Any], settings: BackendSettings[None]
     ) -> Callable[..., torch.Tensor]:
         """The exported program over the mapped weights (moved to the GPU once when CUDA is usable)."""
         weights = mmap_safetensors(manifest.path(spec["weights"]))
@@ -93,7 +62,7 @@ class TorchBackend:
             self.device = torch.device("cuda")
         elif settings.cuda.usable:
             self.device_reason = f"{settings.cuda.reason}, but this torch build has no CUDA ({torch.__version__})"
-        program = load_program(manifest.path(spec.get("program", "program.json")), weights, self.device)
+        program = load_program(manifest.path(spec["program"]), weights, self.device)
         wanted = [i.name for i in manifest.inputs]
         if program.inputs != wanted:
             raise ModelLoadError(
@@ -105,24 +74,6 @@ class TorchBackend:
             return out
 
         return run
-
-    @staticmethod
-    def _build(manifest: Manifest, spec: dict[str, Any]) -> HFEncoder:
-        """The model for the manifest, on the meta device (no memory, nothing initialized)."""
-        normalize = bool(manifest.pooling.get("normalize", True))
-        family = "bert" if spec["architecture"] == "bert-mean-pooled" else spec.get("family") or manifest.family
-        try:
-            config = EncoderConfig.from_hf(str(family), spec["config"])
-            with torch.device("meta"):
-                return HFEncoder(
-                    config,
-                    head=spec.get("head", "none"),
-                    pooling=str(manifest.pooling.get("mode", "mean")),
-                    normalize=normalize,
-                    activation=manifest.options.get("activation"),  # a rerank model's (its spec's field)
-                )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModelLoadError(f"{manifest.root / 'manifest.json'}: backends.torch: {e}") from None
 
     def warm_device(self) -> dict[str, Any]:
         if self.device.type != "cuda":
@@ -169,6 +120,23 @@ class TorchBackend:
             "threads": self.threads,
             "torch": torch.__version__,
         }
+
+
+def check_architecture(manifest: Manifest) -> None:
+    """The torch entry runs the exported program; a pack made for the hand-written encoder (no program) gets one
+    line saying how to re-pack it."""
+    spec = manifest.backends["torch"]
+    architecture = spec.get("architecture")
+    where = manifest.root / "manifest.json"
+    if "program" not in spec:
+        source = (manifest.raw.get("source") or {}).get("dir") or "SOURCE_DIR"
+        raise ModelLoadError(
+            f"{where}: packed for the hand-written torch encoder ({architecture!r}, no exported program), which is "
+            f"gone; re-pack it: warmstart pack --from {source} --out {manifest.root} --force "
+            "(or serve this pack with WARMSTART_BACKEND=onnx)"
+        )
+    if architecture != ARCHITECTURE:
+        raise ModelLoadError(f"{where}: torch architecture {architecture!r}; valid: {ARCHITECTURE}")
 
 
 def create() -> TorchBackend:

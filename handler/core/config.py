@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Literal
 
 from handler.core.errors import ConfigError
-from handler.core.types import BACKEND_NAMES, BackendName
 
 # Lambda's synchronous invoke limit, request and response alike.
 LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
@@ -52,13 +51,6 @@ def snapshot_mode(environ: Mapping[str, str] | None = None) -> SnapshotMode | No
         if raw == mode:
             return mode
     raise ConfigError(f"WARMSTART_SNAPSHOT={raw!r}; valid values: {', '.join(SNAPSHOT_MODES)}")
-
-
-def parse_backend(value: str) -> BackendName:
-    for name in BACKEND_NAMES:
-        if value == name:
-            return name
-    raise ConfigError(f"unknown backend {value!r}; valid backends: {', '.join(BACKEND_NAMES)}")
 
 
 def env_int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
@@ -112,7 +104,9 @@ def is_s3(source: str) -> bool:
 @dataclass(frozen=True)
 class Config:
     model_dir: Path
-    backend: BackendName | None  # None: the manifest's default backend
+    # None: the manifest's default backend. A name, checked where backends are known (handler.backends.registry)
+    # when the model loads: a plugin's name is valid too.
+    backend: str | None
     max_inputs: int = 256
     max_chars: int = 20_000
     # Padded tokens (rows x the longest) of one model run, one request's or a batch's: activation memory
@@ -165,7 +159,7 @@ class Config:
             raise ConfigError(f"WARMSTART_HTTP_STATUS={http_status!r}; valid values: {', '.join(HTTP_STATUS_DETAIL)}")
         return cls(
             model_dir=model_dir,
-            backend=parse_backend(backend_raw) if backend_raw else None,
+            backend=backend_raw or None,
             max_inputs=env_int(env, "WARMSTART_MAX_INPUTS", cls.max_inputs, 1, 100_000),
             max_chars=env_int(env, "WARMSTART_MAX_CHARS", cls.max_chars, 1, LAMBDA_PAYLOAD_LIMIT),
             batch_tokens=env_int(env, "WARMSTART_BATCH_TOKENS", cls.batch_tokens, 1, 1 << 24),

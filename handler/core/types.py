@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -11,5 +11,3 @@ JSON: TypeAlias = Any
 Event: TypeAlias = Any  # what the runtime client hands us: a decoded JSON value, or raw bytes when not JSON
 LambdaResponse: TypeAlias = dict[str, Any]
 Arrays: TypeAlias = dict[str, "npt.NDArray[Any]"]
-BackendName = Literal["onnx", "torch"]
-BACKEND_NAMES: tuple[BackendName, ...] = ("onnx", "torch")

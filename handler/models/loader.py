@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from handler.backends import registry
 from handler.backends.contract import Backend, BackendSettings, create_backend
 from handler.backends.device import probe_cuda
 from handler.backends.pool import BufferPool
@@ -127,8 +128,10 @@ def load_model(
         manifest = catalog.load_manifest(model_dir)  # the task's spec module is imported here
     spec = catalog.spec(manifest.task)
     name = config.backend or manifest.default_backend
+    backend_spec = registry.spec(name)  # a built-in by its table; entry points read only for another name
+    own = backend_spec.own_settings(env)  # its own settings checked before its (costly) import
     with timer.phase("imports"):
-        backend = create_backend(name, manifest)
+        backend = create_backend(backend_spec, manifest, spec.gives)
     files = manifest.files_for(name)
     verified = 0
     if verify_all or config.verify_sha256:
@@ -146,7 +149,7 @@ def load_model(
     plan = plan_threads(budget.cpus, runs_at_once(env), threads or config.threads, spin_allowed=not on_lambda)
     threads = plan.threads
     cuda = probe_cuda(config.device)
-    settings = BackendSettings.from_environ(env, threads, cuda, spin=plan.spin)
+    settings = BackendSettings(threads, cuda, plan.spin, own)
     backend.initialize(manifest, settings, timer)
     with timer.phase("device"):
         device = backend.warm_device()
@@ -184,9 +187,10 @@ def load_model(
         verified_files=verified,
         warmup_error=warmup_error,
         phases_ms=dict(timer.phases),
+        # A backend's own cold-start facts (ONNX Runtime: whether the pre-optimized model was used), then the task's.
         coldstart={
             k: v
-            for k, v in (("onnx_optimized", getattr(backend, "optimized", None)), ("tokenizer", _tokenizer(task)))
+            for k, v in (*getattr(backend, "coldstart", {}).items(), ("tokenizer", _tokenizer(task)))
             if v is not None
         },
         budget=memory,

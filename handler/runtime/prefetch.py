@@ -8,7 +8,8 @@ On a warm page cache (sampled: startfiles.warm) nothing is issued. On a cold one
 image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
-Stdlib only and no handler imports beyond `fingerprint` and `startfiles`: it runs before numpy is imported. Switch:
+Stdlib only, and of handler only `startfiles` and the backend's spec (handler.backends.registry: spec modules import
+nothing heavy): it runs before numpy is imported. Switch:
 WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
 """
 
@@ -25,22 +26,14 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("all", "model", "off")
-# The shared libraries each backend's imports load, in import order, as globs under site-packages (targeted:
-# walking numpy's whole tree would cost the CPU this is meant to save). CUDA/TensorRT providers load only with
-# a device (and are hundreds of MB), so they are never prefetched.
+# The shared libraries a start loads, in import order, as globs under site-packages (targeted: walking numpy's
+# whole tree would cost the CPU this is meant to save): the shim's own (numpy, tokenizers) around the chosen
+# backend's (its BackendSpec.libraries). CUDA/TensorRT providers load only with a device (and are hundreds of MB),
+# so they are never prefetched.
 _NUMPY = ("numpy", ("numpy.libs/*.so*", "numpy/_core/_multiarray_umath*.so", "numpy/linalg/_umath_linalg*.so"))
 _TOKENIZERS = ("tokenizers", ("tokenizers/*.so",))
-_LIBS = {
-    # The Python module embeds the runtime: libonnxruntime.so (the C API's copy, 28 MB) is never loaded.
-    "onnx": (
-        _NUMPY,
-        ("onnxruntime", ("onnxruntime/capi/*pybind11_state*.so", "onnxruntime/capi/*_shared.so")),
-        _TOKENIZERS,
-    ),
-    "torch": (_NUMPY, _TOKENIZERS),
-}
 _SKIP = ("providers_cuda", "providers_tensorrt")
-# The values that turn a switch off, as handler.core.config.env_bool reads them (not imported: prefetch runs first).
+# The values that turn a switch off, as handler.core.config.env_bool reads them.
 _OFF = ("0", "false", "no", "off")
 
 _started: Prefetch | None = None
@@ -167,16 +160,13 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
 
     raw = json.loads(read_regular(model_dir / "manifest.json"))  # never a plain open: a FIFO there would hang init
     backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
-    spec = raw["backends"].get(backend)
-    if spec is None:
+    entry = raw["backends"].get(backend)
+    if entry is None:
         return backend, []
+    from handler.backends.registry import spec as backend_spec
+
     files: list[Item] = []
-    names = list(spec.get("files", []))
-    ranges: dict[str, list[list[int]]] = {}
-    optimized = spec.get("optimized")
-    if optimized and _fits(optimized) and (env.get("WARMSTART_ORT_OPTIMIZED") or "1").strip().lower() not in _OFF:
-        names = list(optimized.get("files", [])) or names  # the session will open these instead
-        ranges = optimized.get("touched_ranges") or {}
+    names, ranges = backend_spec(backend).files(entry, env)
     tokenizer = raw.get("tokenizer") or {}
     shortcut = tokenizer.get("shortcut") or {}
     shortcut_on = (env.get("WARMSTART_TOKENIZER_SHORTCUT") or "1").strip().lower() not in _OFF
@@ -185,13 +175,6 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
     elif tokenizer.get("file"):
         names.append(tokenizer["file"])
     return backend, files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
-
-
-def _fits(optimized: Mapping[str, Any]) -> bool:
-    from handler.backends.fingerprint import cpu_fingerprint
-
-    fp = cpu_fingerprint()
-    return bool(optimized.get("arch") == fp["arch"] and optimized.get("cpu_features") == fp["cpu_features"])
 
 
 def _model_dir(env: Mapping[str, str]) -> Path | None:
@@ -210,8 +193,14 @@ def _model_dir(env: Mapping[str, str]) -> Path | None:
 
 
 def _libraries(backend: str) -> list[Path]:
+    from handler.backends.registry import spec as backend_spec
+
+    try:
+        own = backend_spec(backend).libraries
+    except Exception:  # an unknown or broken backend is init's error to report; the shim's own libraries still help
+        own = ()
     out: list[Path] = []
-    for package, patterns in _LIBS.get(backend, ()):
+    for package, patterns in (_NUMPY, *own, _TOKENIZERS):
         spec = find_spec(package)  # locates the package without importing it
         if spec is None or not spec.submodule_search_locations:
             continue

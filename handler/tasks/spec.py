@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
+from handler.backends.registry import Needs
 from handler.core.config import Config
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
@@ -96,6 +97,9 @@ class TaskSpec:
     routes: tuple[str, ...] = ()  # compatible routes it serves, by path (`handler.api.compat.ROUTES`)
     batches: bool = False  # has `prepare(payload) -> Prepared`: requests may share a model run (`tasks.batch`)
     streams: bool = False  # its answer is a stream of pieces, not one value
+    # What it hands a backend: arrays (`Backend.run`), or the whole request to an engine that owns its loop
+    # (`Engine.submit`); init refuses a backend that needs what the task does not give.
+    gives: tuple[Needs, ...] = ("arrays",)
     tei_kind: str | None = None  # its name in TEI's `/info` `model_type` (None: the task's own name)
     tei_info: Callable[[Manifest], dict[str, Any]] = no_info  # the details under that name
     tei_info_schema: Schema | None = None  # their schema (None: any object)

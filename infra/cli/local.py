@@ -67,7 +67,19 @@ def add_function_options(p: argparse.ArgumentParser) -> None:
         " and restored (implies --init-type snap-start)",
     )
     p.add_argument("--model", help="packed model directory (sets WARMSTART_MODEL)")
-    p.add_argument("--backend", choices=("onnx", "torch"), help="sets WARMSTART_BACKEND")
+    p.add_argument("--backend", type=backend_name, help="sets WARMSTART_BACKEND (a built-in or an installed plugin's)")
+
+
+def backend_name(value: str) -> str:
+    """A backend the registry knows (built in, or an installed package's entry point); else the registry's
+    error, which lists the valid names."""
+    from handler.backends import registry
+    from handler.core.errors import ConfigError
+
+    try:
+        return registry.spec(value).name
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaConfig:

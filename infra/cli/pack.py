@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         if args.default or args.source_dir is not None:
             from infra.pack.calibration import read_calibration
             from infra.pack.hf_export import ExportError
-            from infra.pack.hf_pack import default_id, pack_from
+            from infra.pack.hf_pack import EXPORTERS, default_id, pack_from
             from infra.pack.precision import Precision
 
             precision = Precision(
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.default:
                     out = pack_default(
                         args.out or DEFAULT_OUT,
-                        _backends(args.backends) or (None if precision.reduced else ["onnx", "torch"]),
+                        _backends(args.backends) or (None if precision.reduced else list(EXPORTERS)),
                         force=args.force,
                         fuse=not args.no_fuse,
                         precision=precision,

@@ -4,6 +4,8 @@ read_source (check everything, write nothing) -> stage the weights as safetensor
 through `torch.load(weights_only=True)`) -> export to ONNX with the task's head in the graph -> publish:
 tokenizer.json (+ vocab.txt where the tokenizer shortcut is proved: infra.pack.wordpiece), model.onnx +
 page-aligned model.onnx.data, program.json + model.safetensors (torch backend), manifest.
+
+Backend names are the run time's (handler.backends.registry); EXPORTERS says which of them this pack writes.
 """
 
 from __future__ import annotations
@@ -25,15 +27,11 @@ from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
 from infra.pack.publish import check_model_id, check_output, publish
 
-BACKENDS = ("onnx", "torch")
+# The backends `pack --from` writes an artifact for (the ONNX graph; torch.export's program), in default order.
+# Their names are checked against the backend registry first: one place says what a backend is called.
+EXPORTERS = ("onnx", "torch")
 WEIGHTS_FILE = "model.safetensors"
-TORCH_ARTIFACTS = ("exported-program", "hf-encoder")
-TORCH_ARTIFACT = "exported-program"
 TOKENIZER_FILE = "tokenizer.json"
-# Why the hand-written encoder (torch_artifact="hf-encoder", or the fallback when the program is refused) cannot
-# serve a model: it has BERT's five families and no Dense module.
-HAND_WRITTEN_FAMILY = "no hand-written torch encoder for {family} (the exported program serves it)"
-HAND_WRITTEN_DENSE = "the hand-written torch encoder has no sentence-transformers Dense module"
 _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
 
 
@@ -47,37 +45,28 @@ def default_version(source: HFSource) -> str:
     return f"{default_id(source.root)}-{source.content_sha256[:12]}"
 
 
-def choose_backends(
-    source: HFSource, backends: Iterable[str] | None, torch_artifact: str = TORCH_ARTIFACT
-) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The backends to pack (explicit ones are checked; the default drops what the model cannot run) and the
-    `unsupported_backends` entry. Only the hand-written encoder is known unable before anything is exported
-    (it has the five families and no Dense module); whether the exported program serves the model is decided
+def choose_backends(backends: Iterable[str] | None) -> tuple[str, ...]:
+    """The backends to pack: every exporter's by default, else the named ones, each a backend the registry knows
+    (its error lists them) that this pack exports for. Whether the exported program serves the model is decided
     by exporting it (export_torch)."""
-    refusal = hand_written_refusal(source) if torch_artifact == "hf-encoder" else None
-    unsupported = {"torch": refusal} if refusal is not None else {}
     if backends is None:
-        return tuple(b for b in BACKENDS if b not in unsupported), unsupported
+        return EXPORTERS
+    from handler.backends import registry
+    from handler.core.errors import ConfigError
+
     chosen = tuple(dict.fromkeys(b.strip() for b in backends if b.strip()))
-    unknown = [b for b in chosen if b not in BACKENDS]
-    if not chosen or unknown:
-        raise SourceError(f"backends {', '.join(chosen) or '(none)'}; valid: {', '.join(BACKENDS)} (one or both)")
-    refused = [b for b in chosen if b in unsupported]
-    if refused:
-        raise UnsupportedModelError(
-            f"backend {refused[0]} is not supported for {source.family}: {unsupported[refused[0]]}; "
-            f"supported for {source.family}: {', '.join(b for b in BACKENDS if b not in unsupported)}"
-        )
-    return chosen, unsupported
-
-
-def hand_written_refusal(source: HFSource) -> str | None:
-    """Why the hand-written encoder (handler.backends.encoder_torch) cannot serve `source`, or None."""
-    from handler.backends.encoder_torch import FAMILIES as HAND_WRITTEN
-
-    if source.family not in HAND_WRITTEN:
-        return HAND_WRITTEN_FAMILY.format(family=source.family)
-    return HAND_WRITTEN_DENSE if source.dense else None
+    if not chosen:
+        raise SourceError(f"backends (none); valid: {', '.join(EXPORTERS)} (one or both)")
+    for name in chosen:
+        try:
+            registry.spec(name)
+        except ConfigError as e:
+            raise SourceError(f"backends {', '.join(chosen)}: {e}") from None
+        if name not in EXPORTERS:
+            raise SourceError(
+                f"backend {name!r} has no exporter in `pack --from`; it exports for: {', '.join(EXPORTERS)}"
+            )
+    return chosen
 
 
 def pack_from(
@@ -90,26 +79,20 @@ def pack_from(
     backends: Iterable[str] | None = None,
     fuse: bool = True,
     force: bool = False,
-    torch_artifact: str = TORCH_ARTIFACT,
     source_info: dict[str, str] | None = None,
     precision: Precision | None = None,
 ) -> Path:
     """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
 
-    `torch_artifact`: what the torch backend runs, "exported-program" (the default) or "hf-encoder" (the
-    hand-written encoder, for comparison: bench/bench_torch_artifact.py). `source_info`: more about where the
+    `source_info`: more about where the
     directory came from, added to the manifest's `source` (the default model: its PyPI package). `precision`:
     `--dtype` (the torch program) or `--quantize` (the ONNX graph), each behind the quality gate
     (infra.pack.quality: refused below its threshold before anything is written), recorded as `precision`."""
-    if torch_artifact not in TORCH_ARTIFACTS:
-        raise SourceError(f"torch artifact {torch_artifact!r}; valid: {', '.join(TORCH_ARTIFACTS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
-    chosen, unsupported = choose_backends(source, backends, torch_artifact)
+    chosen, unsupported = choose_backends(backends), dict[str, str]()
     precision = precision or Precision()
     if precision.reduced:
-        if torch_artifact != "exported-program" and precision.dtype != "float32":
-            raise PrecisionError(f"--dtype {precision.dtype} needs the exported program (torch_artifact)")
         chosen, unsupported = precision.backends(chosen, unsupported, None if backends is None else list(backends))
     model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
@@ -139,9 +122,9 @@ def pack_from(
         program = None
         if "torch" in chosen:
             program, chosen, unsupported = export_torch(
-                source, staged, torch_artifact, chosen, unsupported, backends, model, reference, precision, calibration
+                source, staged, chosen, unsupported, backends, model, reference, precision, calibration
             )
-            if isinstance(program, StagedProgram) and program.quality is not None:
+            if program is not None and program.quality is not None:
                 from infra.pack.quality import check
 
                 quality = check(source.task, program.quality, precision.min_quality, f"--dtype {precision.dtype}")
@@ -175,8 +158,8 @@ def pack_from(
                 for name in (ONNX_FILE, ONNX_DATA):
                     shutil.move(exported.where / name, tmp / name)
                 spec["onnx"] = {"model": ONNX_FILE, "files": [ONNX_FILE, ONNX_DATA], "fused": exported.fused}
-            if "torch" in chosen:
-                spec["torch"] = torch_spec(source, staged, tmp, program)
+            if program is not None:
+                spec["torch"] = torch_spec(tmp, program)
             manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
             if precision.reduced:
                 gate = quality if quality is not None else spec["onnx"].pop("quality")
@@ -204,7 +187,6 @@ def tokenizer_shortcut(path: Path, max_length: int, pad_id: int, out: Path) -> d
 def export_torch(
     source: HFSource,
     staged: Path,
-    artifact: str,
     chosen: tuple[str, ...],
     unsupported: dict[str, str],
     backends: Iterable[str] | None,
@@ -212,17 +194,13 @@ def export_torch(
     reference: Any = None,
     precision: Precision | None = None,
     calibration: list[dict[str, Any]] | None = None,
-) -> tuple[StagedProgram | ProgramFallback | None, tuple[str, ...], dict[str, str]]:
-    """The torch backend's exported program, staged in `staged`/program (None: the hand-written encoder), and
-    the backends left to pack.
+) -> tuple[StagedProgram | None, tuple[str, ...], dict[str, str]]:
+    """The torch backend's exported program, staged in `staged`/program, and the backends left to pack.
 
-    A model torch.export cannot capture faithfully falls back to the hand-written encoder when it serves the
-    model (one of its five families, no Dense module; the reason is kept in the manifest); otherwise torch is
-    dropped from the default backends with the reason in `unsupported_backends`, or refused when it was asked
-    for. The program's files are written to the staging directory at once: its weights (the size of the model)
-    are not held in memory through the ONNX export."""
-    if artifact != "exported-program":
-        return None, chosen, unsupported
+    A model torch.export cannot capture faithfully is refused for torch when torch was asked for; otherwise torch
+    is dropped from the default backends with the reason in `unsupported_backends` (None). The program's files are
+    written to the staging directory at once: its weights (the size of the model) are not held in memory through
+    the ONNX export."""
     from infra.pack.hf_export import free_memory
     from infra.pack.torch_program import ProgramExportError, export_program
 
@@ -230,10 +208,8 @@ def export_torch(
     try:
         program = export_program(source, staged, model, reference, dtype=dtype, calibration=calibration)
     except ProgramExportError as e:
-        if dtype != "float32":  # the hand-written encoder runs float32 only
+        if dtype != "float32":
             raise PrecisionError(f"--dtype {dtype}: torch.export's program of the model failed ({e})") from None
-        if hand_written_refusal(source) is None:
-            return ProgramFallback(str(e)), chosen, unsupported
         if backends is not None:
             raise UnsupportedModelError(f"backend torch is not supported for {source.family}: {e}") from None
         return None, tuple(b for b in chosen if b != "torch"), {**unsupported, "torch": str(e)}
@@ -241,10 +217,6 @@ def export_torch(
     del program
     free_memory()  # torch.export's graph and the traced module hold the model in reference cycles: freed now
     return staged_program, chosen, unsupported
-
-
-class ProgramFallback(str):
-    """Why the exported program was not packed (the hand-written encoder serves instead)."""
 
 
 @dataclass(frozen=True)
@@ -269,44 +241,26 @@ class StagedProgram:
         return StagedProgram(where, program.max_abs_diff, program.attention, program.dtype, program.quality)
 
 
-def torch_spec(
-    source: HFSource, staged: Path, tmp: Path, program: StagedProgram | ProgramFallback | None
-) -> dict[str, Any]:
-    """Write the torch backend's files into `tmp`; its manifest entry.
+def torch_spec(tmp: Path, program: StagedProgram) -> dict[str, Any]:
+    """Write the torch backend's files into `tmp`; its manifest entry: torch.export's program of the same module
+    the ONNX graph is exported from (infra.pack.torch_program), program.json + model.safetensors under the
+    program's parameter names."""
+    import torch
 
-    "exported-program": torch.export's program of the same module the ONNX graph is exported from
-    (infra.pack.torch_program), program.json + model.safetensors under the program's parameter names.
-    "hf-encoder": the staged safetensors as is, for the hand-written encoder (handler.backends.encoder_torch):
-    asked for (`torch_artifact`), or the fallback when the program could not be exported."""
-    if isinstance(program, StagedProgram):
-        import torch
+    from infra.pack.torch_program import PROGRAM_FILE
 
-        from infra.pack.torch_program import PROGRAM_FILE
-
-        for name in (PROGRAM_FILE, WEIGHTS_FILE):
-            shutil.move(program.where / name, tmp / name)
-        return {
-            "architecture": "exported-program",
-            "program": PROGRAM_FILE,
-            "weights": WEIGHTS_FILE,
-            "files": [PROGRAM_FILE, WEIGHTS_FILE],
-            "exported_with": {"torch": torch.__version__},
-            "attention": program.attention,
-            "max_abs_diff": program.max_abs_diff,
-            **({"dtype": program.dtype} if program.dtype != "float32" else {}),
-        }
-    shutil.copyfile(staged / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
-    spec = {
+    for name in (PROGRAM_FILE, WEIGHTS_FILE):
+        shutil.move(program.where / name, tmp / name)
+    return {
+        "architecture": "exported-program",
+        "program": PROGRAM_FILE,
         "weights": WEIGHTS_FILE,
-        "files": [WEIGHTS_FILE],
-        "architecture": "hf-encoder",
-        "family": source.family,
-        "config": source.config,
-        "head": "sequence-classification" if source.sequence_classification else "none",
+        "files": [PROGRAM_FILE, WEIGHTS_FILE],
+        "exported_with": {"torch": torch.__version__},
+        "attention": program.attention,
+        "max_abs_diff": program.max_abs_diff,
+        **({"dtype": program.dtype} if program.dtype != "float32" else {}),
     }
-    if program is not None:
-        spec["program_refused"] = str(program)
-    return spec
 
 
 def stage_safetensors(source: HFSource, staging: Path) -> Path:

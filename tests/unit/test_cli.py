@@ -120,3 +120,15 @@ def test_a_reader_that_went_away_is_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 0
     assert (tmp_path / "m" / "manifest.json").is_file()  # the work was done; only its report had no reader
+
+
+def test_local_backend_names_come_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was a `choices=("onnx", "torch")` of its own: a plugin's backend could not be named here.
+    from infra.cli import local
+
+    parser = argparse.ArgumentParser()
+    local.register(parser.add_subparsers())
+    assert parser.parse_args(["local", "--backend", "torch"]).backend == "torch"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["local", "--backend", "tensorrt"])
+    assert "unknown backend 'tensorrt'; valid backends: onnx, torch" in capsys.readouterr().err

@@ -159,21 +159,14 @@ def test_sentence_transformers_6_layout_and_identity_activation(tmp_path: Path) 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_pytorch_bin_and_vocab_files_only(tmp_path: Path, family: str) -> None:
-    """pytorch_model.bin (read with weights_only=True) and no tokenizer.json: tokenizer.json is built, the
-    packed safetensors keeps Hugging Face's tensor names, and the graph still equals the model."""
+    """pytorch_model.bin (read with weights_only=True) and no tokenizer.json: tokenizer.json is built, and the
+    graph still equals the model."""
     import torch
     import transformers
-    from safetensors.numpy import load_file
 
     src = make_model_dir(tmp_path, family, "classifier", weights="bin", tokenizer_files="vocab")
     assert not (src / "tokenizer.json").exists() and not (src / "model.safetensors").exists()
-    # The hand-written encoder's artifact keeps the checkpoint's names (an exported program renames them).
-    out = pack_from(src, tmp_path / "packed", torch_artifact="hf-encoder")
-    state = torch.load(src / "pytorch_model.bin", weights_only=True)
-    packed_weights = load_file(str(out / "model.safetensors"))
-    assert set(packed_weights) == set(state)
-    for name, tensor in state.items():
-        np.testing.assert_array_equal(packed_weights[name], tensor.numpy())
+    out = pack_from(src, tmp_path / "packed", backends=["onnx"])
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), local_files_only=True)
     ours = Packed(out)
     assert [e.ids for e in ours.tokenizer.encode_batch(TEXTS[:2])] == tokenizer(TEXTS[:2], padding=True)["input_ids"]
@@ -251,23 +244,29 @@ def test_multi_label_classifier_and_max_seq_from_positions(tmp_path: Path) -> No
     assert set(m["files"]) == {"model.safetensors", "program.json", "tokenizer.json"}
 
 
-def test_hand_written_encoder_on_request_and_as_the_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refused_program_drops_torch_with_no_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch backend runs the exported program only: a BERT the program refuses (which the hand-written
+    encoder, removed, once served instead) is packed for ONNX with the program's reason, and refused for torch."""
     from infra.pack import torch_program
-
-    src = make_model_dir(tmp_path, "bert", "cross-encoder", max_seq_length=20)
-    m = read_manifest(pack_from(src, tmp_path / "asked", backends=["torch"], torch_artifact="hf-encoder"))
-    spec = m["backends"]["torch"]
-    assert spec["architecture"] == "hf-encoder" and spec["head"] == "sequence-classification"
-    assert spec["config"] == json.loads((src / "config.json").read_text()) and "program_refused" not in spec
 
     def refuse(*_: Any, **__: Any) -> None:
         raise torch_program.ProgramExportError("torch.export cannot capture the model (test)")
 
     monkeypatch.setattr(torch_program, "export_program", refuse)
-    m = read_manifest(pack_from(src, tmp_path / "fallback", backends=["torch"]))
-    spec = m["backends"]["torch"]
-    assert spec["architecture"] == "hf-encoder" and spec["program_refused"].endswith("(test)")
-    assert "program.json" not in m["files"]
+    src = make_model_dir(tmp_path, "bert", "cross-encoder", max_seq_length=20)
+    m = read_manifest(pack_from(src, tmp_path / "default"))
+    assert set(m["backends"]) == {"onnx"} and m["unsupported_backends"]["torch"].endswith("(test)")
+    with pytest.raises(UnsupportedModelError, match=r"backend torch is not supported for bert: .*\(test\)"):
+        pack_from(src, tmp_path / "torch", backends=["torch"])
+
+
+def test_backend_names_are_the_registrys(tmp_path: Path) -> None:
+    src = make_model_dir(tmp_path, "bert", max_seq_length=18)
+    with pytest.raises(SourceError, match="unknown backend 'tensorrt'; valid backends: onnx, torch"):
+        pack_from(src, tmp_path / "out", backends=["onnx", "tensorrt"])
+    with pytest.raises(SourceError, match=r"backends \(none\); valid: onnx, torch"):
+        pack_from(src, tmp_path / "out", backends=[" "])
+    assert not (tmp_path / "out").exists()
 
 
 def test_mpnet_packs_both_backends(packed: Callable[..., tuple[Path, Path]]) -> None:
@@ -280,8 +279,8 @@ def test_mpnet_packs_both_backends(packed: Callable[..., tuple[Path, Path]]) -> 
 def test_a_model_the_program_cannot_serve_is_onnx_only_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No hand-written encoder serves a model with Dense modules: when its program is refused, torch is dropped
-    from the default backends with the program's reason, and refused when asked for, before anything is written."""
+    """A model with Dense modules whose program is refused: torch is dropped from the default backends with the
+    program's reason, and refused when asked for, before anything is written."""
     from infra.pack import torch_program
 
     def refuse(*_: Any, **__: Any) -> None:
@@ -294,24 +293,6 @@ def test_a_model_the_program_cannot_serve_is_onnx_only_with_the_reason(
     assert m["unsupported_backends"]["torch"] == "the exported program differs from the model by 0.5 (test)"
     with pytest.raises(UnsupportedModelError, match=r"backend torch is not supported for bert: .*0\.5 \(test\)"):
         pack_from(src, tmp_path / "torch", backends=["onnx", "torch"])
-    assert not (tmp_path / "torch").exists()
-
-
-@pytest.mark.parametrize(
-    ("family", "options", "reason"),
-    [
-        ("bert", {"dense": [(24, "torch.nn.modules.activation.Tanh")]}, "no sentence-transformers Dense module"),
-        ("gte", {}, "no hand-written torch encoder for gte"),
-    ],
-)
-def test_the_hand_written_encoder_is_refused_where_it_cannot_serve(
-    tmp_path: Path, family: str, options: dict[str, Any], reason: str
-) -> None:
-    """Asked for on purpose (torch_artifact="hf-encoder"), it is refused before any export: it has five families
-    and no Dense module."""
-    src = make_model_dir(tmp_path, family, max_seq_length=18, **options)
-    with pytest.raises(UnsupportedModelError, match=f"backend torch is not supported for {family}: .*{reason}"):
-        pack_from(src, tmp_path / "torch", backends=["torch"], torch_artifact="hf-encoder")
     assert not (tmp_path / "torch").exists()
 
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handler.backends import registry
 from handler.backends.contract import create_backend
 from handler.core.config import Config
 from handler.core.errors import (
@@ -405,7 +406,7 @@ def test_unsupported_backend_is_a_config_error(tmp_path: Path) -> None:
     why = "mpnet: relative position bias not implemented in warmstart's torch encoder"
     manifest = load_manifest(packed(tmp_path, "embedding", family="mpnet", unsupported_backends={"torch": why}))
     with pytest.raises(ConfigError, match=rf"cannot run on backend 'torch': {why}; it is packed for: onnx"):
-        create_backend("torch", manifest)
+        create_backend(registry.spec("torch"), manifest)
 
 
 # ---- float32 text --------------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""The ONNX Runtime backend's spec (implementation: handler.backends.ort) and its own settings, the
+`WARMSTART_ORT_*` switches. Stdlib only: the prefetch reads it before numpy is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from handler.backends.registry import BackendSpec, Ranges
+from handler.core.config import env_bool, env_switch
+
+
+class OrtSettings(NamedTuple):  # not a dataclass: built in the prefetch's path (~0.2 ms against ~1 ms)
+    prepack: bool = True
+    # The manifest's pre-optimized ONNX model with prepacked weights, when made for this ORT and CPU
+    # (WARMSTART_ORT_OPTIMIZED=0: never).
+    optimized: bool = True
+    # Outputs bound into pooled buffers: None lets the backend decide (on for CUDA, where it saves a copy).
+    iobinding: bool | None = None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> OrtSettings:
+        """Parsed as every other setting (`WARMSTART_ORT_PREPACK=false` is off; a value outside
+        1/0/true/false/yes/no/on/off fails init with ConfigError)."""
+        return cls(
+            prepack=env_bool(env, "WARMSTART_ORT_PREPACK", True),
+            optimized=env_bool(env, "WARMSTART_ORT_OPTIMIZED", True),
+            iobinding=env_switch(env, "WARMSTART_ORT_IOBINDING"),
+        )
+
+
+def start_files(entry: Mapping[str, Any], env: Mapping[str, str]) -> tuple[list[str], Ranges]:
+    """The pre-optimized model's files and the ranges the session reads of them, when the session will open
+    them (made for this CPU, not switched off), else the portable model's files."""
+    names = list(entry.get("files", []))
+    optimized = entry.get("optimized")
+    settings = OrtSettings.from_environ(env)
+    if not optimized or not (settings.optimized and settings.prepack) or not _fits(optimized):
+        return names, {}
+    return list(optimized.get("files", [])) or names, optimized.get("touched_ranges") or {}
+
+
+def _fits(optimized: Mapping[str, Any]) -> bool:
+    from handler.backends.fingerprint import cpu_fingerprint
+
+    fp = cpu_fingerprint()
+    return bool(optimized.get("arch") == fp["arch"] and optimized.get("cpu_features") == fp["cpu_features"])
+
+
+SPEC = BackendSpec(
+    name="onnx",
+    module="handler.backends.ort",
+    needs="arrays",
+    # The Python module embeds the runtime: libonnxruntime.so (the C API's copy, 28 MB) is never loaded.
+    libraries=(("onnxruntime", ("onnxruntime/capi/*pybind11_state*.so", "onnxruntime/capi/*_shared.so")),),
+    settings=OrtSettings.from_environ,
+    start_files=start_files,
+)
