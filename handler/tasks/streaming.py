@@ -1,0 +1,54 @@
+"""The stream contract: a task whose answer is a sequence of pieces rather than one value.
+
+A streaming task declares `streams = True` and exposes `stream(payload) -> Iterator[dict]`: each piece is a
+JSON object, produced as the task makes it (a generated token, a chunk). The layers above carry the pieces
+end to end: the worker pool (`handler.runtime.pieces`: a bounded buffer, a consumer that leaves stops the
+producer at its next piece), the HTTP host (server-sent events when the request asks `"stream": true`),
+Lambda (one buffered answer, `collect`). Whether a task streams is asked in one place only, `streams`.
+
+A streaming task's `stream` may check its payload lazily (at the first `next`): an error raised before the
+first piece is the request's ordinary typed error; one raised after it ends the stream with an error piece.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from handler.core.errors import InvalidInputError
+from handler.core.types import JSON
+
+
+class StreamingTask(Protocol):
+    name: str
+    streams: bool
+
+    def stream(self, payload: JSON) -> Iterator[dict[str, Any]]: ...
+
+
+def streams(task: object) -> bool:
+    """Does this task answer with a stream of pieces? The one check every layer uses (duck-typed on the task
+    object today; the task spec's `streams` field once tasks declare one)."""
+    return getattr(task, "streams", False) is True and callable(getattr(task, "stream", None))
+
+
+def wants_stream(payload: JSON) -> bool:
+    """The request's `"stream"` field (OpenAI's name): true asks for the pieces as they come (HTTP hosts);
+    absent or false, one answer. Anything but a boolean is refused, naming the field."""
+    if not isinstance(payload, dict) or "stream" not in payload:
+        return False
+    value = payload["stream"]
+    if not isinstance(value, bool):
+        raise InvalidInputError(f'"stream" must be true or false, got {type(value).__name__}')
+    return value
+
+
+def collect(task: object, pieces: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A stream buffered into one answer (Lambda's RequestResponse invokes, HTTP requests without
+    `"stream": true`): the task's own `gather(pieces)` when it has one (generation joins its text), else
+    `{"pieces": [piece, ...]}` in the order produced."""
+    gather = getattr(task, "gather", None)
+    if callable(gather):
+        answer: dict[str, Any] = gather(pieces)
+        return answer
+    return {"pieces": list(pieces)}
