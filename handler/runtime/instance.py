@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from handler.backends.contract import Backend
@@ -24,6 +24,7 @@ from handler.models.loader import Loaded
 from handler.models.registry import Registry, requested_model, weights_bytes
 from handler.observability import logs, metrics, report, trace
 from handler.tasks.catalog import Task
+from handler.tasks.streaming import collect, streams
 
 if TYPE_CHECKING:
     # Reload, status and the worker pool load on first use: a single-model function serving plain requests
@@ -220,7 +221,20 @@ class Instance:
         with self.registry.lease(requested_model(payload)) as model:
             if task is not None and model.task.name != task:
                 raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
+            if run is None and streams(model.task):  # one buffered answer (Lambda, or "stream" not asked)
+                return collect(model.task, model.task.stream(payload))  # type: ignore[attr-defined]
             return model.task(payload) if run is None else run(model.task, payload)
+
+    def serve_stream(self, payload: JSON, task: str | None = None) -> Generator[dict[str, Any], None, None]:
+        """A streaming task's pieces, as `serve` runs a task: under a lease held until the stream ends or is
+        closed (a reload never pulls the model out from under it). Checked before the first piece: the model
+        is found, has the route's task, and streams."""
+        with self.registry.lease(requested_model(payload)) as model:
+            if task is not None and model.task.name != task:
+                raise UnsupportedRequestError(f"this route needs a {task} model; {model.key} is {model.task.name}")
+            if not streams(model.task):
+                raise UnsupportedRequestError(f'{model.key} answers one value; "stream": true is for streaming tasks')
+            yield from model.task.stream(payload)  # type: ignore[attr-defined]
 
     def task_name(self, payload: JSON) -> str:
         """The task of the model a (native) request names, or of the default model."""
