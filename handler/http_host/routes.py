@@ -172,7 +172,8 @@ class Routes:
                     runtime.handle_http_stream, raw, route, content, accept, limit, trace_id, rid
                 )
                 running = stream.future  # the body is held until the producer stops
-                return await sse.answer(stream, request.receive, echo)  # ClientDisconnect: the stream is closed
+                # ClientDisconnect: the stream is closed; the drain's end: 503, or an error event mid-stream
+                return await sse.answer(stream, request.receive, echo, drain)
             if batchable(route):
                 # Queued as one of a batch: requests waiting together for the same model share its run.
                 call = HttpCall(raw, route, content, accept, limit, trace_id, rid)

@@ -8,6 +8,8 @@ sent the status is 200 for good: an error after it is an SSE `error` event carry
 `{"error": {"type", "message"}}` body (OpenAI's clients raise it as an `APIError`), and the stream ends
 without `[DONE]`. A client that leaves at any point closes the stream: the producer stops at its next piece
 and its worker is free (uvicorn drops what is sent to a gone client silently, so `receive` is watched).
+A stream still running when the drain's time runs out (graceful shutdown) ends with the drain's 503 as an
+error event, like any request still running then.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from handler.api.media import Kind, response_kind
-from handler.core.errors import Abandoned, RequestError, internal_error_body
+from handler.core.errors import Abandoned, RequestError, ServiceBusyError, internal_error_body
+from handler.http_host.drain import Drain
 from handler.runtime.pieces import EMPTY, END, Stream
 
 EVENT_STREAM = "text/event-stream"
@@ -48,13 +51,19 @@ def accept_kind(accept: str | None, media: tuple[Kind, ...]) -> Kind:
 
 
 class Reader:
-    """The event loop's side of a `Stream`: woken by the producer (`on_ready`) instead of blocking a thread."""
+    """The event loop's side of a `Stream`: woken by the producer (`on_ready`) instead of blocking a thread.
+    With the host's `Drain`: a stream still running when the drain time runs out ends with its 503."""
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, drain: Drain | None = None) -> None:
         self.stream = stream
         self.left = False  # the client has gone
         loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
+        self.expiry: asyncio.Future[Any] | None = None
+        if drain is not None and stream.future is not None:
+            # Settled by the drain's end (ServiceBusyError), else when the producer stops.
+            self.expiry = drain.track(stream.future)
+            self.expiry.add_done_callback(self._settled)
 
         def wake() -> None:  # on the producer's thread
             # RuntimeError: the loop is closed (the process is exiting); nobody reads this stream any more.
@@ -63,8 +72,22 @@ class Reader:
 
         stream.on_ready(wake)
 
+    def _settled(self, expiry: asyncio.Future[Any]) -> None:
+        if not expiry.cancelled():
+            expiry.exception()  # retrieved: the stream itself carries the producer's own outcome
+        self.ready.set()
+
+    def expired(self) -> BaseException | None:
+        """The drain's 503, once its time ran out with this stream still running."""
+        expiry = self.expiry
+        if expiry is None or not expiry.done() or expiry.cancelled():
+            return None
+        error = expiry.exception()
+        return error if isinstance(error, ServiceBusyError) else None
+
     async def next(self) -> Any:
-        """The next piece, END, or the producer's error raised; ClientDisconnect once the client left."""
+        """The next piece, END, or the producer's error raised (the drain's 503 when its time ran out);
+        ClientDisconnect once the client left."""
         while True:
             if self.left:
                 raise ClientDisconnect()
@@ -72,6 +95,10 @@ class Reader:
             item = self.stream.poll()
             if item is not EMPTY:
                 return item
+            expired = self.expired()
+            if expired is not None:
+                self.stream.close()  # the producer stops at its next piece
+                raise expired
             await self.ready.wait()
 
     async def watch(self, receive: Receive) -> None:
@@ -96,11 +123,11 @@ async def first_item(reader: Reader, receive: Receive) -> Any:
         watcher.cancel()
 
 
-async def answer(stream: Stream, receive: Receive, headers: Mapping[str, str]) -> Response:
+async def answer(stream: Stream, receive: Receive, headers: Mapping[str, str], drain: Drain | None = None) -> Response:
     """What a streamed request is answered: events from its first piece on; or its one `(status, body, media)`
     answer (a request that did not ask to stream, or one refused before any piece). The producer's error before
     the first piece (a drain's 503) is raised; ClientDisconnect when the client left first."""
-    reader = Reader(stream)
+    reader = Reader(stream, drain)
     first = await first_item(reader, receive)
     if isinstance(first, tuple):
         status, body, media = first

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ class Served:
     url: str
     task: CountTask
     workers: WorkerPool
+    host: Host
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +41,13 @@ def base_runtime(new_runtime: Callable[..., Runtime]) -> Runtime:
     return new_runtime()
 
 
-@pytest.fixture
-def served(base_runtime: Runtime) -> Iterator[Served]:
+@contextmanager
+def serving(base: Runtime, settings: HostSettings) -> Iterator[Served]:
+    """uvicorn with the host's app and protocol on a free port, in a thread; one worker, a queue of one."""
     task = CountTask()
-    runtime = streaming_runtime(base_runtime, task)
+    runtime = streaming_runtime(base, task)
     workers = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=1), cpus=1)
-    host = Host(lambda: runtime, workers, HostSettings())
+    host = Host(lambda: runtime, workers, settings)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
@@ -58,11 +61,17 @@ def served(base_runtime: Runtime) -> Iterator[Served]:
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.01)
     try:
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", task, workers)
+        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", task, workers, host)
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@pytest.fixture
+def served(base_runtime: Runtime) -> Iterator[Served]:
+    with serving(base_runtime, HostSettings()) as s:
+        yield s
 
 
 def _events(lines: Iterator[str]) -> Iterator[tuple[str | None, str]]:
@@ -199,3 +208,23 @@ def test_a_full_queue_refuses_a_stream_with_503_before_any_piece(served: Served)
         assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceBusyError"
     second.join(30)  # the first client left: its worker took the waiting request
     assert waited == [200]
+
+
+def test_a_stream_still_running_when_the_drain_time_runs_out_ends_with_its_503(base_runtime: Runtime) -> None:
+    with serving(base_runtime, HostSettings(drain_s=1)) as served:
+        body = {"n": 100_000, "delay_ms": 10, "stream": True}
+        with httpx.stream("POST", f"{served.url}/invocations", json=body) as r:
+            events = _events(r.iter_lines())
+            assert next(events)[0] is None
+            served.host.drain.begin_threadsafe()
+            began = time.monotonic()
+            rest = []  # pieces until the drain time is over, then the error event, and the end
+            for ev in events:
+                rest.append(ev)
+                if time.monotonic() - began > 5:
+                    break
+        assert time.monotonic() - began < 5, "the stream went on past the drain time"
+        name, data = rest[-1]
+        assert name == "error" and json.loads(data)["error"]["type"] == "ServiceBusyError", rest[-3:]
+        _until(lambda: served.task.closed == 1)  # the producer was stopped
+        assert served.host.drain.expired == 1
