@@ -114,6 +114,11 @@ def test_pieces_arrive_as_server_sent_events_as_they_are_made(served: Served) ->
     assert arrived[0] < arrived[-1] - 0.3, arrived
 
 
+def test_a_stream_of_no_pieces_is_done_at_once(served: Served) -> None:
+    with httpx.stream("POST", f"{served.url}/invocations", json={"n": 0, "stream": True}) as r:
+        assert r.status_code == 200 and list(_events(r.iter_lines())) == [(None, "[DONE]")]
+
+
 def test_the_openai_clients_stream_reader_reads_it(served: Served) -> None:
     client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0)
     stream = client.post(
