@@ -1,6 +1,7 @@
-"""A streaming task through the real runtime client (`python -m awslambdaric`) against a Runtime API stub:
-awslambdaric cannot stream (4.2.2 posts one buffered body; docs: lambda-runtime notes), so a direct invoke
-gets the pieces collected into one answer, and an error after the first piece is the invocation's error."""
+"""A streaming task through the real runtime client (`python -m awslambdaric`), against a Runtime API stub and
+through the local Lambda with boto3: awslambdaric cannot stream (4.2.2 posts one buffered body; docs/events.md,
+"Streaming tasks"), so a direct invoke gets the pieces collected into one answer, and an error after the first
+piece is the invocation's error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.local_support import invoke, running
 from tests.integration.runtime_stub import RuntimeStub
 from tests.integration.test_awslambdaric import stop
 
@@ -51,3 +53,15 @@ def test_a_direct_invoke_of_a_streaming_task_is_one_collected_answer(stub: Runti
         assert stub.invoke({"n": 1}).kind == "response"  # the instance goes on
     finally:
         stop(proc)
+
+
+def test_through_the_local_lambda_with_boto3(model_dir: Path) -> None:
+    environment = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx"}
+    with running(handler=HANDLER, environment=environment) as (local, client):
+        result, body, _ = invoke(client, {"n": 4, "stream": True})
+        assert "FunctionError" not in result, body
+        assert body == {"pieces": [{"index": i, "text": f"piece {i}"} for i in range(4)]}
+        result, error, _ = invoke(client, {"n": 4, "fail_at": 3})
+        assert result["FunctionError"] == "Unhandled" and error["errorType"] == "ValueError", error
+        assert invoke(client, {"n": 1})[1] == {"pieces": [{"index": 0, "text": "piece 0"}]}
+        assert local.pool.spawned == 1  # one instance served them all
