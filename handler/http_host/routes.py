@@ -42,6 +42,7 @@ from handler.core.errors import (
     error_body,
     internal_error_body,
 )
+from handler.http_host import sse
 from handler.http_host.budget import BodyBudget
 from handler.http_host.drain import RequestTimeoutError
 from handler.http_host.host import Host
@@ -51,6 +52,7 @@ from handler.observability import trace
 from handler.observability.prometheus import CONTENT_TYPE_LATEST
 from handler.runtime.invocation import HttpCall, batchable
 from handler.tasks import catalog
+from handler.tasks.streaming import streams
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -153,7 +155,9 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            accept = response_kind(request.headers.get("accept"), route.media)
+            # A model whose task streams also takes SSE clients' `Accept: text/event-stream`.
+            streamed = streams(host.runtime.task)
+            accept = (sse.accept_kind if streamed else response_kind)(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
             # Bounded in time: the body timeout (408), and the drain's end (503) if it comes first.
@@ -163,6 +167,13 @@ class Routes:
             drain.check()  # the body may have taken a while
             runtime, limit = host.runtime, host.settings.payload_limit
             rid = request_id(request.headers.get("x-request-id"))
+            if streamed:  # its own job, its answer read piece by piece as it is made (handler.http_host.sse)
+                stream = host.workers.submit_stream(
+                    runtime.handle_http_stream, raw, route, content, accept, limit, trace_id, rid
+                )
+                running = stream.future  # the body is held until the producer stops
+                # ClientDisconnect: the stream is closed; the drain's end: 503, or an error event mid-stream
+                return await sse.answer(stream, request.receive, echo, drain)
             if batchable(route):
                 # Queued as one of a batch: requests waiting together for the same model share its run.
                 call = HttpCall(raw, route, content, accept, limit, trace_id, rid)

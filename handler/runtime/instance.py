@@ -11,18 +11,20 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
+from handler.core.errors import UnsupportedRequestError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.models.loader import Loaded
 from handler.models.registry import Registry, requested_model, weights_bytes
 from handler.observability import logs, metrics, report, trace
 from handler.tasks.catalog import Task
+from handler.tasks.streaming import collect, streams
 
 if TYPE_CHECKING:
     # Reload, status and the worker pool load on first use: a single-model function serving plain requests
@@ -220,7 +222,20 @@ class Instance:
         with self.registry.lease(requested_model(payload)) as model:
             if check is not None:
                 check(model.task.name, model.key)
+            if run is None and streams(model.task):  # one buffered answer (Lambda, or "stream" not asked)
+                return collect(model.task, model.task.stream(payload))  # type: ignore[attr-defined]
             return model.task(payload) if run is None else run(model.task, payload)
+
+    def serve_stream(self, payload: JSON, check: Check | None = None) -> Generator[dict[str, Any], None, None]:
+        """A streaming task's pieces, as `serve` runs a task: under a lease held until the stream ends or is
+        closed (a reload never pulls the model out from under it). Checked before the first piece: the model
+        is found, has the route's task, and streams."""
+        with self.registry.lease(requested_model(payload)) as model:
+            if check is not None:
+                check(model.task.name, model.key)
+            if not streams(model.task):
+                raise UnsupportedRequestError(f'{model.key} answers one value; "stream": true is for streaming tasks')
+            yield from model.task.stream(payload)  # type: ignore[attr-defined]
 
     def task_name(self, payload: JSON) -> str:
         """The task of the model a (native) request names, or of the default model."""

@@ -20,7 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
-from handler.api.media import MEDIA_TYPES, Kind, UnsupportedMediaTypeError, npy_request
+from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
@@ -33,6 +33,7 @@ from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
+from handler.tasks.streaming import wants_stream
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
@@ -295,6 +296,53 @@ class Runtime(Instance):
     def _http_error(self, error: Exception) -> tuple[int, bytes, str]:
         status, body = self._failure(error, "http")
         return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+
+    def handle_http_stream(
+        self,
+        raw: bytes,
+        route: Route = NATIVE,
+        content: Kind = "json",
+        accept: Kind = "json",
+        limit: int = LAMBDA_PAYLOAD_LIMIT,
+        trace_id: str | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[tuple[int, bytes, str] | dict[str, Any]]:
+        """The HTTP host's path when the model's task streams, run on a worker (`WorkerPool.submit_stream`).
+        A request asking `"stream": true` gets the task's pieces (dicts) as they are made. Anything else (a
+        request without it: the pieces collected, `handler.tasks.streaming.collect`; an error before the first
+        piece) is one `(status, body, media)` item, as `handle_http` answers it. An error after the first piece
+        is raised into the stream; the consumer leaving closes this generator (the task's stream with it)."""
+        with self._invocation(request_id, trace_id) as (inv, _):
+            try:
+                route, payload, native = self._http_request(raw, route, content, accept, limit)
+                if not wants_stream(payload):  # the pieces collected (`serve`): a route's run is for one value
+                    answer = self.serve(native, route.check)
+                    yield self._http_answer(inv, route, payload, native, answer, accept)
+                    return
+                if accept == "npy":
+                    raise NotAcceptableError('a "stream": true answer is text/event-stream; .npy is for one answer')
+                pieces = self.serve_stream(native, route.check)
+                first = next(pieces, None)
+            except Exception as e:
+                yield self._http_error(e)
+                return
+            sent = 0
+            try:
+                if first is not None:
+                    yield first
+                    sent = 1
+                    for piece in pieces:
+                        yield piece
+                        sent += 1
+            except GeneratorExit:  # the client left: not a fault
+                inv.error, inv.fault = Abandoned.__name__, False
+                pieces.close()
+                raise
+            except Exception as e:
+                self._failure(e, "http")  # counted and logged here: the host sends it as an SSE error event
+                raise
+            finally:
+                inv.batch, inv.tokens = 1, sent  # a stream's metrics: its pieces
 
     def _npy_request(self, raw: bytes) -> JSON:
         """An `application/x-npy` body as the default tensor model's one input."""

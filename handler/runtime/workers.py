@@ -31,13 +31,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from handler.core.config import Config, env_int
 from handler.core.errors import Abandoned, ServiceBusyError
+from handler.runtime.pieces import DEFAULT_BOUND, Stream, job_done, pump
 
 T = TypeVar("T")
 
@@ -167,6 +169,17 @@ class WorkerPool:
         future: Future[T] = Future()
         self._put(_Job(future, lambda: fn(*args), None, None))
         return future
+
+    def submit_stream(self, pieces: Callable[..., Iterator[Any]], *args: Any, bound: int = DEFAULT_BOUND) -> Stream:
+        """Queue a job whose answer is a sequence of pieces: `pieces(*args)` runs on a worker and each piece it
+        yields reaches the returned `Stream` as it is made, at most `bound` ahead of the consumer. The consumer
+        leaving (`Stream.close`) takes a queued job out of the queue, and stops a running one at its next
+        piece, freeing the worker. Refused like `submit` (ServiceBusyError) when the queue is full."""
+        future: Future[int] = Future()
+        stream = Stream(bound, future, leave=partial(self.abandon, future))
+        self._put(_Job(future, partial(pump, stream, partial(pieces, *args)), None, None))
+        future.add_done_callback(partial(job_done, stream))
+        return stream
 
     def submit_batch(self, run_many: RunMany, item: Any) -> Future[Any]:
         """Queue `item`; it runs in a call `run_many([item, ...], batch)` with others queued under the same key
