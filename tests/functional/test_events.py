@@ -350,3 +350,37 @@ def test_events_from_triggers_we_do_not_serve_say_so(
     assert str(info.value).startswith(f"{UNSUPPORTED[name]}")
     assert "warmstart serves direct invokes, API Gateway, Function URLs and ALB" in str(info.value)
     assert_still_serves(onnx_runtime)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_answer_is_a_500_on_every_way_out(new_runtime: Callable[..., Runtime], bad: float) -> None:
+    """A model answering NaN or an infinity: no JSON carries it (never `NaN`, never a silent `null`). A direct
+    invoke raises `ModelOutputError` (awslambdaric's errorType); an HTTP event and the HTTP host answer 500
+    with the class in the message; the instance keeps serving."""
+    from handler.core.errors import ModelOutputError
+
+    rt = new_runtime()
+    real = rt.backend.run
+    broken = {"on": True}
+
+    def run(feeds: Any) -> Any:
+        out = real(feeds)
+        if broken["on"]:
+            for array in out.values():
+                array[0, 3] = bad
+        return out
+
+    rt.backend.run = run  # type: ignore[method-assign]
+    with pytest.raises(ModelOutputError, match=r"the model's vectors: 1 of 384 values are NaN or infinite"):
+        rt.lambda_reply({"inputs": ["hello"]}, None)
+    event = {**V2, "body": json.dumps({"inputs": ["hello"]})}
+    response = invoke(rt, event)
+    error = json.loads(response["body"])["error"]
+    assert response["statusCode"] == 500 and error["type"] == "InternalError"
+    assert error["message"].startswith("ModelOutputError: the model's vectors") and "[0, 3]" in error["message"]
+    status, body, _ = rt.handle_http(json.dumps({"inputs": ["hello"]}).encode())
+    assert status == 500 and json.loads(body)["error"]["message"].startswith("ModelOutputError:")
+    json.loads(body, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))  # strict JSON, no NaN number
+    assert b"null" not in body
+    broken["on"] = False
+    assert_embeddings(invoke(rt, {"inputs": ["still serving"]}), 1)
