@@ -5,7 +5,8 @@ every way out: the HTTP host's bodies, a Lambda HTTP event's `body` string and i
 invoke's answer (handed to awslambdaric as bytes, which it posts as they are: `Runtime.lambda_reply`).
 orjson writes each float32 as its shortest round-tripping decimal (`0.039299347`, not float64's
 `0.03929934650659561`), and parsing that text back gives the same float32 (tests/unit/test_encode.py).
-Measured against the hand-made shortest text it replaced + `json.dumps`: see docs/http-host.md.
+Measured against the vectorized shortest-float code it replaced + `json.dumps` (awslambdaric's simplejson
+on Lambda): 1x384 0.007 ms against 0.139, 32x384 0.21 against 4.7 (5.3), 256x384 2.2 against 35 (37).
 
 orjson writes NaN and infinities as `null` (valid JSON, but a silent hole in a vector): tasks refuse such
 outputs before they get here (`handler.tasks.arrays.finite`: a 500 `ModelOutputError`), so a `null` in an
