@@ -10,8 +10,8 @@ Reads one JSON command a line on stdin ({"texts": [...], "calls": n}) and answer
 on the calling thread). First a loop over the call's own parts, in this order, as a serving process runs them:
 
     ours:      tokenize (the task's encoder: ids + mask), run (the runtime's own session: our packed graph,
-               pooling + normalize inside), format (float_lists: the JSON-ready floats), whole (lambda_handler,
-               as bench/peers_driver.py calls it)
+               pooling + normalize inside), format (handler.api.encode.dumps: the floats' JSON text), whole
+               (lambda_handler, as bench/peers_driver.py calls it)
     fastembed: tokenize (its tokenizer + the arrays onnx_embed builds), run (its session on the export), pool
                (its mean pooling + normalize), tolist (numpy rows -> lists, as peers_driver does), whole
                (embed + tolist)
@@ -66,7 +66,7 @@ def _feeds(session: Any, ids: Any, mask: Any) -> dict[str, Any]:
 def ours(args: argparse.Namespace) -> dict[str, Part]:
     # WARMSTART_MODEL / WARMSTART_THREADS come from the parent: importing is the init, as in peers_driver.
     import handler.app as app
-    from handler.tasks.text import float_lists
+    from handler.api.encode import dumps
 
     rt = app.runtime
     task, session = rt.task, rt.backend.session
@@ -84,11 +84,11 @@ def ours(args: argparse.Namespace) -> dict[str, Part]:
     def fmt(texts: list[str]) -> Any:
         ids, mask = task.encoder.encode(texts)
         out = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-        return lambda: float_lists(out)
+        return lambda: dumps(out)
 
     def whole(texts: list[str]) -> Any:
         event = {"inputs": texts}
-        return lambda: list(app.lambda_handler(event, None)["embeddings"])
+        return lambda: app.lambda_handler(event, None)  # the JSON bytes awslambdaric posts
 
     return {
         "tokenize": lambda texts: lambda: task.encoder.encode(texts),

@@ -67,7 +67,8 @@ def load(kind: str, model: str, threads: int | None) -> Callable[[list[str]], li
         import handler.app as app
 
         def ours(texts: list[str]) -> list[list[float]]:
-            out: Any = app.lambda_handler({"inputs": texts}, None)
+            # The JSON bytes awslambdaric posts (encoded once, at the edge), read back as a client does.
+            out: Any = json.loads(app.lambda_handler({"inputs": texts}, None))
             return list(out["embeddings"])
 
         return ours

@@ -14,7 +14,7 @@ from handler.runtime import prefetch
 prefetch.start()
 
 from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
-from handler.core.types import JSON, Event  # noqa: E402
+from handler.core.types import Event  # noqa: E402
 from handler.runtime.invocation import Runtime  # noqa: E402
 
 runtime = Runtime.start()
@@ -26,5 +26,6 @@ if snapshot_mode() is not None:
     snapshot.register(runtime)
 
 
-def lambda_handler(event: Event, context: Any) -> JSON:
-    return runtime.handle(event, context)
+def lambda_handler(event: Event, context: Any) -> bytes:
+    # JSON bytes, which awslambdaric posts as they are: the answer is encoded once, here (not again by it).
+    return runtime.lambda_reply(event, context)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from handler.api.sources import infer_source
 from handler.core.errors import RequestError
 from handler.runtime.invocation import Runtime
-from tests.conftest import DIM, start
+from tests.conftest import DIM, invoke, start
 
 MAX_INPUTS, MAX_CHARS = 4, 64
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,12 +116,12 @@ def runtime(model_dir: Path) -> Runtime:
 
 
 def check_embeddings(body: dict[str, Any]) -> None:
-    assert body["embeddings"]
+    assert len(body["embeddings"])
     assert all(len(v) == DIM for v in body["embeddings"])
 
 
 def still_serves(runtime: Runtime) -> None:
-    check_embeddings(runtime.handle({"inputs": ["still serving"]}, None))
+    check_embeddings(invoke(runtime, {"inputs": ["still serving"]}))
 
 
 def check_http(runtime: Runtime, event: dict[str, Any]) -> None:
@@ -138,11 +138,10 @@ def check_http(runtime: Runtime, event: dict[str, Any]) -> None:
 
 def check_direct(runtime: Runtime, event: Any) -> None:
     try:
-        result = runtime.handle(event, None)
+        result = invoke(runtime, event)  # the JSON bytes awslambdaric posts, as a client reads them
     except RequestError as e:
         assert str(e)
         return
-    json.dumps(result)  # awslambdaric must be able to serialize it
     if result.get("warm") is True:
         assert result["held_ms"] <= 2
     else:

@@ -177,7 +177,7 @@ def shape_vectors(vectors: list[Any], dimensions: int | None, encoding: str) -> 
         if dimensions is not None and len(vector) > dimensions:
             cut = np.asarray(vector[:dimensions], dtype=np.float32)
             norm = float(np.linalg.norm(cut))
-            vector = (cut / norm if norm > 0 else cut).astype(np.float32).tolist()
+            vector = (cut / norm if norm > 0 else cut).astype(np.float32)  # float32: the edge writes it
         if encoding == "base64":
             out.append(base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii"))
         else:
@@ -296,7 +296,7 @@ class TeiSimilarity(Base):
         return TeiEmbed._pair(payload)  # TEI's `TASK=sentence-similarity` shape
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
-        return [float(x) for x in self.scores(body)]
+        return self.scores(body)  # float32, written at its shortest by the edge's encoder
 
     def npy(self, body: dict[str, Any], original: JSON) -> bytes:
         return dump_npy(self.scores(body))  # the route's answer, the scores: not the vectors behind them

@@ -13,6 +13,7 @@ import json
 from http import HTTPStatus
 from typing import Any, Protocol
 
+from handler.api.encode import dumps
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT
 from handler.core.errors import (
     InvalidEncodingError,
@@ -66,10 +67,6 @@ def strip_stage(path: str, event: dict[str, Any]) -> str:
     return path[len(prefix) :] if path.startswith(prefix + "/") else path
 
 
-def _dumps(body: JSON) -> str:
-    return json.dumps(body, separators=(",", ":"))
-
-
 class EventSource(Protocol):
     name: str
     http: bool
@@ -118,7 +115,9 @@ class _Http:
         return decode_body(raw)
 
     def respond(self, event: dict[str, Any], body: JSON, status: int = 200) -> dict[str, Any]:
-        return {"statusCode": status, "headers": dict(JSON_HEADERS), "body": _dumps(body), "isBase64Encoded": False}
+        # The answer written once here (`handler.api.encode`); the envelope around it, at the Lambda edge.
+        text = dumps(body).decode()
+        return {"statusCode": status, "headers": dict(JSON_HEADERS), "body": text, "isBase64Encoded": False}
 
 
 class HttpApiV2(_Http):

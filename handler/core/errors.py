@@ -92,6 +92,11 @@ class ModelRunError(ModelLoadError):
     load failure); nothing is left half-done and the instance keeps serving."""
 
 
+class ModelOutputError(ModelRunError):
+    """The model answered NaN or an infinity: no JSON number says it (`null` would be a silent hole in a
+    vector or a score), so the request gets a 500 naming the output and where; the instance keeps serving."""
+
+
 class Abandoned(Exception):
     """The outcome of a request whose caller left before it ran (nobody reads it). Here, not in
     `handler.runtime.workers`, so the single-call Lambda path names it without loading the pool."""

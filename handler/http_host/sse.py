@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from handler.api.encode import dumps
 from handler.api.media import Kind, response_kind
 from handler.core.errors import Abandoned, RequestError, ServiceBusyError, internal_error_body
 from handler.http_host.drain import Drain
@@ -34,12 +34,12 @@ DONE = b"data: [DONE]\n\n"
 
 
 def event(piece: Any) -> bytes:
-    return b"data: " + json.dumps(piece, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(piece) + b"\n\n"
 
 
 def error_event(error: BaseException) -> bytes:
     body = error.to_body() if isinstance(error, RequestError) else internal_error_body(error)
-    return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"event: error\ndata: " + dumps(body) + b"\n\n"
 
 
 def accept_kind(accept: str | None, media: tuple[Kind, ...]) -> Kind:

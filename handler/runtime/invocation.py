@@ -6,11 +6,13 @@ Two paths, one bracket (`_invocation`: counted, logged in its context, measured 
   path (OpenAI, TEI, Cohere) is translated; the answer is shaped for the source.
 - `handle_http(raw, route, ...)`: the HTTP host's POSTed body, run on a worker, with the same task and error
   contract.
+
+Answers carry their floats as float32 arrays up to the edge, where `handler.api.encode.dumps` writes them once:
+`handle_http`'s body bytes, an HTTP event's `body`, and `lambda_reply`, the Lambda entry point's bytes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
+from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
@@ -95,6 +98,12 @@ class Runtime(Instance):
             raise
         finally:
             self._end(inv, started)
+
+    def lambda_reply(self, event: Event, context: Any = None) -> bytes:
+        """One Lambda invocation's answer as the JSON bytes awslambdaric posts: its marshaller passes `bytes`
+        through as they are (any other value it encodes again, with simplejson: 3.97 ms for 32 x 384 floats
+        against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report."""
+        return dumps(self.handle(event, context))
 
     def handle(self, event: Event, context: Any = None) -> JSON:
         """One Lambda invocation: served by `_handle` inside the invocation bracket (and a span when traced)."""
@@ -191,8 +200,7 @@ class Runtime(Instance):
         usage(inv, native, answer)
         if accept == "npy":
             return 200, route.npy(answer, payload), MEDIA_TYPES["npy"]  # the route's answer, as one array
-        body: JSON = route.response(answer, payload)
-        return 200, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+        return 200, dumps(route.response(answer, payload)), MEDIA_TYPES["json"]
 
     def handle_http_batch(self, calls: Sequence[HttpCall], batch: Batch) -> None:
         """Several POSTed bodies (`HttpCall`s the worker pool gathered), each answered through
@@ -295,7 +303,7 @@ class Runtime(Instance):
 
     def _http_error(self, error: Exception) -> tuple[int, bytes, str]:
         status, body = self._failure(error, "http")
-        return status, json.dumps(body, separators=(",", ":")).encode(), MEDIA_TYPES["json"]
+        return status, dumps(body), MEDIA_TYPES["json"]
 
     def handle_http_stream(
         self,

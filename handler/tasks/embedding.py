@@ -1,5 +1,6 @@
 """`embedding`: {"inputs": ["text", ...], "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}
-→ {"embeddings": [[...]] | ["<base64>"], "model": "id@version", "usage": {"tokens": n}}."""
+→ {"embeddings": [[...]] | ["<base64>"], "model": "id@version", "usage": {"tokens": n}}. The vectors are a
+float32 array in the answer, written as JSON once, at the edge (`handler.api.encode`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
+from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
 from handler.tasks.spec import MODEL, POSITIVE, STRING, TEXTS, USAGE, VECTOR_OR_BASE64, TaskSpec, nullable
 from handler.tasks.text import (
@@ -22,7 +24,6 @@ from handler.tasks.text import (
     base64_rows,
     check_texts,
     encoding_format,
-    float_lists,
     joined,
     positive_int,
     prompt_for,
@@ -77,8 +78,9 @@ class EmbeddingTask(TextModel):
     ) -> dict[str, Any]:
         if dimensions is not None:
             vectors = self._shorten(vectors, dimensions)
-        # Serialized (copied into Python objects) before the buffers go back: the answer never aliases the pool.
-        embeddings = base64_rows(vectors) if fmt == "base64" else float_lists(vectors)
+        finite(vectors, "vectors")
+        # Copied (or base64-encoded) before the buffers go back: the answer never aliases the pool.
+        embeddings = base64_rows(vectors) if fmt == "base64" else np.array(vectors, dtype=np.float32)
         return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
@@ -94,12 +96,7 @@ class EmbeddingTask(TextModel):
         if dimensions is not None and self.dimension is not None and dimensions > self.dimension:
             self._shorten(np.zeros((0, self.dimension), np.float32), dimensions)  # its error, before the run
         encodings = self.encoder.tokenize(texts)
-        if dimensions is None and fmt == "float":  # the rows as they are: formatted once for the whole run
-            return Prepared(encodings, lambda rows, tokens: self._floats(rows.tolist(), tokens), shortest=True)
         return Prepared(encodings, lambda rows, tokens: self._answer(rows, tokens, dimensions, fmt))
-
-    def _floats(self, embeddings: Any, tokens: int) -> dict[str, Any]:
-        return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
     def warmup(self) -> None:
         # A single query and a padded batch: touches every weight page, grows the arena and runs both the

@@ -20,6 +20,7 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
+from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
 from handler.tasks.scoring import rank, sigmoid, softmax
 from handler.tasks.spec import FLAG, LABELS, MODEL, NUMBER, POSITIVE, STRING, TEXTS, USAGE, TaskSpec
@@ -29,7 +30,6 @@ from handler.tasks.text import (
     check_text,
     check_texts,
     flag,
-    float_lists,
     joined,
     positive_int,
     require_object,
@@ -75,9 +75,9 @@ class RerankTask(TextModel):
         return Prepared(self.encoder.tokenize(pairs), finish)
 
     def _answer(self, scores: Any, tokens: int, docs: list[str], top_n: int | None, with_docs: bool) -> dict[str, Any]:
-        scores = scores.reshape(len(docs))
+        scores = finite(scores.reshape(len(docs)), "scores")
         order = rank(scores, top_n)
-        values = float_lists(scores[order])
+        values = scores[order]  # a copy (float32: written at its shortest by the edge's encoder)
         results: list[dict[str, Any]] = []
         for i, score in zip(order.tolist(), values, strict=True):
             item: dict[str, Any] = {"index": i, "relevance_score": score}
@@ -119,11 +119,12 @@ class ClassifyTask(TextModel):
     def _answer(self, logits: Any, tokens: int, top_k: int | None) -> dict[str, Any]:
         if logits.ndim != 2 or logits.shape[1] != len(self.labels):
             raise RuntimeError(f"the model gave logits of shape {list(logits.shape)} for {len(self.labels)} labels")
+        finite(logits, "logits")
         probs = (sigmoid(logits) if self.multi_label else softmax(logits)).astype(np.float32)
         predictions = []
         for row in probs:
             order = rank(row, top_k)
-            scores = float_lists(row[order])
+            scores = row[order]
             predictions.append(
                 [{"label": self.labels[j], "score": s} for j, s in zip(order.tolist(), scores, strict=True)]
             )

@@ -17,11 +17,12 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest, TensorSpec
 from handler.core.types import JSON, Arrays
-from handler.tasks.arrays import from_list, from_npy
+from handler.tasks.arrays import finite, from_list, from_npy
 from handler.tasks.spec import MODEL, STRING, TaskSpec, nullable
-from handler.tasks.text import float_lists, require_object
+from handler.tasks.text import require_object
 
 OUTPUT_FORMATS = ("list", "npy")
+_NPY_HINT = '; ask for "output_format": "npy", which does'
 
 
 class TensorTask:
@@ -84,17 +85,15 @@ class TensorTask:
         outputs: dict[str, Any] = {}
         with self.pool.request():
             results = self.backend.run(feeds)
-            # Serialized (copied) inside the arena: pooled output buffers never leave this block.
+            # Copied (or serialized) inside the arena: pooled output buffers never leave this block.
             for name in self.outputs:
                 array = results[name]
-                if fmt == "npy":
+                if fmt == "npy":  # .npy holds NaN and infinities as they are
                     buf = io.BytesIO()
                     np.save(buf, array, allow_pickle=False)
                     outputs[name] = {"npy": base64.b64encode(buf.getvalue()).decode()}
-                elif array.dtype == np.float32:  # float32's shortest text, as every JSON answer
-                    outputs[name] = float_lists(array)
-                else:
-                    outputs[name] = array.tolist()
+                else:  # an array, written as JSON at the edge (float32 at its shortest); JSON has no NaN
+                    outputs[name] = np.array(finite(array, f"output {name!r}", _NPY_HINT))
         return {"outputs": outputs, "model": self.model}
 
     def warmup(self) -> None:

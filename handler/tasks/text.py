@@ -1,11 +1,5 @@
-"""What the text tasks share: request checks (texts, limits, options), the tokenizer and feeds, and compact
-float serialization.
-
-Floats: a float32 printed through Python's float64 `repr` takes up to 17 significant digits
-(`0.03929934650659561`) where 9 at most name it exactly (`0.039299347`). `shortest_floats` returns, for
-each float32, the float64 nearest to the float32's shortest round-tripping decimal, so any JSON encoder
-(ours, awslambdaric's) writes the short text, and reading it back as float32 gives the same float32.
-"""
+"""What the text tasks share: request checks (texts, limits, options), the tokenizer and feeds, and base64
+rows. Float answers stay float32 arrays: `handler.api.encode` writes them, at the edge."""
 
 from __future__ import annotations
 
@@ -147,110 +141,6 @@ def prompt_for(
     if name not in prompts:
         raise InvalidInputError(f'"prompt_name" {name!r} is not one of this model\'s prompts; valid: {valid}')
     return prompts[name]
-
-
-_MIDPOINT_MASK, _MIDPOINT = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
-_POW10 = np.array([float(10**i) for i in range(23)])  # exact: every 10^i up to 10^22 is a float64
-_DIGITS = np.arange(9)  # k - 1 for k = 1..9 significant digits: one column each
-# Values per pass: each (chunk, 9) float64 temporary (72 KB) stays in cache and under glibc's 128 KB mmap
-# threshold. A whole 32x384 batch at once took 2-4x longer: fresh mmapped temporaries fault in every page.
-_CHUNK = 1024
-_ROWS = np.arange(_CHUNK) * len(_DIGITS)  # each row's first flat index in a chunk's (n, 9)
-
-
-def _candidates(values: npt.NDArray[np.float64], magnitude: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """(n, 9): each value's nearest k-digit decimal for k = 1..9, as the float64 nearest to it. Each is
-    values * 10^p rounded to an integer, then scaled back: one correctly rounded division (or product) of
-    two exact numbers (10^|p| is exact up to 22). `magnitude`: |values|, within 1e-13..1e13."""
-    exponent = np.floor(np.log10(magnitude)).astype(np.intp)
-    places = _DIGITS - exponent[:, None]
-    column = values[:, None]
-    if exponent.max() <= 0:  # no value of 10 or more: every place is >= 0, one branch (embeddings, scores)
-        scale = _POW10[places]
-        candidates: npt.NDArray[np.float64] = column * scale
-        np.rint(candidates, out=candidates)
-        candidates /= scale
-        return candidates
-    scale = _POW10[np.abs(places)]
-    up = places >= 0
-    digits = np.where(up, np.rint(column * scale), np.rint(column / scale))
-    candidates = np.where(up, digits / scale, digits * scale)
-    return candidates
-
-
-def _nearest(
-    values: npt.NDArray[np.float64], want: npt.NDArray[np.float32], magnitude: npt.NDArray[np.float64]
-) -> tuple[npt.NDArray[np.float64], Any]:
-    """For each value, the float64 nearest to its nearest k-digit decimal for the smallest k = 1..9 that reads
-    back as the same float32 without lying on a float32 rounding midpoint; and where no k did (a mask).
-
-    All nine candidates at once, one (n, 9) array per step: at batch 1 the cost was numpy's per-call overhead
-    of nine passes, not arithmetic."""
-    candidates = _candidates(values, magnitude)
-    fits = candidates.astype(np.float32) == want[:, None]
-    at = fits.argmax(axis=1)  # the smallest k that reads back (0 where none does: `found` says so)
-    at += _ROWS[: at.size]  # as flat indices
-    chosen = candidates.ravel()[at]
-    if ((chosen.view(np.uint64) & _MIDPOINT_MASK) == _MIDPOINT).any():
-        # Rare: some first fit lies on a midpoint. Skipped there, the next k that fits is the answer.
-        fits &= (candidates.view(np.uint64) & _MIDPOINT_MASK) != _MIDPOINT
-        at = fits.argmax(axis=1)
-        at += _ROWS[: at.size]
-        chosen = candidates.ravel()[at]
-    found = fits.ravel()[at]
-    if found.all():
-        return chosen, found[:0]  # nothing missed
-    return np.where(found, chosen, values), ~found
-
-
-def shortest_floats(array: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-    """float32 values as the float64s their shortest round-tripping decimals parse to (same shape).
-
-    Vectorized: for k = 1..9 significant digits, the nearest k-digit decimal is kept where it reads back as
-    the same float32 (the nearest is the first to fit when any k-digit decimal does). A candidate lying
-    exactly on a float32 rounding midpoint is skipped, so a parser reading the text straight to float32
-    agrees with one going through float64. Magnitudes outside 1e-13..1e13 (where 10^p may be inexact;
-    never most of an embedding's or a score's values) and anything left go through numpy's shortest repr,
-    one at a time.
-    """
-    src = np.asarray(array, dtype=np.float32)
-    want = src.reshape(-1)
-    exact = want.astype(np.float64)
-    if not exact.size:
-        return exact.reshape(src.shape)
-    magnitude = np.abs(exact)
-    # Where numpy's repr answers: nonzero magnitudes outside 1e-13..1e13 (10^p may be inexact there).
-    left: list[int] = []
-    values, checked, big = exact, want, None
-    if not magnitude.max() < 1e13:  # inf, nan or a huge value somewhere (never in an embedding): placeholders
-        big = ~(magnitude < 1e13)
-        left += np.flatnonzero(big & np.isfinite(exact)).tolist()
-        values, checked = np.where(big, 1.0, exact), np.where(big, np.float32(1.0), want)
-        magnitude[big] = 1.0
-    if magnitude.min() < 1e-13:  # zeros, or the odd tiny component (the default model's vectors hold 2.5e-33)
-        left += np.flatnonzero((magnitude < 1e-13) & (exact != 0)).tolist()
-        np.maximum(magnitude, 1e-13, out=magnitude)  # a zero's candidates are zeros of its sign: it fits at k = 1
-    if values.size <= _CHUNK:  # batch 1: one pass, no copy
-        out, missed = _nearest(values, checked, magnitude)
-        if missed.size:
-            left += np.flatnonzero(missed).tolist()
-    else:
-        out = np.empty_like(exact)
-        for start in range(0, out.size, _CHUNK):
-            at = slice(start, start + _CHUNK)
-            out[at], missed = _nearest(values[at], checked[at], magnitude[at])
-            if missed.size:
-                left += (np.flatnonzero(missed) + start).tolist()
-    if big is not None:
-        np.copyto(out, exact, where=big)  # inf and nan as they are
-    for i in set(left):
-        out[i] = float(str(want[i]))  # str: numpy 2's repr says "np.float32(...)"
-    return out.reshape(src.shape)
-
-
-def float_lists(array: npt.NDArray[np.float32]) -> Any:
-    """Nested lists of Python floats whose JSON is float32's shortest text."""
-    return shortest_floats(array).tolist()
 
 
 def base64_rows(array: npt.NDArray[np.float32]) -> list[str]:

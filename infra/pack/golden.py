@@ -31,6 +31,8 @@ DIGITS = 6
 
 
 def _rounded(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # a numpy array or scalar: answers carry float32 arrays to the edge
+        return _rounded(value.tolist())
     if isinstance(value, float):
         return round(value, DIGITS)
     if isinstance(value, list):

@@ -258,3 +258,17 @@ def test_make_setup_takes_the_fast_path() -> None:
     assert at["pack --default"] < at["optimize"] < at["startfiles"]
     assert "warmstart optimize models/default ||" in dry[at["optimize"]]
     assert "compileall" in dry[at["startfiles"] - 1]
+
+
+def test_every_runtime_dependency_is_in_the_layer_and_the_gpu_image() -> None:
+    """pyproject's `dependencies` (what `handler/` imports at run time) are pinned in the zip path's layer and in
+    the GPU image, so a dependency added to one (orjson, the answers' encoder) cannot be missing from a build.
+    awslambdaric: the managed runtime brings its own (the layer leaves it out); onnxruntime-gpu: the layer takes
+    the CPU build, which Lambda runs."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].strip().lower() for req in declared}
+    layer = {name.lower() for name in pins(ROOT / "layers" / "requirements.txt")}
+    assert names - {"awslambdaric", "onnxruntime-gpu"} <= layer and "onnxruntime" in layer
+    assert names <= {name.lower() for name in pins(DEPLOY / "requirements-gpu.txt")}

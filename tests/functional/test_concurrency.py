@@ -51,7 +51,7 @@ def test_results_do_not_alias_pooled_buffers(runtime: Runtime) -> None:
     kept = [list(v) for v in first]
     for _ in range(5):
         runtime.handle({"inputs": ["something else entirely, longer than the first"]}, None)
-    assert first == kept
+    assert np.array_equal(first, kept)
     vectors, _ = runtime.task.embed(["x"])  # type: ignore[attr-defined]
     assert vectors.flags.owndata  # a copy, not a view of the pooled output buffer
 
@@ -65,7 +65,7 @@ def test_bound_outputs_match_and_go_back_to_the_pool(new_runtime: Callable[..., 
     stats = rt.pool.stats()
     assert stats["lent"] == 0 and stats["misses"] == 3  # ids, mask and the bound output
     again = rt.handle({"inputs": texts}, None)["embeddings"]
-    assert again == got and rt.pool.stats()["misses"] == 3
+    assert np.array_equal(again, got) and rt.pool.stats()["misses"] == 3
 
 
 def test_pings_are_not_queued_behind_inference(runtime: Runtime) -> None:

@@ -13,7 +13,7 @@ import pytest
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT
 from handler.core.errors import RequestError
 from handler.runtime.invocation import Runtime
-from tests.conftest import DIM, MODEL_KEY, event_names
+from tests.conftest import DIM, MODEL_KEY, event_names, invoke
 
 HTTP_OK = [
     "apigw_v1.json",
@@ -75,7 +75,7 @@ def assert_embeddings(body: dict[str, Any], count: int) -> list[list[float]]:
 
 
 def assert_still_serves(runtime: Runtime) -> None:
-    assert_embeddings(runtime.handle({"inputs": ["alive"]}, None), 1)
+    assert_embeddings(invoke(runtime, {"inputs": ["alive"]}, None), 1)
 
 
 def http_body(response: dict[str, Any]) -> dict[str, Any]:
@@ -103,18 +103,18 @@ def assert_http_shape(name: str, response: dict[str, Any], status: int) -> None:
 
 
 def test_direct_invoke(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
-    body = onnx_runtime.handle(load_event("direct.json"), None)
+    body = invoke(onnx_runtime, load_event("direct.json"), None)
     assert_embeddings(body, 2)
     assert body["usage"]["tokens"] > 2
 
 
 @pytest.mark.parametrize("name", HTTP_OK)
 def test_http_sources(name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
-    response = onnx_runtime.handle(load_event(name), None)
+    response = invoke(onnx_runtime, load_event(name), None)
     assert_http_shape(name, response, 200)
     vectors = assert_embeddings(http_body(response), 2)
     # Same texts as direct.json: the body reached the model intact.
-    direct = onnx_runtime.handle(load_event("direct.json"), None)["embeddings"]
+    direct = invoke(onnx_runtime, load_event("direct.json"), None)["embeddings"]
     assert vectors == direct
 
 
@@ -122,26 +122,26 @@ def test_http_sources(name: str, onnx_runtime: Runtime, load_event: Callable[[st
 def test_openai_route_on_a_named_stage(name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     """Was 404 UnknownModelError: the stage prefix hid the route, and OpenAI's "model" was read as ours."""
     event = load_event(name)
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert_http_shape(name, response, 200)
     body = http_body(response)
     assert body["object"] == "list" and body["model"] == MODEL_KEY, body
-    direct = onnx_runtime.handle(load_event("direct.json"), None)["embeddings"]  # the same two texts
+    direct = invoke(onnx_runtime, load_event("direct.json"), None)["embeddings"]  # the same two texts
     assert [d["embedding"] for d in body["data"]] == direct
     # The native route still answers on the same stage, at any other path.
     event["body"] = json.dumps({"inputs": ["x"]})
     for key in ("rawPath", "path"):
         if key in event:
             event[key] = event[key].replace("/v1/embeddings", "/embed")
-    assert_embeddings(http_body(onnx_runtime.handle(event, None)), 1)
+    assert_embeddings(http_body(invoke(onnx_runtime, event, None)), 1)
 
 
 def test_alb_status_description_is_ok(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
-    assert onnx_runtime.handle(load_event("alb.json"), None)["statusDescription"] == "200 OK"
+    assert invoke(onnx_runtime, load_event("alb.json"), None)["statusDescription"] == "200 OK"
 
 
 def test_a_single_string_is_one_input(onnx_runtime: Runtime) -> None:
-    assert_embeddings(onnx_runtime.handle({"inputs": "just one"}, None), 1)
+    assert_embeddings(invoke(onnx_runtime, {"inputs": "just one"}, None), 1)
 
 
 # --- bad requests ----------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_a_single_string_is_one_input(onnx_runtime: Runtime) -> None:
 @pytest.mark.parametrize("name", sorted(HTTP_BAD))
 def test_bad_http_events(name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     status, error_type = HTTP_BAD[name]
-    response = onnx_runtime.handle(load_event(name), None)
+    response = invoke(onnx_runtime, load_event(name), None)
     assert_http_shape(name, response, status)
     error = http_body(response)["error"]
     assert error["type"] == error_type
@@ -159,7 +159,7 @@ def test_bad_http_events(name: str, onnx_runtime: Runtime, load_event: Callable[
 
 
 def test_ping_body_over_http_is_not_a_ping(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
-    body = http_body(onnx_runtime.handle(load_event("ping_over_http_v2.json"), None))
+    body = http_body(invoke(onnx_runtime, load_event("ping_over_http_v2.json"), None))
     assert "warm" not in body
     assert '"inputs"' in body["error"]["message"]
 
@@ -169,7 +169,7 @@ def test_bad_direct_events_raise_typed_errors(
     name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]
 ) -> None:
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle(load_event(name), None)
+        invoke(onnx_runtime, load_event(name), None)
     assert type(info.value).__name__ == DIRECT_BAD[name]
     assert str(info.value)
     assert_still_serves(onnx_runtime)
@@ -177,14 +177,14 @@ def test_bad_direct_events_raise_typed_errors(
 
 def test_wrong_type_message_names_the_input(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     with pytest.raises(RequestError, match=r"inputs\[1\] must be a string, got int"):
-        onnx_runtime.handle(load_event("wrong_types.json"), None)
+        invoke(onnx_runtime, load_event("wrong_types.json"), None)
 
 
 @pytest.mark.parametrize("name", ["alb.json", "alb_multivalue.json", "apigw_v1.json"])
 def test_bad_body_on_other_http_sources(name: str, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     event = load_event(name)
     event["body"] = "{not json"
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert_http_shape(name, response, 400)
     assert http_body(response)["error"]["type"] == "InvalidJSONError"
     if name.startswith("alb"):
@@ -198,7 +198,7 @@ def test_v1_methods_other_than_post_are_405(
 ) -> None:
     event = load_event("apigw_v1.json")
     event["httpMethod"] = method
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert response["statusCode"] == 405
     assert method.upper() in http_body(response)["error"]["message"]
 
@@ -207,7 +207,7 @@ def test_v1_methods_other_than_post_are_405(
 def test_missing_body_is_400(body: str | None, onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     event = load_event("http_api_v2.json")
     event["body"] = body
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert response["statusCode"] == 400
     assert http_body(response)["error"]["type"] == "InvalidJSONError"
 
@@ -218,7 +218,7 @@ def test_body_over_6mb_is_413(base64_encoded: bool, onnx_runtime: Runtime, load_
     event = load_event("http_api_v2.json")
     event["body"] = base64.b64encode(raw.encode()).decode() if base64_encoded else raw
     event["isBase64Encoded"] = base64_encoded
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert response["statusCode"] == 413
     assert http_body(response)["error"]["type"] == "PayloadTooLargeError"
     assert_still_serves(onnx_runtime)
@@ -227,13 +227,13 @@ def test_body_over_6mb_is_413(base64_encoded: bool, onnx_runtime: Runtime, load_
 def test_body_over_6mb_through_alb_is_413(onnx_runtime: Runtime, load_event: Callable[[str], Any]) -> None:
     event = load_event("alb.json")
     event["body"] = "[" + " " * LAMBDA_PAYLOAD_LIMIT + "]"
-    response = onnx_runtime.handle(event, None)
+    response = invoke(onnx_runtime, event, None)
     assert response["statusCode"] == 413
     assert response["statusDescription"].startswith("413 ")
 
 
 def test_deeply_nested_json_body_is_400_not_500(onnx_runtime: Runtime) -> None:
-    response = onnx_runtime.handle({**V2, "body": "[" * 100_000}, None)
+    response = invoke(onnx_runtime, {**V2, "body": "[" * 100_000}, None)
     assert response["statusCode"] == 400
     assert http_body(response)["error"]["type"] == "InvalidJSONError"
     assert_still_serves(onnx_runtime)
@@ -242,10 +242,10 @@ def test_deeply_nested_json_body_is_400_not_500(onnx_runtime: Runtime) -> None:
 def test_lone_surrogate_input_is_an_encoding_error(onnx_runtime: Runtime) -> None:
     # JSON may carry "\ud800"; the decoded str then cannot become UTF-8 for the tokenizer.
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle(json.loads('{"inputs": ["ok", "bad \\ud800"]}'), None)
+        invoke(onnx_runtime, json.loads('{"inputs": ["ok", "bad \\ud800"]}'), None)
     assert type(info.value).__name__ == "InvalidEncodingError"
     assert "inputs[1]" in str(info.value)
-    response = onnx_runtime.handle({**V2, "body": '{"inputs": ["\\udfff"]}'}, None)
+    response = invoke(onnx_runtime, {**V2, "body": '{"inputs": ["\\udfff"]}'}, None)
     assert response["statusCode"] == 400
     assert http_body(response)["error"]["type"] == "InvalidEncodingError"
     assert_still_serves(onnx_runtime)
@@ -254,7 +254,7 @@ def test_lone_surrogate_input_is_an_encoding_error(onnx_runtime: Runtime) -> Non
 @pytest.mark.parametrize("request_context", [5, "x", ["elb"], None])
 def test_odd_request_context_is_a_direct_invoke(request_context: Any, onnx_runtime: Runtime) -> None:
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle({"version": "2.0", "httpMethod": "POST", "requestContext": request_context}, None)
+        invoke(onnx_runtime, {"version": "2.0", "httpMethod": "POST", "requestContext": request_context}, None)
     assert type(info.value).__name__ == "InvalidInputError"
 
 
@@ -275,7 +275,7 @@ def limited(model_dir: Any) -> Runtime:
 
 
 def test_limits_allow_up_to_the_boundary(limited: Runtime) -> None:
-    assert_embeddings(limited.handle({"inputs": ["0123456789", "a", ""]}, None), 3)
+    assert_embeddings(invoke(limited, {"inputs": ["0123456789", "a", ""]}, None), 3)
 
 
 @pytest.mark.parametrize(
@@ -287,7 +287,7 @@ def test_limits_allow_up_to_the_boundary(limited: Runtime) -> None:
 )
 def test_limits_direct(inputs: list[str], error_type: str, fragment: str, limited: Runtime) -> None:
     with pytest.raises(RequestError) as info:
-        limited.handle({"inputs": inputs}, None)
+        invoke(limited, {"inputs": inputs}, None)
     assert type(info.value).__name__ == error_type
     assert fragment in str(info.value)
     assert_still_serves(limited)
@@ -296,11 +296,11 @@ def test_limits_direct(inputs: list[str], error_type: str, fragment: str, limite
 def test_limits_over_http(limited: Runtime, load_event: Callable[[str], Any]) -> None:
     event = load_event("function_url.json")
     event["body"] = json.dumps({"inputs": ["x"] * 4})
-    response = limited.handle(event, None)
+    response = invoke(limited, event, None)
     assert response["statusCode"] == 400
     assert http_body(response)["error"]["type"] == "TooManyInputsError"
     event["body"] = json.dumps({"inputs": ["y" * 11]})
-    assert http_body(limited.handle(event, None))["error"]["type"] == "InputTooLongError"
+    assert http_body(invoke(limited, event, None))["error"]["type"] == "InputTooLongError"
     assert_still_serves(limited)
 
 
@@ -310,8 +310,8 @@ def test_limits_over_http(limited: Runtime, load_event: Callable[[str], Any]) ->
 @pytest.mark.parametrize("wrap", [bytes, bytearray])
 def test_raw_json_bytes_work(wrap: type, onnx_runtime: Runtime) -> None:
     event = wrap(json.dumps({"inputs": ["héllo wörld"]}).encode())
-    body = onnx_runtime.handle(event, None)
-    assert body["embeddings"] == onnx_runtime.handle({"inputs": ["héllo wörld"]}, None)["embeddings"]
+    body = invoke(onnx_runtime, event, None)
+    assert body["embeddings"] == invoke(onnx_runtime, {"inputs": ["héllo wörld"]}, None)["embeddings"]
 
 
 @pytest.mark.parametrize(
@@ -327,14 +327,14 @@ def test_raw_json_bytes_work(wrap: type, onnx_runtime: Runtime) -> None:
 )
 def test_bad_raw_bytes_raise_typed_errors(raw: bytes, error_type: str, onnx_runtime: Runtime) -> None:
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle(raw, None)
+        invoke(onnx_runtime, raw, None)
     assert type(info.value).__name__ == error_type
     assert_still_serves(onnx_runtime)
 
 
 def test_raw_bytes_over_6mb(onnx_runtime: Runtime) -> None:
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle(b" " * (LAMBDA_PAYLOAD_LIMIT + 1), None)
+        invoke(onnx_runtime, b" " * (LAMBDA_PAYLOAD_LIMIT + 1), None)
     assert type(info.value).__name__ == "PayloadTooLargeError"
 
 
@@ -345,8 +345,42 @@ def test_events_from_triggers_we_do_not_serve_say_so(
     """They used to get `InvalidInputError: request has no "inputs" field`; still raised (a trigger's retries
     and dead-letter queue see a failure), now typed and naming the trigger."""
     with pytest.raises(RequestError) as info:
-        onnx_runtime.handle(load_event(name), None)
+        invoke(onnx_runtime, load_event(name), None)
     assert type(info.value).__name__ == "UnsupportedEventSourceError"
     assert str(info.value).startswith(f"{UNSUPPORTED[name]}")
     assert "warmstart serves direct invokes, API Gateway, Function URLs and ALB" in str(info.value)
     assert_still_serves(onnx_runtime)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_answer_is_a_500_on_every_way_out(new_runtime: Callable[..., Runtime], bad: float) -> None:
+    """A model answering NaN or an infinity: no JSON carries it (never `NaN`, never a silent `null`). A direct
+    invoke raises `ModelOutputError` (awslambdaric's errorType); an HTTP event and the HTTP host answer 500
+    with the class in the message; the instance keeps serving."""
+    from handler.core.errors import ModelOutputError
+
+    rt = new_runtime()
+    real = rt.backend.run
+    broken = {"on": True}
+
+    def run(feeds: Any) -> Any:
+        out = real(feeds)
+        if broken["on"]:
+            for array in out.values():
+                array[0, 3] = bad
+        return out
+
+    rt.backend.run = run  # type: ignore[method-assign]
+    with pytest.raises(ModelOutputError, match=r"the model's vectors: 1 of 384 values are NaN or infinite"):
+        rt.lambda_reply({"inputs": ["hello"]}, None)
+    event = {**V2, "body": json.dumps({"inputs": ["hello"]})}
+    response = invoke(rt, event)
+    error = json.loads(response["body"])["error"]
+    assert response["statusCode"] == 500 and error["type"] == "InternalError"
+    assert error["message"].startswith("ModelOutputError: the model's vectors") and "[0, 3]" in error["message"]
+    status, body, _ = rt.handle_http(json.dumps({"inputs": ["hello"]}).encode())
+    assert status == 500 and json.loads(body)["error"]["message"].startswith("ModelOutputError:")
+    json.loads(body, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))  # strict JSON, no NaN number
+    assert b"null" not in body
+    broken["on"] = False
+    assert_embeddings(invoke(rt, {"inputs": ["still serving"]}), 1)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from handler.api.encode import dumps
 from handler.core.config import Config
 from handler.http_host.host import Host
 from handler.http_host.routes import create_app
@@ -28,7 +29,8 @@ TEXTS = ["the quick brown fox", "jumps over the lazy dog", "a third, longer sent
 
 
 def vector_text(vector: list[float]) -> bytes:
-    return json.dumps(vector, separators=(",", ":")).encode()
+    """A vector's text as the edge's encoder writes it (the parsed float64s print as the float32s did)."""
+    return dumps(vector)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,7 @@ def test_openai_errors(client: TestClient, body: dict[str, Any], error: str) -> 
 def test_tei_embed_equals_native(client: TestClient, native: tuple[bytes, Any]) -> None:
     _, vectors = native
     r = client.post("/embed", json={"inputs": TEXTS, "normalize": True, "truncate": True})
-    assert r.status_code == 200 and r.content == json.dumps(vectors, separators=(",", ":")).encode()
+    assert r.status_code == 200 and r.content == vector_text(vectors)
     single = client.post("/embed", json={"inputs": TEXTS[0]}).json()
     # TEI answers a list of vectors for one string too (a batch of one: compared with the native batch of one).
     assert single == client.post("/invocations", json={"inputs": TEXTS[0]}).json()["embeddings"]

@@ -19,7 +19,7 @@ import pytest
 from handler.core.config import Config
 from handler.core.errors import ModelLoadError
 from handler.runtime.invocation import Runtime
-from tests.conftest import MODEL_KEY
+from tests.conftest import MODEL_KEY, invoke
 from tests.model_versions import flip_byte, truncate, write_version
 
 NEG_KEY = "all-minilm-l6-v2@0.2.0-neg"
@@ -117,7 +117,7 @@ def test_swaps_under_load_never_fail_or_mix_versions(runtime: Runtime, model_dir
 
 
 def test_an_in_flight_request_finishes_on_the_old_version(runtime: Runtime, negated: Path) -> None:
-    expected = runtime.handle({"inputs": ["in flight"]})["embeddings"]
+    expected = invoke(runtime, {"inputs": ["in flight"]})["embeddings"]
     old_backend = runtime.backend
     real = {"run": old_backend.run}
     entered, release = threading.Event(), threading.Event()
@@ -129,7 +129,7 @@ def test_an_in_flight_request_finishes_on_the_old_version(runtime: Runtime, nega
 
     old_backend.run = slow_run  # type: ignore[method-assign]
     replies: list[Any] = []
-    request = threading.Thread(target=lambda: replies.append(runtime.handle({"inputs": ["in flight"]})))
+    request = threading.Thread(target=lambda: replies.append(invoke(runtime, {"inputs": ["in flight"]})))
     request.start()
     assert entered.wait(30)
     reply = runtime.handle({"warmstart": "reload", "model": str(negated)})

@@ -14,6 +14,7 @@ import pytest
 
 from handler.core.errors import RequestError
 from tests.conftest import TinyModel
+from tests.functional.test_events import invoke
 
 X = [[1.0, 2.0, 3.0], [-0.5, 0.25, 4.0]]
 K = [3, -7]
@@ -45,7 +46,7 @@ def test_manifest_spec_comes_from_the_graph(tiny: TinyModel) -> None:
 
 
 def test_nested_lists_in_and_out(tiny: TinyModel) -> None:
-    reply = tiny.runtime.handle({"inputs": {"x": X, "k": K}}, None)
+    reply = invoke(tiny.runtime, {"inputs": {"x": X, "k": K}}, None)
     assert reply["model"] == "tiny@1.0"
     expected = tiny.expected(X, K)
     np.testing.assert_allclose(np.array(reply["outputs"]["y"], np.float32), expected["y"], rtol=1e-6)
@@ -54,8 +55,8 @@ def test_nested_lists_in_and_out(tiny: TinyModel) -> None:
 
 def test_npy_in_and_out_round_trips_exactly(tiny: TinyModel) -> None:
     x, k = np.array(X, np.float32), np.array(K, np.int64)
-    as_lists = tiny.runtime.handle({"inputs": {"x": X, "k": K}}, None)["outputs"]
-    as_npy = tiny.runtime.handle({"inputs": {"x": npy(x), "k": npy(k)}, "output_format": "npy"}, None)["outputs"]
+    as_lists = invoke(tiny.runtime, {"inputs": {"x": X, "k": K}}, None)["outputs"]
+    as_npy = invoke(tiny.runtime, {"inputs": {"x": npy(x), "k": npy(k)}, "output_format": "npy"}, None)["outputs"]
     y, z = from_npy(as_npy["y"]), from_npy(as_npy["z"])
     assert (y.dtype, y.shape, z.dtype, z.shape) == (np.float32, (2, 4), np.int64, (2,))
     # Same inputs by either route give bit-identical outputs, and the list form loses nothing.
@@ -64,23 +65,23 @@ def test_npy_in_and_out_round_trips_exactly(tiny: TinyModel) -> None:
 
 
 def test_mixed_input_formats(tiny: TinyModel) -> None:
-    reply = tiny.runtime.handle({"inputs": {"x": X, "k": npy(np.array(K, np.int64))}, "output_format": "list"}, None)
+    reply = invoke(tiny.runtime, {"inputs": {"x": X, "k": npy(np.array(K, np.int64))}, "output_format": "list"}, None)
     assert reply["outputs"]["z"] == [6, -14]
 
 
 def test_integers_are_accepted_for_a_float_input(tiny: TinyModel) -> None:
-    reply = tiny.runtime.handle({"inputs": {"x": [[1, 2, 3]], "k": [0]}}, None)
+    reply = invoke(tiny.runtime, {"inputs": {"x": [[1, 2, 3]], "k": [0]}}, None)
     np.testing.assert_allclose(reply["outputs"]["y"], tiny.expected([[1, 2, 3]], [0])["y"], rtol=1e-6)
 
 
 def test_over_http(tiny: TinyModel, load_event: Callable[[str], Any]) -> None:
     event = load_event("http_api_v2.json")
     event["body"] = json.dumps({"inputs": {"x": X, "k": K}})
-    response = tiny.runtime.handle(event, None)
+    response = invoke(tiny.runtime, event, None)
     assert response["statusCode"] == 200
     assert json.loads(response["body"])["outputs"]["z"] == [6, -14]
     event["body"] = json.dumps({"inputs": {"x": X}})
-    response = tiny.runtime.handle(event, None)
+    response = invoke(tiny.runtime, event, None)
     assert response["statusCode"] == 400
     assert json.loads(response["body"])["error"]["type"] == "InvalidInputError"
 
@@ -107,11 +108,11 @@ def test_over_http(tiny: TinyModel, load_event: Callable[[str], Any]) -> None:
 )
 def test_bad_tensors_name_the_input(inputs: dict[str, Any], fragments: list[str], tiny: TinyModel) -> None:
     with pytest.raises(RequestError) as info:
-        tiny.runtime.handle({"inputs": inputs}, None)
+        invoke(tiny.runtime, {"inputs": inputs}, None)
     assert type(info.value).__name__ == "InvalidInputError"
     for fragment in fragments:
         assert fragment in str(info.value)
-    assert tiny.runtime.handle({"inputs": {"x": X, "k": K}}, None)["outputs"]["z"] == [6, -14]
+    assert invoke(tiny.runtime, {"inputs": {"x": X, "k": K}}, None)["outputs"]["z"] == [6, -14]
 
 
 def test_object_arrays_are_refused_without_unpickling(tiny: TinyModel) -> None:
@@ -119,7 +120,7 @@ def test_object_arrays_are_refused_without_unpickling(tiny: TinyModel) -> None:
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     bad = {"npy": base64.b64encode(buf.getvalue()).decode()}
     with pytest.raises(RequestError, match=r"inputs\.x"):
-        tiny.runtime.handle({"inputs": {"x": bad, "k": K}}, None)
+        invoke(tiny.runtime, {"inputs": {"x": bad, "k": K}}, None)
 
 
 @pytest.mark.parametrize(
@@ -132,12 +133,12 @@ def test_object_arrays_are_refused_without_unpickling(tiny: TinyModel) -> None:
 )
 def test_bad_request_shapes(payload: dict[str, Any], fragment: str, tiny: TinyModel) -> None:
     with pytest.raises(RequestError, match=fragment):
-        tiny.runtime.handle(payload, None)
+        invoke(tiny.runtime, payload, None)
 
 
 def test_embedding_requests_are_refused_by_a_tensor_model(tiny: TinyModel) -> None:
     with pytest.raises(RequestError, match="named tensors"):
-        tiny.runtime.handle({"inputs": ["some text"]}, None)
+        invoke(tiny.runtime, {"inputs": ["some text"]}, None)
 
 
 # -- values that must convert exactly or be refused (issue 15) ------------------------------------------------
@@ -156,7 +157,7 @@ def test_values_that_would_wrap_or_overflow_are_refused(
     inputs: dict[str, Any], fragments: list[str], tiny: TinyModel
 ) -> None:
     with pytest.raises(RequestError) as info:
-        tiny.runtime.handle({"inputs": inputs}, None)
+        invoke(tiny.runtime, {"inputs": inputs}, None)
     assert type(info.value).__name__ == "InvalidInputError"
     for fragment in fragments:
         assert fragment in str(info.value)
@@ -165,22 +166,22 @@ def test_values_that_would_wrap_or_overflow_are_refused(
 def test_a_giant_declared_npy_shape_is_a_400(tiny: TinyModel, load_event: Callable[[str], Any]) -> None:
     """A 442-byte .npy declaring (2**40, 3): refused from its header, never allocated (it was MemoryError)."""
     event = load_event("tensor/npy_giant_shape_v2.json")
-    response = tiny.runtime.handle(event, None)
+    response = invoke(tiny.runtime, event, None)
     assert response["statusCode"] == 400
     error = json.loads(response["body"])["error"]
     assert error["type"] == "InvalidInputError" and "1099511627776" in error["message"]
     with pytest.raises(RequestError, match=r"inputs\.x: shape \[1099511627776, 3\]") as info:
-        tiny.runtime.handle(json.loads(event["body"]), None)  # the same body as a direct invoke
+        invoke(tiny.runtime, json.loads(event["body"]), None)  # the same body as a direct invoke
     assert type(info.value).__name__ == "InvalidInputError"
-    assert tiny.runtime.handle({"inputs": {"x": X, "k": K}}, None)["outputs"]["z"] == [6, -14]
+    assert invoke(tiny.runtime, {"inputs": {"x": X, "k": K}}, None)["outputs"]["z"] == [6, -14]
 
 
 def test_the_element_limit_is_a_setting(tiny_tensor_model: Callable[..., TinyModel]) -> None:
     small = tiny_tensor_model(max_elements=4)
     with pytest.raises(RequestError, match=r"inputs\.x: 6 elements; at most 4 \(WARMSTART_MAX_ELEMENTS\)"):
-        small.runtime.handle({"inputs": {"x": X, "k": K}}, None)
+        invoke(small.runtime, {"inputs": {"x": X, "k": K}}, None)
     with pytest.raises(RequestError, match=r"inputs\.x: shape \[2, 3\] is 6 elements; at most 4"):
-        small.runtime.handle({"inputs": {"x": npy(np.array(X, np.float32)), "k": K}}, None)
+        invoke(small.runtime, {"inputs": {"x": npy(np.array(X, np.float32)), "k": K}}, None)
 
 
 @pytest.fixture(scope="module")
@@ -216,9 +217,9 @@ def test_in_range_lists_convert_to_every_dtype(every_dtype: Any) -> None:
     for d in DTYPES:
         lo, hi = int_range(np.dtype(d)) if d != "bool" else (0, 1)
         inputs[f"in_{d}"] = [True, False, True] if d == "bool" else [lo, 0, hi]
-    outputs = every_dtype.handle({"inputs": inputs}, None)["outputs"]
+    outputs = invoke(every_dtype, {"inputs": inputs}, None)["outputs"]
     for d in DTYPES:
         assert outputs[f"out_{d}"] == inputs[f"in_{d}"], d  # uint8 included (it was refused as int64)
     inputs["in_uint8"] = [0, 1, 256]
     with pytest.raises(RequestError, match=r"inputs\.in_uint8: values in \[0, 256\] do not fit uint8"):
-        every_dtype.handle({"inputs": inputs}, None)
+        invoke(every_dtype, {"inputs": inputs}, None)

@@ -21,6 +21,7 @@ PREFIX = "/2018-06-01/runtime"
 class Outcome:
     kind: str  # "response" | "error"
     body: bytes
+    content_type: str = ""  # as the runtime client posted it
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -79,7 +80,7 @@ class RuntimeStub:
                     return self._reply(202, b'{"status":"OK"}')
                 parts = self.path[len(PREFIX) :].strip("/").split("/")  # invocation/{id}/{response|error}
                 if len(parts) == 3 and parts[0] == "invocation" and parts[1] in stub.outcomes:
-                    stub.outcomes[parts[1]].put(Outcome(parts[2], body))
+                    stub.outcomes[parts[1]].put(Outcome(parts[2], body, self.headers.get("Content-Type", "")))
                     return self._reply(202, b'{"status":"OK"}')
                 self._reply(400, b'{"errorType":"InvalidRequestID"}')
 

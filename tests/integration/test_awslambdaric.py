@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from handler.api.encode import dumps
 from tests.integration.runtime_stub import RuntimeStub
 
 pytestmark = pytest.mark.integration
@@ -83,6 +85,34 @@ def test_serves_embeddings_errors_and_pings(stub: RuntimeStub, model_dir: Path, 
     init_lines = [line for line in logs.splitlines() if line.startswith('{"warmstart":"init"')]
     assert len(init_lines) == 1, logs
     assert f'"backend":"{backend}"' in init_lines[0]
+
+
+def test_answers_are_encoded_once_and_posted_as_they_are(stub: RuntimeStub, model_dir: Path) -> None:
+    """The handler hands awslambdaric JSON bytes (`Runtime.lambda_reply`), which it posts untouched: the compact
+    text of `handler.api.encode`, float32 at its shortest, byte for byte. Its own encoder (simplejson) would
+    write `", "` and `": "`, and cannot write the float32 arrays an answer carries at all."""
+    proc = spawn(stub, WARMSTART_MODEL=str(model_dir), WARMSTART_BACKEND="onnx", WARMSTART_WARMUP="0")
+    try:
+        direct = stub.invoke({"inputs": ["hello world"]})
+        assert direct.kind == "response" and direct.content_type == "application/unknown"
+        assert direct.body == dumps(json.loads(direct.body))  # the parsed floats print as the float32s did
+        (row,) = json.loads(direct.body)["embeddings"]
+        words = direct.body.split(b"[[", 1)[1].split(b"]]", 1)[0].split(b",")
+        assert len(words) == len(row) == 384 and b" " not in direct.body
+        assert all(len(w.lstrip(b"-").replace(b".", b"").split(b"e")[0].lstrip(b"0")) <= 9 for w in words)
+
+        event = json.loads((ROOT / "tests" / "events" / "function_url.json").read_text())
+        http = stub.invoke(event)
+        assert http.kind == "response" and http.body == dumps(json.loads(http.body))  # the envelope: once too
+        envelope = json.loads(http.body)
+        assert envelope["statusCode"] == 200 and envelope["headers"] == {"content-type": "application/json"}
+        assert envelope["body"].encode() == dumps(json.loads(envelope["body"]))
+        assert len(json.loads(envelope["body"])["embeddings"][0]) == 384
+
+        ping = stub.invoke({"warmer": True})  # control answers go the same way
+        assert ping.kind == "response" and ping.json()["warm"] is True
+    finally:
+        stop(proc)
 
 
 def test_missing_model_fails_init_naming_the_path(stub: RuntimeStub, tmp_path: Path) -> None:

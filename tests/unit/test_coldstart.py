@@ -205,7 +205,7 @@ def optimized_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def embed(model: Path, **env: str) -> tuple[list[list[float]], dict[str, Any]]:
     runtime = Runtime.start(Config(model_dir=model, backend="onnx", warmup=False), environ=env, emit=None)
     reply = runtime.handle({"inputs": HARD_TEXTS})
-    return reply["embeddings"], runtime.init_report["coldstart"]["onnx_optimized"]
+    return reply["embeddings"].tolist(), runtime.init_report["coldstart"]["onnx_optimized"]
 
 
 def test_optimized_model_is_used_and_bit_identical(optimized_dir: Path) -> None:

@@ -19,6 +19,7 @@ from handler.core.errors import ConfigError
 from handler.runtime import snapshot
 from handler.runtime.invocation import Runtime
 from handler.runtime.snapshot import SnapshotHooks, reseed, snapshot_mode
+from tests.conftest import invoke
 
 SNAP = {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}
 
@@ -66,7 +67,7 @@ def runtime(model_dir: Path, environ: dict[str, str]) -> Runtime:
 
 def test_hooks_give_a_restored_instance_a_new_identity(model_dir: Path) -> None:
     rt = runtime(model_dir, SNAP)
-    before = rt.handle({"inputs": ["same input, same output"]})
+    before = invoke(rt, {"inputs": ["same input, same output"]})
     rt.handle({"warmer": True})
     old_id = rt.instance_id
     records: list[dict[str, Any]] = []
@@ -83,7 +84,7 @@ def test_hooks_give_a_restored_instance_a_new_identity(model_dir: Path) -> None:
     assert status["restore"]["mode"] == "vm"
     ping = rt.handle({"warmer": True})
     assert ping["instance_id"] == rt.instance_id and ping["cold"] is True  # first call of this instance
-    assert rt.handle({"inputs": ["same input, same output"]})["embeddings"] == before["embeddings"]
+    assert invoke(rt, {"inputs": ["same input, same output"]})["embeddings"] == before["embeddings"]
 
 
 def test_fork_template_builds_with_one_thread_and_no_tokenizer_pool(
