@@ -5,8 +5,8 @@ RUN_BY below (the test or make target that runs it, checked to exist) or its blo
 comment `<!-- not run by tests: <reason> -->`. Independently of that, every `warmstart SUB --flag` shown
 (in sh blocks and in inline code) must be in `warmstart SUB --help`, every `bench/**.py` and `layers.build`
 flag in that script's source (or bench/runner.py's, for a bench built on it), every repository path a command
-names must exist, and every make target must be in the Makefile. Relative links (and their #anchors) must resolve, and a backticked name (a variable, an
-error type) may head a row in one table only.
+names must exist, and every make target must be in the Makefile. Relative links (and their #anchors) must
+resolve, and a backticked name (a variable, an error type) may head a row in one table only.
 """
 
 from __future__ import annotations
