@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from bench import runner
 from bench.load import closed_loop
 from bench.peers import run as bp
 from bench.peers.driver import SENTENCES
