@@ -164,3 +164,18 @@ def test_bench_has_no_import_cycle_and_the_check_finds_one() -> None:
         p.name for p in (runner.ROOT / "bench").rglob("*.py") if re.search(r"sys\.path\.\w+\([^)]*bench", p.read_text())
     ]
     assert not hacks
+
+
+def test_coldstart_starts_each_variant_as_lambda_would_with_its_own_code_first(tmp_path: Path) -> None:
+    from bench.coldstart import run as cs
+
+    argv, env, cwd = cs.command("ours", 1.0, None, tmp_path)
+    assert argv[1:] == ["-m", "awslambdaric", cs.APP] and cwd == runner.ROOT
+    assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "1769" and env["WARMSTART_MODEL"] == str(runner.OPTIMIZED)
+    argv, env, cwd = cs.command("main-no-optimized", None, tmp_path / "ref", tmp_path / "model")
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path / "ref") and cwd == tmp_path / "ref"
+    assert env["WARMSTART_MODEL"] == str(tmp_path / "model") and env["WARMSTART_ORT_OPTIMIZED"] == "0"
+    assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3538"  # --quotas none: this host's 2 CPUs
+    _, env, _ = cs.command("imports_only_torch", 0.29, None, tmp_path)
+    assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "512" and "WARMSTART_BACKEND" not in env
+    assert {"ours", "main", "floor_ort", "naive_st", "imports_only_onnx", "ours+sha"} <= set(cs.VARIANTS)
