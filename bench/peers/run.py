@@ -69,7 +69,9 @@ PINS: dict[str, list[str]] = {
     "export": ["optimum-onnx[onnxruntime]==0.1.0", "optimum==2.1.0", "torch==2.13.0"],
 }
 PEER_NAMES = ("fastembed", "infinity")
-IN_PROCESS = ("ours", "ours-optimized", "fastembed")
+# ours-spin: ours off Lambda (no AWS_LAMBDA_FUNCTION_NAME), where its thread plan lets 2+ intra-op threads spin
+# as onnxruntime's default (fastembed's) does; on Lambda it does not (spinning is billed). Warm, 2+ threads only.
+IN_PROCESS = ("ours", "ours-optimized", "ours-spin", "fastembed")
 SERVERS = ("ours", "infinity")
 ROUTES = {"ours": "/v1/embeddings", "infinity": "/embeddings"}
 HEALTH = {"ours": "/ping", "infinity": "/health"}
@@ -168,9 +170,11 @@ def variant_process(variant: str, environ: dict[str, str] | None = None) -> tupl
     env = base_env(environ)
     if variant == "fastembed":
         return str(venv_python("fastembed")), "fastembed", EXPORT, env
-    model = OURS_MODEL if variant == "ours" else OURS_OPTIMIZED
+    model = OURS_OPTIMIZED if variant == "ours-optimized" else OURS_MODEL
     lam = runner.lambda_env(1.0, model)
     env.update({k: v for k, v in lam.items() if k.startswith(("AWS_", "WARMSTART_"))})
+    if variant == "ours-spin":
+        env.pop("AWS_LAMBDA_FUNCTION_NAME")
     return sys.executable, "ours", model, env
 
 
@@ -352,7 +356,9 @@ def docs_section(results_md: str, png: str = "peers.png") -> str:
                 "(pinned; never on warmstart's run-time path) and measures all three on all-MiniLM-L6-v2: cold start "
                 "in process at 1 vCPU; warm batch 1 / 32 at 1 and at 2 intra-op threads, each side given as many "
                 "vCPUs (its own cgroup) as threads, each variant one long-lived process, the variants asked in turn "
-                "within every round; and HTTP req/s, p50/p99 "
+                "within every round (`ours-spin`: ours off Lambda, its 2 threads spinning as onnxruntime's "
+                "default, which fastembed keeps, does; on Lambda ours does not spin, spinning is billed); and HTTP "
+                "req/s, p50/p99 "
                 "and error rate at 1 / 8 / 32 users under 1 and 2 vCPU quotas (ours on OpenAI's `/v1/embeddings`, "
                 "infinity on its `/embeddings`, the same closed-loop client, `bench/load/closed_loop.py`). The peers "
                 "load optimum's ONNX export of the same weights: the graph infinity's optimum engine is built for "
@@ -449,12 +455,13 @@ def cold_runs(
     return runs, vecs
 
 
-def warm_runs(plan: Plan, variants: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+def warm_runs(plan: Plan, all_variants: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
     """Per thread count: every variant a long-lived child in a cgroup of its own with that many vCPUs, all up at
     once (idle ones block on stdin); each round asks them in turn for a block of calls at each batch size."""
     runs, vecs = [], {}
     b32_calls = max(3, plan.warm_calls // 4)
     for threads in plan.threads:
+        variants = [v for v in all_variants if v != "ours-spin" or threads > 1]  # 1 thread: nothing spins
         with runner.quotas(*variants) as cgroups:
             children: dict[str, runner.Child] = {}
             try:
@@ -638,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     vecs: dict[str, list[float]] = {}
     try:
         if "cold" in only:
-            data["cold"], vecs = cold_runs(plan, variants, quota)
+            data["cold"], vecs = cold_runs(plan, [v for v in variants if v != "ours-spin"], quota)
         if "warm" in only:
             data["warm"], more = warm_runs(plan, variants)
             vecs = {**more, **vecs}

@@ -59,7 +59,11 @@ def test_driver_commands() -> None:
     assert argv[argv.index("--model") + 1] == str(bp.EXPORT)
     assert not [k for k in env if k.startswith(("AWS_", "WARMSTART_"))]
 
-    with pytest.raises(ValueError, match="valid: ours, ours-optimized, fastembed"):
+    _, env = bp.driver_command("ours-spin", "serve", threads="2", environ=ENV)
+    assert "AWS_LAMBDA_FUNCTION_NAME" not in env  # off Lambda: its plan lets the threads spin
+    assert env["WARMSTART_MODEL"] == str(bp.OURS_MODEL) and env["WARMSTART_THREADS"] == "2"
+
+    with pytest.raises(ValueError, match="valid: ours, ours-optimized, ours-spin, fastembed"):
         bp.driver_command("infinity", "cold")
     with pytest.raises(ValueError, match="threads"):
         bp.driver_command("ours", "serve", threads="two")
