@@ -36,18 +36,21 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Spawn → first embedding through awslambdaric, no quota, warm page cache (no root needed): warmstart on both backends
+# against the hand-written floors, sentence-transformers and the imports-only memory baselines (bench/coldstart/run.py).
 bench: setup
-	$(BIN)/python bench/bench_coldstart.py
+	$(BIN)/python bench/coldstart/run.py --quotas none --caches warm --warm-calls 20 --variants ours,ours+sha,floor_ort,minimal_ort,naive_st,ours_torch,floor_torch,imports_only_onnx,imports_only_torch
 
 # CPU quotas x warm/cold page cache (root: cgroup v1 cpu controller, posix_fadvise DONTNEED); "ours" runs an
 # optimized copy of the default model (`warmstart optimize`) made under build/bench.
 bench-quota: setup
-	$(BIN)/python bench/bench_coldstart_quota.py
+	$(BIN)/python bench/coldstart/run.py
 
 # On a machine with an NVIDIA GPU: init with the CUDA warm-up on both backends, first vs steady inference, float32 vs
-# float16, the device re-check after a snapshot restore, as one table (bench/gpu_check.py). Without one: says so, exits 0.
+# float16, the device re-check after a snapshot restore, as one table (infra/cli/gpu_check.py, beside the other
+# tools make runs). Without one: says so, exits 0.
 gpu-check: setup
-	$(BIN)/python bench/gpu_check.py
+	$(BIN)/python -m infra.cli.gpu_check
 
 clean:
 	rm -rf $(VENV) models build dist

@@ -1,4 +1,4 @@
-"""Locust user for bench/bench_load.py: back-to-back POST /invocations of one short sentence (a query
+"""Locust user for bench/load/run.py: back-to-back POST /invocations of one short sentence (a query
 embedding, the common serverless request). 503 is counted apart from every other failure. With
 BENCH_RETRY_AFTER=honor a user that got 503 waits the answer's Retry-After before its next request (what
 a well-behaved client does); with `ignore` it sends the next one at once (the worst case)."""

@@ -28,7 +28,7 @@ CEILING_TOKENS = 8192  # past this a run gets no faster (docs/http-host.md) and 
 # the limits allow (max_inputs x max_chars): 153 MB measured for 256 x 20,000 CJK characters (5.12 M): 30 B.
 REQUEST_BYTES_PER_CHAR = 32
 MARGIN = 0.10  # of the memory: the allocator's slack, the warm-up's and the answer's buffers, fragmentation
-# Activation bytes per padded token, fitted to peak RSS above the warm instance (bench/bench_memory_budget.py):
+# Activation bytes per padded token, fitted to peak RSS above the warm instance (bench/hotpath/memory_budget.py):
 # MiniLM (hidden 384, intermediate 1,536, 12 heads) 23.5-25.0 KB at rows of 64-256 tokens and 36 KB at 512;
 # BERT-base (768, 3,072, 12 heads) 47.1-50.2 KB at 64-256. The peak is the larger of two phases: the
 # feed-forward's (~67 B a unit of width: 25.6 KB and 51.4 KB) and attention's, whose scores grow with the row

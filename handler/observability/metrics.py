@@ -4,7 +4,7 @@ Why hand-written: EMF is one JSON line on stdout that CloudWatch Logs turns into
 `aws-embedded-metrics` library (and Powertools' Metrics) import dozens of modules at init and build a dict per
 record; here the constant part of each record (namespace, dimension sets, metric declarations, dimension
 values) is serialized once per record shape and cached, so an invocation pays for a few numbers, two ids and
-one write (bench/bench_observability.py measures it against the 50 µs budget). Cold start is the product:
+one write (bench/hotpath/observability.py measures it against the 50 µs budget). Cold start is the product:
 nothing here imports beyond the standard library.
 
 What is emitted (names shared with Prometheus, `docs/observability.md`):

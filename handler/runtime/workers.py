@@ -448,7 +448,7 @@ def _run_one(job: _Job) -> None:
 
 # Queued requests per worker before 503: one full batch each. With batching, a closed loop of N clients
 # never has more than N requests in the queue, so N <= max_queue gets no 503, and N <= workers x max_batch
-# means each request waits for at most one batch ahead of it (bench/bench_load.py measures the trade).
+# means each request waits for at most one batch ahead of it (bench/load/run.py measures the trade).
 BATCHES_QUEUED_PER_WORKER = 1
 DEFAULT_MAX_BATCH = Sizing.max_batch
 DEFAULT_BATCH_TOKENS = Sizing.batch_tokens

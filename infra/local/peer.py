@@ -6,7 +6,7 @@ would cut the function off from the network (S3 model fetches) and needs privile
 knows which socket connected: the client's socket is found by its exact 4-tuple (sock_diag netlink, one
 request, no scan of the host's sockets), and it belongs to the instance if that socket's inode is in the
 instance process's fd table. The check runs once per connection, and awslambdaric keeps one keep-alive
-connection for all its calls, so the cost per invocation is near zero (bench/bench_runtime_guard.py).
+connection for all its calls, so the cost per invocation is near zero (`bench/local/limits.py guard`).
 """
 
 from __future__ import annotations

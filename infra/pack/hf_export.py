@@ -420,8 +420,9 @@ def _fuse(
     options.enable_attention = attention
     # SkipLayerNormalization is left as it is, though it does not fuse on a normalized embedding graph: the
     # fusion needs ORT's symbolic shape inference, which has no rule for the head's ReduceL2 and gives up. Forced
-    # (bench/b1_split_driver.py skip_layer_norm) it made all-MiniLM-L6-v2 slower at 1 thread: 1 text 4.42 vs 4.25
-    # ms CPU, 32 texts 113.3 vs 104.6 (bench_b1_split.py --graphs). Not measured on the graphs where it does fuse.
+    # (skip_layer_norm in b1_split_driver.py) it made all-MiniLM-L6-v2 slower at 1 thread: 1 text 4.42 vs 4.25
+    # ms CPU, 32 texts 113.3 vs 104.6 (bench_b1_split.py --graphs; both in git at 5ebe02f). Not measured on the
+    # graphs where it does fuse.
     if (where / ONNX_DATA).stat().st_size >= _PROTO_LIMIT:
         # ORT's python fusions work on one in-memory proto (shape inference serializes it): past protobuf's 2 GB
         # they fail, so a graph that big (bge-m3's 2.27 GB) keeps its plain graph, as before it could not pack.

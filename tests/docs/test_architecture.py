@@ -13,13 +13,16 @@ PAGE = ROOT / "docs" / "architecture.md"
 
 
 def packages(root: Path = ROOT) -> list[str]:
-    """Every Python package under the shipped folders, dotted (`handler.core`, `infra.pack`)."""
+    """Every Python package under the shipped folders, dotted (`handler.core`, `infra.pack`), and every folder
+    of bench/ that holds a script (bench's folders are scripts' homes, not packages)."""
     found = []
-    for top in (*PACKAGES, "bench"):
+    for top in PACKAGES:
         for init in sorted((root / top).rglob("__init__.py")):
             parts = init.parent.relative_to(root).parts
             if "__pycache__" not in parts:
                 found.append(".".join(parts))
+    scripts = {p.parent for p in (root / "bench").rglob("*.py") if "__pycache__" not in p.parts}
+    found += sorted(".".join(d.relative_to(root).parts) for d in scripts)
     return found
 
 
@@ -42,10 +45,12 @@ def test_the_layer_table_has_every_room_in_its_rank() -> None:
 
 
 def test_a_package_missing_from_the_page_is_found(tmp_path: Path) -> None:
-    for pkg in ("handler/core", "handler/newroom", "infra", "warmers", "layers", "bench"):
+    for pkg in ("handler/core", "handler/newroom", "infra", "warmers", "layers"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
+    for script in ("bench/runner.py", "bench/peers/run.py", "bench/newbench/run.py"):
+        (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / script).write_text("")
     names = packages(tmp_path)
-    assert unnamed("`handler.core` and `infra/`, `warmers/`, `layers/`, `bench/`, `handler` (root)", names) == [
-        "handler.newroom"
-    ]
+    page = "`handler.core` and `infra/`, `warmers/`, `layers/`, `bench/`, `bench/peers`, `handler` (root)"
+    assert unnamed(page, names) == ["handler.newroom", "bench.newbench"]

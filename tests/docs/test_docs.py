@@ -3,10 +3,10 @@
 Every fenced ```sh block in README.md and docs/*.md is split into commands. Each command is either in
 RUN_BY below (the test or make target that runs it, checked to exist) or its block is preceded by an HTML
 comment `<!-- not run by tests: <reason> -->`. Independently of that, every `warmstart SUB --flag` shown
-(in sh blocks and in inline code) must be in `warmstart SUB --help`, every `bench/*.py` and `layers.build`
-flag in that script's source, every repository path a command names must exist, and every make target must
-be in the Makefile. Relative links (and their #anchors) must resolve, and a backticked name (a variable, an
-error type) may head a row in one table only.
+(in sh blocks and in inline code) must be in `warmstart SUB --help`, every `bench/**.py` and `layers.build`
+flag in that script's source (or bench/runner.py's, for a bench built on it), every repository path a command
+names must exist, and every make target must be in the Makefile. Relative links (and their #anchors) must
+resolve, and a backticked name (a variable, an error type) may head a row in one table only.
 """
 
 from __future__ import annotations
@@ -300,6 +300,8 @@ def command_problems(c: Command, makefile: str) -> list[str]:
         problems.append(f"no {script.relative_to(ROOT)}")
     elif script is not None:
         source = script.read_text(encoding="utf-8")
+        if "from bench import runner" in source:  # the flags every bench shares (--rounds, --out) live there
+            source += (ROOT / "bench" / "runner.py").read_text(encoding="utf-8")
         # Flags are the command's own tokens (`[--opt]` too), not text inside a quoted value passed through.
         flags = [m.group() for t in tokens if (m := FLAG.match(t.lstrip("[")))]
         problems += [f"{flag} not in {script.name}" for flag in flags if f'"{flag}"' not in source]

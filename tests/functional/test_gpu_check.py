@@ -1,9 +1,10 @@
-"""`make gpu-check` (bench/gpu_check.py): without a GPU it says so and exits 0; its rows run the real init, inference
-and snapshot-restore re-check (here on the CPU, as `--device cpu` does); its table says why a row did not run."""
+"""`make gpu-check` (infra/cli/gpu_check.py): without a GPU it says so and exits 0; its rows run the real init,
+inference and snapshot-restore re-check (here on the CPU, as `--device cpu` does); its table says why a row did not
+run."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +13,12 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "gpu_check.py"
+MODULE = "infra.cli.gpu_check"  # `make gpu-check` runs `python -m infra.cli.gpu_check`
 
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(MODULE)
 
 
 def test_without_a_gpu_it_says_why_and_exits_0() -> None:
@@ -30,7 +27,7 @@ def test_without_a_gpu_it_says_why_and_exits_0() -> None:
     probe = probe_cuda("auto")
     if probe.usable:  # on a GPU machine the script runs the table instead; the no-GPU answer is the CPU machines'
         pytest.fail("this test describes machines without a GPU; run `make gpu-check` here instead")
-    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", MODULE], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert "no usable NVIDIA GPU here" in done.stdout and probe.reason in done.stdout
 

@@ -170,7 +170,7 @@ def test_a_program_that_does_not_match_is_onnx_only_with_its_reason(
     assert not (tmp_path / "torch").exists()
 
 
-# Qwen3-Embedding-0.6B's layout at tiny sizes, from the same builder as bench/bench_big_model.py's 0.6B model:
+# Qwen3-Embedding-0.6B's layout at tiny sizes, from the same builder as bench/pack/big_model.py's 0.6B model:
 # grouped-query attention 2:1, head_dim apart from hidden / heads, tied embeddings, its query prompt (with a newline),
 # a byte-level BPE over the whole vocabulary appending <|endoftext|> and padding on the left.
 QWEN3_TINY = {
@@ -189,7 +189,7 @@ QWEN3_TINY = {
 def test_qwen3_embedding_layout_packs_and_equals_sentence_transformers(tmp_path: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from bench.big_models import QWEN3_PROMPTS, qwen3_embedder
+    from bench.pack.models import QWEN3_PROMPTS, qwen3_embedder
 
     src = qwen3_embedder(tmp_path / "qwen3-embedding-tiny", max_seq_length=MAX_SEQ, **QWEN3_TINY)
     config = json.loads((src / "config.json").read_text())

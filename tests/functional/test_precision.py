@@ -101,7 +101,7 @@ def test_int8_pack_of_a_decoder_never_serializes_the_whole_graph(
 ) -> None:
     import onnx
 
-    from bench.big_models import qwen3_embedder
+    from bench.pack.models import qwen3_embedder
     from tests.functional.test_own_model_families import QWEN3_TINY
 
     src = qwen3_embedder(

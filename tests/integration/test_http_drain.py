@@ -1,5 +1,5 @@
 """SIGTERM on a real `python -m handler` (uvicorn): in-flight requests finish, queued ones get 503 JSON at once,
-and the process exits on its own within the drain (figures: bench/bench_drain.py)."""
+and the process exits on its own within the drain (figures: bench/load/drain.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""bench/bench_peers.py's pure parts and its closed-loop client, offline: nothing here installs or starts a peer."""
+"""bench/peers/run.py's pure parts, the harness it runs on (bench/runner.py) and its closed-loop client, offline:
+nothing here installs or starts a peer."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_peers as bp
-from bench import closed_loop
-from bench.peers_driver import SENTENCES
+from bench.load import closed_loop
+from bench.peers import run as bp
+from bench.peers.driver import SENTENCES
 
 ENV = {"PATH": "/usr/bin", "AWS_LAMBDA_RUNTIME_API": "x", "WARMSTART_THREADS": "8", "OMP_NUM_THREADS": "4"}
 
@@ -39,11 +40,15 @@ def test_children_get_no_aws_or_warmstart_settings_and_no_hub() -> None:
 
 
 def test_driver_commands() -> None:
-    argv, env = bp.driver_command("ours", "warm", threads="1", iters=7, environ=ENV)
+    argv, env = bp.driver_command("ours", "serve", threads="2", environ=ENV)
     assert argv[:2] == [sys.executable, str(bp.DRIVER)]
-    assert argv[2:4] == ["warm", "ours"] and argv[-4:] == ["--threads", "1", "--iters", "7"]
-    assert env["WARMSTART_THREADS"] == "1" and env["WARMSTART_MODEL"] == str(bp.OURS_MODEL)
+    assert argv[2:4] == ["serve", "ours"] and argv[-2:] == ["--threads", "2"]
+    assert env["WARMSTART_THREADS"] == "2" and env["WARMSTART_MODEL"] == str(bp.OURS_MODEL)
+    # The CPUs its cgroup gives it, as Lambda's memory size says them: not 1 vCPU's against the peer's 2.
+    assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3538"
     assert env["AWS_LAMBDA_INITIALIZATION_TYPE"] == "on-demand"
+    argv, env = bp.driver_command("fastembed", "serve", threads="2", environ=ENV)
+    assert argv[-2:] == ["--threads", "2"]  # the same threads for the peer
 
     _, env = bp.driver_command("ours-optimized", "cold", environ=ENV)
     assert "WARMSTART_THREADS" not in env  # its default: the one it picks
@@ -54,10 +59,16 @@ def test_driver_commands() -> None:
     assert argv[argv.index("--model") + 1] == str(bp.EXPORT)
     assert not [k for k in env if k.startswith(("AWS_", "WARMSTART_"))]
 
-    with pytest.raises(ValueError, match="valid: ours, ours-optimized, fastembed"):
+    _, env = bp.driver_command("ours-spin", "serve", threads="2", environ=ENV)
+    assert "AWS_LAMBDA_FUNCTION_NAME" not in env  # off Lambda: its plan lets the threads spin
+    assert env["WARMSTART_MODEL"] == str(bp.OURS_MODEL) and env["WARMSTART_THREADS"] == "2"
+
+    with pytest.raises(ValueError, match="valid: ours, ours-optimized, ours-spin, fastembed"):
         bp.driver_command("infinity", "cold")
     with pytest.raises(ValueError, match="threads"):
-        bp.driver_command("ours", "warm", threads="two")
+        bp.driver_command("ours", "serve", threads="two")
+    with pytest.raises(ValueError, match="valid: cold, serve"):
+        bp.driver_command("ours", "warm")
 
 
 def test_server_commands() -> None:
@@ -119,7 +130,7 @@ def test_summary_tables() -> None:
         ],
         "warm": [
             {"round": 0, "variant": v, "threads": t, "b1_ms": b1, "b32_ms": 100.0}
-            for t in ("1", "default")
+            for t in ("1", "2")
             for v, b1 in (("ours", 4.5), ("fastembed", 5.0))
         ],
         "http": [
@@ -151,7 +162,7 @@ def test_docs_section_is_inserted_once_then_replaced() -> None:
     once = bp.replace_section(doc, bp.docs_section("| table one |"))
     assert once.index("| table one |") < once.index("## Figures quoted")
     assert once.startswith(doc.split("## Figures")[0]) and once.endswith("last\n")
-    assert "<!-- not run by tests:" in once and "bench/bench_peers.py --write-docs" in once
+    assert "<!-- not run by tests:" in once and "bench/peers/run.py --write-docs" in once
     twice = bp.replace_section(once, bp.docs_section("| table two |"))
     assert "| table one |" not in twice and twice.count(bp.BEGIN) == 1 and twice.endswith("last\n")
     assert twice == once.replace("| table one |", "| table two |")
@@ -163,6 +174,7 @@ def test_plans() -> None:
     assert bp.FULL.users == bp.QUICK.users == (1, 8, 32)
     assert bp.FULL.quotas == (1.0, 2.0)
     assert bp.QUICK.step_s < bp.FULL.step_s and bp.QUICK.http_rounds <= bp.FULL.http_rounds
+    assert bp.FULL.threads == (1, 2)  # every warm row gives both sides the same threads (and as many vCPUs)
     assert len(SENTENCES) == 32 and len(set(SENTENCES)) == 32  # the batch-32 call, all distinct
 
 

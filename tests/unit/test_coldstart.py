@@ -1,5 +1,5 @@
 """The cold-start savings (docs/coldstart.md): each one does what it says, can be switched off, and never
-changes an answer. Timings live in bench/bench_coldstart_quota.py, not here."""
+changes an answer. Timings live in bench/coldstart/run.py, not here."""
 
 from __future__ import annotations
 

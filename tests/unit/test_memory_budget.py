@@ -78,7 +78,7 @@ def test_no_limit_anywhere_is_the_documented_fallback(tmp_path: Path) -> None:
 
 
 def test_cost_per_token_follows_the_measurements() -> None:
-    """bench/bench_memory_budget.py: MiniLM 25.0 KB (rows of 64), BERT-base 50.2 KB; at 512-token rows attention
+    """bench/hotpath/memory_budget.py: MiniLM 25.0 KB (rows of 64), BERT-base 50.2 KB; at 512-token rows attention
     wins on MiniLM (36.4 KB); BERT-base 48.3 KB. The formula is never under and at most 8% over."""
     for shape, seq, measured in (
         (MINILM, 256, 25.0),

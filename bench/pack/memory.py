@@ -4,7 +4,7 @@ issue 26 item 2: bounded pack memory, <= 2.5x the weights at peak).
   before   git ref --ref (default main), extracted with `git archive` into build/bench-ref-COMMIT (or --before DIR)
   after    this checkout
 
-Models (--model; bench/big_models.py, random weights from transformers' config classes, built once under
+Models (--model; bench/pack/models.py, random weights from transformers' config classes, built once under
 build/bench-models/, never downloaded):
   bert-base             hidden 768, 12 layers, 12 heads, intermediate 3072, vocab 30522, 512 positions; 109M
                         parameters, 438 MB of float32; Transformer -> mean Pooling -> Normalize, max_seq_length 256,
@@ -23,7 +23,7 @@ would not fit a shared machine.
 A pack that fails is reported with its peak until then (elapsed nan): main's 0.6B pack fails, protobuf cannot
 serialize the 2.4 GB graph it holds in memory.
 
-Usage: .venv/bin/python bench/bench_pack_memory.py [--rounds 3] [--model bert-base] [--ref main | --before DIR]
+Usage: .venv/bin/python bench/pack/memory.py [--rounds 3] [--model bert-base] [--ref main | --before DIR]
        [--only before|after] [--limit-mb 12000] [--pack-args '--backends onnx']
 """
 
@@ -43,53 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-BASE = {
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "vocab_size": 30522,
-    "max_position_embeddings": 512,
-}
-MAX_SEQ = 256
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-
-def build_model_dir(out: Path) -> Path:
-    """A sentence-transformers directory around a random BERT-base (config.json, model.safetensors,
-    tokenizer.json, modules.json, 1_Pooling, sentence_bert_config.json)."""
-    import torch
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    out.mkdir(parents=True)
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(**BASE)).eval()
-    model.save_pretrained(str(out), safe_serialization=True)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    words = [*letters, *(f"##{c}" for c in letters)]
-    vocab = [*SPECIALS, *words]
-    vocab += [f"w{i}" for i in range(BASE["vocab_size"] - len(vocab))]
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "vocab.txt").write_text("\n".join(vocab) + "\n")
-        tokenizer = transformers.BertTokenizerFast(vocab_file=str(Path(tmp) / "vocab.txt"), do_lower_case=True)
-        tokenizer.model_max_length = BASE["max_position_embeddings"]
-        tokenizer.save_pretrained(str(out))
-    for name in ("vocab.txt", "special_tokens_map.json"):
-        (out / name).unlink(missing_ok=True)  # tokenizer.json is what is read
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    (out / "modules.json").write_text(json.dumps(modules, indent=2))
-    (out / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": BASE["hidden_size"], "pooling_mode_mean_tokens": True}
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ, "do_lower_case": False}))
-    return out
-
+from bench.pack.models import BUILDERS, cached  # noqa: E402
 
 _RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 _ELAPSED = re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)")
@@ -181,9 +138,6 @@ def checkout_of(ref: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from big_models import BUILDERS, cached
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", choices=sorted(BUILDERS), default="bert-base", help="(default: %(default)s)")

@@ -10,7 +10,7 @@
 3. Log bytes per warm invocation (START/END/REPORT excluded: the platform writes those): what warmstart writes
    to stdout for one warm inference, metrics off (the state before issue 18) vs on.
 
-Usage: .venv/bin/python bench/bench_observability.py [--calls 2000] [--blocks 10] [--json out]
+Usage: .venv/bin/python bench/hotpath/observability.py [--calls 2000] [--blocks 10] [--json out]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 MODEL = ROOT / "models" / "default"
 EVENT = {"inputs": ["How long does a cold start take on Lambda?"]}

@@ -7,12 +7,9 @@
 3. HTTP at concurrency 8: the warmstart host vs a plain starlette app calling the same session, both served
    by one uvicorn process (so they share the session, the loop and the CPUs), a raw-socket keep-alive load
    generator on loopback, bounded in requests and seconds, phases alternated.
-4. `--components REF`: the warm path per component (raw ORT floor, tokenize, model, format, metrics, task,
-   handler, + awslambdaric's marshalling, HTTP host path), REF (before) vs this tree (after), batch 1 and 32,
-   at 1 intra-op thread and at the default, interleaved in one run (bench/hotpath_components.py).
+Before vs after (a git ref against this tree), per-call overhead at batch 1 and 32: bench/hotpath/overhead.py.
 
-Usage: .venv/bin/python bench/bench_hotpath.py [--calls 1000] [--leak-calls 10000] [--http-seconds 6] [--json out]
-       .venv/bin/python bench/bench_hotpath.py --components main [--rounds 20 --block 25] [--json out]
+Usage: .venv/bin/python bench/hotpath/run.py [--calls 1000] [--leak-calls 10000] [--http-seconds 6] [--json out]
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 MODEL = ROOT / "models" / "default"
 SHORT = "How long does a cold start take on Lambda?"
@@ -261,25 +258,6 @@ def http_bench(seconds: float, rounds: int, conns: int = 8) -> dict[str, Any]:
         server.wait(10)
 
 
-def components(args: argparse.Namespace) -> None:
-    from bench import hotpath_components as hc
-
-    results: dict[str, Any] = {}
-    for threads in (int(t) for t in args.threads.split(",")):
-        for label, texts, block in (("batch1", [SHORT], args.block), ("batch32", BATCH32, max(3, args.block // 8))):
-            r = hc.compare(args.components, texts, threads, args.rounds, block)
-            r["ref"] = args.components
-            name = f"{label} threads={r['threads']['after']['intra_op']}"
-            results[name] = r
-            print(hc.table(name, r), flush=True)
-            for k in ("wall", "cpu"):
-                b, a = r[k]["before"]["handler-floor"], r[k]["after"]["handler-floor"]
-                print(f"  handler over the raw ORT floor ({k}): before {b:.3f} ms, after {a:.3f} ms ({a / b:.2f}x)")
-            print(flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=1000)
@@ -289,16 +267,9 @@ def main() -> None:
     ap.add_argument("--skip-http", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--components", metavar="REF", help="per-component table, REF (before) vs this tree; only that")
-    ap.add_argument("--rounds", type=int, default=20, help="--components: blocks per version")
-    ap.add_argument("--block", type=int, default=25, help="--components: calls of each component per block")
-    ap.add_argument("--threads", default="1,0", help="--components: intra-op threads to compare (0: default)")
     args = ap.parse_args()
     if args.serve:
         serve(args.serve)
-        return
-    if args.components:
-        components(args)
         return
     os.environ.setdefault("WARMSTART_MODEL", str(MODEL))
     rt = start_runtime()

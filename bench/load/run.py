@@ -1,6 +1,6 @@
 """Load under a CPU quota: the HTTP host (`python -m handler`) in a cgroup, closed-loop clients at rising concurrency.
 
-    sudo .venv/bin/python bench/bench_load.py [--quotas 1 2] [--users 1 8 32] [--duration 15]
+    sudo .venv/bin/python bench/load/run.py [--quotas 1 2] [--users 1 8 32] [--duration 15]
         [--variants ours,main,ours+WARMSTART_BATCH_WAIT_MS=0] [--ref main] [--rounds 1]
         [--route /v1/embeddings] [--client builtin|locust]
         [--memory-mb 1024] [--retry-after honor|ignore] [--out bench/results] [--name load]
@@ -14,10 +14,10 @@ request when its last is answered; one keep-alive connection per user), one shor
 --route (OpenAI's `/v1/embeddings` by default, or `/invocations`). Per step: successful req/s, p50/p99 of all
 answers, the non-200 share (503 apart), the server's CPU milliseconds per answered request (its process CPU
 time over the step), its peak RSS, OOM kills. Writes NAME.md (tables), NAME.json (every step, for other
-benches: bench/bench_peers.py reads it) and NAME.png. The headline per quota: the highest throughput whose
+benches: bench/peers/run.py reads it) and NAME.png. The headline per quota: the highest throughput whose
 p99 is at most twice the unloaded (1 user) p99.
 
-`run_load(url, users, duration, payload)` is the closed loop alone, for any server (bench/bench_peers.py
+`run_load(url, users, duration, payload)` is the closed loop alone, for any server (bench/peers/run.py
 drives infinity-emb with it); it needs no root. `--client locust` drives the steps with locust instead
 (bench/load/locustfile.py; heavier on the client's CPU).
 
@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "bench" / "load" / "locustfile.py"
 MODEL = ROOT / "models" / "default"
 CGROUP = Path("/sys/fs/cgroup")
@@ -447,7 +447,7 @@ def markdown(steps: list[Step], memory_mb: int, duration: int, retry_after: str,
     load = os.getloadavg()
     rows = summary(steps)
     lines = [
-        "# Load under a CPU quota (bench/bench_load.py)",
+        "# Load under a CPU quota (bench/load/run.py)",
         "",
         f"Machine: {os.cpu_count()} cores, load average {load[0]:.1f} at the end (shared machine). "
         f"Memory limit {memory_mb} MB. Closed loop, {duration} s per step, {rounds} round(s) interleaved "
@@ -554,7 +554,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
     ref_root = None
     if any(v.split("+")[0] == "main" for v in variants):
-        from bench.bench_coldstart_quota import ref_checkout
+        from bench.runner import ref_checkout
 
         ref_root = ref_checkout(args.ref, ROOT / "build" / "bench")
     steps: list[Step] = []

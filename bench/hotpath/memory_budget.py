@@ -8,9 +8,9 @@ BERT-base-shaped one (hidden 768, 12 layers, 12 heads, intermediate 3072; random
    that limit (no WARMSTART_BATCH_TOKENS), and the worst request the limits allow (max inputs x max chars of CJK
    with a prompt): status, cgroup peak, margin, and the init report's `limits`.
 
-The BERT-base model is built once under build/bench-models/ (bench/big_models.py) and packed onnx-only beside it.
+The BERT-base model is built once under build/bench-models/ (bench/pack/models.py) and packed onnx-only beside it.
 
-Usage: .venv/bin/python bench/bench_memory_budget.py [--per-token] [--worst] [--models default,bert-base]
+Usage: .venv/bin/python bench/hotpath/memory_budget.py [--per-token] [--worst] [--models default,bert-base]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 SHAPES = ((16, 256), (32, 256), (64, 128), (128, 64), (64, 256))
 LONG = ((16, 512), (4, 512))  # past both models' 256-token truncation: does attention (seq x seq a head) show?
@@ -59,7 +59,7 @@ print(json.dumps({"rss_after_init": before, "peak_above": peak - before}))
 
 
 def bert_base_packed() -> Path:
-    from bench.big_models import CACHE, cached
+    from bench.pack.models import CACHE, cached
     from infra.pack.hf_pack import pack_from
 
     out = CACHE / "bert-base-packed"

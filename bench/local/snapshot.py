@@ -10,7 +10,7 @@ Memory: K restored copies (each made to serve) next to one on-demand instance; p
 shared pages divided among the processes sharing them) and unique set size (USS, pages only that process
 has: what one more copy really adds) from /proc/<pid>/smaps_rollup.
 
-    .venv/bin/python bench/bench_snapshot.py [--rounds 10] [--copies 4] [--backend onnx|torch]
+    .venv/bin/python bench/local/snapshot.py [--rounds 10] [--copies 4] [--backend onnx|torch]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra.cli.local import lambda_client  # noqa: E402

@@ -1,7 +1,7 @@
 """Does the warmer reach N distinct instances, and how long does a warm run take?
 
-    python bench/bench_warmers.py                 # fixture ping handler (tests/fixtures/ping_handler.py)
-    python bench/bench_warmers.py --real          # handler.app.lambda_handler on models/default
+    python bench/local/warmers.py                 # fixture ping handler (tests/fixtures/ping_handler.py)
+    python bench/local/warmers.py --real          # handler.app.lambda_handler on models/default
 
 For N = 4, 8, 16, on a fresh local Lambda (max concurrency = N, so a single stray placement shows as a
 shortfall rather than hiding in spare capacity): one cold run, then --repeat warm runs. Reported: distinct /
@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra.local.config import LocalLambdaConfig  # noqa: E402

@@ -1,7 +1,7 @@
 """Keep-warm spreading under routing jitter: serverless-plugin-warmup's pings vs `warmstart warm`.
 
-    python bench/bench_jitter.py                  # N = 16, jitter 0 / 20 / 50 ms (uniform), 3 rounds each
-    python bench/bench_jitter.py --n 8 --jitter 0,100 --rounds 5 --dist exponential
+    python bench/local/jitter.py                  # N = 16, jitter 0 / 20 / 50 ms (uniform), 3 rounds each
+    python bench/local/jitter.py --n 8 --jitter 0,100 --rounds 5 --dist exponential
 
 Lambda's front end does not deliver N parallel invokes at the same instant. With the local Lambda's
 routing jitter on (each invoke waits a random delay first), a ping that answers at once frees its instance
@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra.local.config import JITTERS, LocalLambdaConfig  # noqa: E402

@@ -1,7 +1,7 @@
 """What the local Lambda costs: warm-invocation overhead over an in-process call, and concurrent cold starts.
 
-    python bench/bench_local_overhead.py            # fixture echo handler (no model needed)
-    python bench/bench_local_overhead.py --real     # handler.app.lambda_handler on models/default
+    python bench/local/overhead.py            # fixture echo handler (no model needed)
+    python bench/local/overhead.py --real     # handler.app.lambda_handler on models/default
 
 Overhead = median round trip through the local Lambda (HTTP client -> Invoke API -> Runtime API ->
 awslambdaric -> handler -> back) minus the median in-process `handler(event, context)` on the same event,
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra.cli.demo import connect, post  # noqa: E402

@@ -1,6 +1,6 @@
 """Figures for graceful shutdown: SIGTERM on `python -m handler` with N requests running and M queued.
 
-    .venv/bin/python bench/bench_drain.py [--running 2] [--queued 6] [--sleep-s 1.5] [--drain-s 8] [--repeat 3]
+    .venv/bin/python bench/load/drain.py [--running 2] [--queued 6] [--sleep-s 1.5] [--drain-s 8] [--repeat 3]
 
 Prints, per run, each answer's status and its time after the signal, and the process's exit time; the
 issue's targets: queued all 503 JSON within 100 ms, in-flight all 200, exit within drain + 1 s.
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.fixtures import drain_scenario  # noqa: E402

@@ -20,7 +20,7 @@ Models are random (no downloads): tests/tiny_models.py's builders with BERT-base
 fewer words, the rows past it are never looked up), saved the way the hub lays them out, then packed with
 `python -m infra.cli pack --from DIR`. They are built once under --work and reused (--rebuild to redo).
 
-Usage: .venv/bin/python bench/bench_own_model.py [--rounds 5] [--calls 15] [--torch] [--optimize] [--warmup]
+Usage: .venv/bin/python bench/coldstart/own_model.py [--rounds 5] [--calls 15] [--torch] [--optimize] [--warmup]
        [--rerank-size base|small] [--skip-naive] [--skip-coldstart] [--skip-rerank] [--work DIR] [--rebuild]
        [--json out.json]
 """
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_coldstart import cold_start  # noqa: E402
+from bench import runner  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     # BERT-base (bert-base-uncased, bge-base, e5-base, ms-marco-electra/bert-base cross-encoders).
@@ -154,7 +154,8 @@ def cold_one(handler: str, extra: dict[str, str], warmup: bool = False) -> dict[
     }
     if warmup and handler.startswith("handler."):
         env["WARMSTART_WARMUP"] = "1"
-    run = cold_start(handler, env, {"inputs": [TEXT]}, warm_calls=5, timeout=600)
+    argv = [sys.executable, "-m", "awslambdaric", handler]
+    run = runner.lambda_start(argv, env, event={"inputs": [TEXT]}, warm_calls=5)
     return {
         "first_ms": run["first_ms"],
         "init_ms": run["init_ms"],

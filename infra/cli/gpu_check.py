@@ -15,7 +15,7 @@ once, reused); where the pack refuses (the backend has no float16 path), the row
 On a machine without a usable GPU it says why and exits 0 (`--device cpu` runs every row on the CPU anyway:
 how the tests exercise this script).
 
-Usage: .venv/bin/python bench/gpu_check.py [--calls 20] [--device auto|cpu] [--json out.json]
+Usage: .venv/bin/python -m infra.cli.gpu_check [--calls 20] [--device auto|cpu] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "models" / "default"
 BUILD = ROOT / "build" / "gpu-check"
 BACKENDS = ("onnx", "torch")
@@ -79,11 +78,9 @@ def run_row(backend: str, directory: Path, device: str, calls: int) -> dict[str,
 
     env = {"WARMSTART_DEVICE": device}
     lines: list[dict[str, Any]] = []
-    init_ms, rt = timed(
-        lambda: Runtime.start(
-            Config(model_dir=directory, backend=backend, device=device, warmup=False), environ=env, emit=lines.append
-        )
-    )
+    # A row's backend is a name from the command line: Config checks it (a closed set) at init.
+    settings: dict[str, Any] = {"model_dir": directory, "backend": backend, "device": device, "warmup": False}
+    init_ms, rt = timed(lambda: Runtime.start(Config(**settings), environ=env, emit=lines.append))
     init = next((line for line in lines if line.get("warmstart") == "init"), {})
     facts = rt.backend.describe()
 
@@ -130,7 +127,7 @@ def min_cosine(rows: list[list[float]], ref: list[list[float]]) -> float:
 
 
 def row_in_child(backend: str, directory: Path, device: str, calls: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--row", backend, "--model", str(directory), "--device", device]
+    cmd = [sys.executable, "-m", "infra.cli.gpu_check", "--row", backend, "--model", str(directory), "--device", device]
     cmd += ["--calls", str(calls)]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=ROW_TIMEOUT_S)
@@ -214,7 +211,9 @@ def main() -> int:
     for dtype in DTYPES:
         directory, why = model_dir(dtype)
         for backend in BACKENDS:
-            row = {"error": why} if directory is None else row_in_child(backend, directory, device, args.calls)
+            row: dict[str, Any] = (
+                {"error": why} if directory is None else row_in_child(backend, directory, device, args.calls)
+            )
             row.update(backend=backend, dtype=dtype)
             if "answers" in row and "answers" in ref:
                 row["cosine"] = min_cosine(row.pop("answers"), ref["answers"])

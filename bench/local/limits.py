@@ -1,8 +1,8 @@
 """The local Lambda's limits, measured: CPU quota per memory size, Runtime API guard cost, cold-start storms.
 
-    python bench/bench_local_limits.py quota            # CPU-bound wall time at 512 / 1769 MB vs the quota ratio
-    python bench/bench_local_limits.py guard [--n 500]  # the Runtime API peer check, per invocation (target <= 0.2 ms)
-    python bench/bench_local_limits.py storm [--n 40] [--real]   # N simultaneous cold starts, paced vs not
+    python bench/local/limits.py quota            # CPU-bound wall time at 512 / 1769 MB vs the quota ratio
+    python bench/local/limits.py guard [--n 500]  # the Runtime API peer check, per invocation (target <= 0.2 ms)
+    python bench/local/limits.py storm [--n 40] [--real]   # N simultaneous cold starts, paced vs not
 
 quota: the fixture handler burns 200 ms of CPU time; its wall time is that divided by the instance's quota
 (memory/1,769 vCPU) once the work outlasts a 100 ms CFS period. guard: warm invocations through a local
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra.cli.local import lambda_client  # noqa: E402

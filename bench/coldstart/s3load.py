@@ -14,7 +14,7 @@ parts cost O(object size) and queue up, so compare --part-mb 8 with --part-mb 12
 Local files sit in the page cache here; on a real cold start they may not.
 One unmeasured round first, so every variant sees onnxruntime already imported.
 
-Usage: .venv/bin/python bench/bench_s3load.py [--rounds 5] [--backend onnx|torch|all] [--workers 8]
+Usage: .venv/bin/python bench/coldstart/s3load.py [--rounds 5] [--backend onnx|torch|all] [--workers 8]
                                               [--part-mb 8] [--serial] [--json out.json]
 """
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from handler.core.manifest import load_manifest  # noqa: E402

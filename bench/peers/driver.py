@@ -1,11 +1,14 @@
-"""The child side of bench/bench_peers.py: one embedder in one process, run by each one's own interpreter.
+"""The child side of bench/peers/run.py: one embedder in one process, run by each one's own interpreter.
 
 Stdlib only at module level, so the peers' venvs (build/peers/*) can run it without this project installed.
 
   cold KIND --model DIR           load, embed one sentence, print one JSON line, then wait for stdin to close
                                   (the parent reads peak RSS and CPU time meanwhile)
-  warm KIND --model DIR [--threads N|default] [--iters N]
-                                  load, then alternate batch-1 and batch-32 calls; print medians (ms)
+  serve KIND --model DIR [--threads N|default]
+                                  load and warm up, print one JSON line (ready), then for each JSON line on
+                                  stdin ({"batch": 1 or 32, "calls": n}) time n calls and print their ms: a
+                                  long-lived child, so the parent can interleave the variants call block by
+                                  call block within one round (bench/runner.py's Child)
 
 KIND: ours (handler.app's lambda_handler, the whole per-call path) or fastembed (TextEmbedding.embed).
 """
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -92,11 +94,10 @@ def emit(payload: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["cold", "warm"])
+    ap.add_argument("mode", choices=["cold", "serve"])
     ap.add_argument("kind", choices=KINDS)
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", default="default")
-    ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args(argv)
     threads = None if args.threads == "default" else int(args.threads)
     if args.mode == "cold":
@@ -111,25 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3):  # first calls allocate arenas and fill caches: not what a warm call costs
         embed(SENTENCES[:1])
         embed(SENTENCES)
-    b1: list[float] = []
-    b32: list[float] = []
-    for i in range(args.iters):
-        t0 = time.perf_counter()
-        embed([SENTENCES[i % len(SENTENCES)]])
-        t1 = time.perf_counter()
-        embed(SENTENCES)
-        t2 = time.perf_counter()
-        b1.append((t1 - t0) * 1000)
-        b32.append((t2 - t1) * 1000)
-    emit(
-        {
-            "load_ms": load_ms,
-            "b1_ms": statistics.median(b1),
-            "b32_ms": statistics.median(b32),
-            "vec": embed([SENTENCES[0]])[0],
-            "pid": os.getpid(),
-        }
-    )
+    emit({"load_ms": load_ms, "vec": embed([SENTENCES[0]])[0], "pid": os.getpid()})
+    i = 0
+    for line in sys.stdin:
+        ask = json.loads(line)
+        times = []
+        for _ in range(int(ask["calls"])):
+            texts = SENTENCES if ask["batch"] == 32 else [SENTENCES[i % len(SENTENCES)]]
+            i += 1
+            t1 = time.perf_counter()
+            embed(texts)
+            times.append((time.perf_counter() - t1) * 1000)
+        emit({"ms": times})
     return 0
 
 
