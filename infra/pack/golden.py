@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from handler.core.errors import WarmstartError
 from handler.core.manifest import MANIFEST_NAME
 
 # The tolerance recorded with the cases; the same as `warmers.golden.TOLERANCE` (the checker's default, in
@@ -63,8 +64,13 @@ def record(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
 
     runtime = Runtime.start(Config(model_dir=model_dir, backend=None, warmup=False), environ={}, emit=None)
     recorded = []
-    for request, key in cases:
-        reply = runtime.serve(request)
+    for n, (request, key) in enumerate(cases, 1):
+        try:
+            reply = runtime.serve(request)
+        except WarmstartError as e:  # NaN answers (weights that hold NaN), a model that fails: never packed
+            from infra.pack.hf_export import ExportError
+
+            raise ExportError(f"the packed model cannot answer golden request {n} of {len(cases)}: {e}") from None
         recorded.append({"request": request, "key": key, "expected": _rounded(reply[key])})
     return {"tolerance": dict(TOLERANCE), "cases": recorded}
 

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from infra.pack.families import NEW_FAMILIES, layer_type_masks
 from infra.pack.hf_checks import SourceError, check_loading_info, config_refusal
-from infra.pack.hf_source import DenseLayer, HFSource
+from infra.pack.hf_source import DenseLayer, HFSource, UnsupportedModelError
 from infra.pack.onnx_io import OPSET
 
 ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
@@ -93,6 +93,13 @@ def reference_outputs(source: HFSource, model: Any) -> Reference:
             outputs = [head(*(torch.from_numpy(p[n]) for n in names)).numpy() for p in probes]
     except Exception as e:  # a config built into a model whose forward pass fails (a hostile field's value)
         raise config_refusal(source.model_root / "config.json", source.config, e, "run the model") from None
+    bad = sum(int(np.size(o) - np.count_nonzero(np.isfinite(o))) for o in outputs)
+    if bad:  # weights that hold NaN or inf: no export can be proved equal to answers a JSON reply cannot carry
+        total = sum(int(np.size(o)) for o in outputs)
+        raise UnsupportedModelError(
+            f"{source.root}: the model's outputs on the probe inputs are not finite ({bad} of {total} values NaN "
+            "or infinite): its weights or config give them"
+        )
     return Reference(probes, outputs)
 
 

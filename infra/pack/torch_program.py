@@ -20,6 +20,7 @@ other node reads); any other operator outside the table refuses the program (Pro
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,7 +240,7 @@ def _check(
             path = Path(tmp) / PROGRAM_FILE
             path.write_bytes(program)
             run = load(path, tensors)
-        diff = 0.0
+        steps: list[float] = []
         with torch.inference_mode():
             for feed, expected in zip(feeds, want, strict=True):
                 got = run(*feed)[0]
@@ -247,7 +248,9 @@ def _check(
                     raise ProgramExportError(
                         f"the program answers shape {tuple(got.shape)}, the model {tuple(expected.shape)}"
                     )
-                diff = max(diff, float((got - expected).abs().max()) if expected.numel() else 0.0)
+                steps.append(float((got - expected).abs().max()) if expected.numel() else 0.0)
+        # Not max() alone: max(0.0, nan) is 0.0, and a NaN difference must refuse.
+        diff = math.nan if any(math.isnan(step) for step in steps) else max(steps, default=0.0)
     except ProgramExportError:
         raise
     except Exception as e:  # the interpreter refuses it (ProgramError) or an operator fails on a probe batch

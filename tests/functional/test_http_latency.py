@@ -6,6 +6,7 @@ faults 6, 7)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from handler.http_host.host import Host
 from handler.http_host.routes import create_app
 from handler.runtime.invocation import HttpCall, Runtime
 from handler.runtime.workers import Sizing, WorkerPool
+from handler.tasks import catalog
 
 LONG = "the quick brown fox jumps over the lazy dog and keeps on running far away " * 30  # 256 tokens
 MEDIUM = "word " * 50  # about 50 tokens
@@ -232,11 +234,13 @@ def test_dead_clients_never_fill_the_queue_for_live_ones(runtime: Runtime) -> No
 def test_requests_of_a_task_that_does_not_batch_are_handed_back_and_answered_one_by_one(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A model whose task does not batch (a tensor model; here the embedding task without `prepare`): each
-    request of a gathered batch goes back to the pool and runs as its own job, answered when it is done.
-    Before, they ran inline, one after another, and all were answered when the last had run."""
+    """A model whose task does not batch (a tensor model; here the embedding task with a spec saying it does
+    not): each request of a gathered batch goes back to the pool and runs as its own job, answered when it is
+    done. Before, they ran inline, one after another, and all were answered when the last had run."""
     assert runtime.workers is None or runtime.workers.stats()["busy"] == 0
-    monkeypatch.delattr(type(runtime.task), "prepare")
+    name = runtime.task.name
+    monkeypatch.setitem(catalog._specs, name, dataclasses.replace(catalog.spec(name), batches=False))
+    monkeypatch.delattr(type(runtime.task), "prepare")  # never reached: the spec decides
     real = type(runtime.task).__call__
 
     def slow(self: Any, payload: Any) -> Any:
