@@ -138,6 +138,7 @@ def test_an_on_failure_path_that_blocks_on_open_never_freezes_the_emulator(
             assert "FunctionError" not in result and body["event"] == {"after": "drop"}
             dry = quick.invoke(FunctionName="warmstart", InvocationType="DryRun")
             assert dry["StatusCode"] == 204
+            quick.close()  # its pooled socket now, not at a later test's gc
             assert wait_until(lambda: failure_lines(capfd.readouterr().err), timeout=10)
         finally:
             unblock = os.open(dest, os.O_RDONLY | os.O_NONBLOCK)  # frees a writer stuck in open(), if any

@@ -39,6 +39,7 @@ def test_stop_with_parked_long_polls_leaves_no_processes() -> None:
         pids = {b["pid"] for b in bodies} | {b["child"] for b in bodies}
         assert len(pids) == 6  # three instances, each with a child in its process group
         assert wait_until(lambda: all(i.parked for i in list(local.pool.instances.values())))
+        client.close()  # its pooled sockets now, not at a later test's gc
     finally:
         started = time.monotonic()
         local.stop()
@@ -57,6 +58,7 @@ def test_stop_answers_an_invocation_in_flight() -> None:
     time.sleep(0.3)
     local.stop()
     caller.join(30)
+    client.close()
     assert not caller.is_alive()
     result, _body, _ = outcome["r"]
     assert result["FunctionError"] == "Unhandled"
