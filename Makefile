@@ -11,6 +11,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extras: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# --no-deps: its wheel requires the CPU `onnxruntime`, which would overwrite onnxruntime-gpu's files; it
+	# runs on the onnxruntime already installed (the GPU image installs onnxruntime-genai-cuda instead).
+	$(BIN)/pip install --quiet --no-deps onnxruntime-genai==0.18.0
 	touch $@
 
 # The fast path by default: this machine packs and serves, so the model is also saved pre-optimized with
