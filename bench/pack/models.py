@@ -8,6 +8,9 @@ config classes (never downloaded) and cached under build/bench-models/ so reruns
   padding on the left and appending <|endoftext|>). Its tokenizer is a byte-level BPE of the full vocabulary
   built here (256 bytes, 65,536 two-byte and 85,851 three-byte merges, then 26 special tokens: 151,669 ids, as
   the embedding table): random weights make the token ids' meaning moot, only the count and shape matter.
+- `qwen3_chat(out)`: Qwen3-0.6B's config (the chat model: the same sizes, vocab 151,936 in the embedding table,
+  the tokenizer's 151,669 ids, a ChatML chat template) as a `Qwen3ForCausalLM` directory with random weights: the
+  generation benches' model (bench/generate).
 - `bert_base(out)`: bench_pack_memory's BERT-base (hidden 768, 12 layers; 438 MB of float32).
 
 `cached(name)` builds a model once into build/bench-models/NAME (a `.done` marker written last, so a build that
@@ -172,6 +175,59 @@ def qwen3_embedder(out: Path, seed: int = 0, max_seq_length: int = QWEN3_MAX_SEQ
     return out
 
 
+# Qwen3-0.6B (the chat model): QWEN3_06B's sizes with the padded embedding table and its own ids.
+QWEN3_CHAT: dict[str, Any] = {
+    **QWEN3_06B,
+    "vocab_size": 151_936,
+    "max_position_embeddings": 40_960,
+    "bos_token_id": 151_643,
+    "eos_token_id": 151_645,
+    "pad_token_id": 151_643,
+}
+CHATML = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def qwen3_chat(out: Path, seed: int = 0, **overrides: Any) -> Path:
+    """A Qwen3-0.6B-shaped chat model directory in `out` (QWEN3_CHAT with `overrides`): random weights (seeded),
+    float32, its tokenizer (151,669 ids: Qwen3's count) with a ChatML template, generation_config.json with
+    Qwen3's eos ids and sampling defaults."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    values = {**QWEN3_CHAT, **overrides}
+    specials = _QWEN_SPECIALS + [f"<|extra_{i}|>" for i in range(_QWEN_SPECIAL_COUNT - len(_QWEN_SPECIALS))]
+    tok = byte_level_bpe(min(151_669, int(values["vocab_size"])), specials)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        model_max_length=int(values["max_position_embeddings"]),
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML
+    out.mkdir(parents=True)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**values)).eval()
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=values["bos_token_id"],
+        eos_token_id=[151_645, 151_643],
+        pad_token_id=values["pad_token_id"],
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        top_k=20,
+    )
+    model.save_pretrained(str(out), safe_serialization=True)
+    del model
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
 def bert_base(out: Path) -> Path:
     """A sentence-transformers directory around a random BERT-base (config.json, model.safetensors,
     tokenizer.json, modules.json, 1_Pooling, sentence_bert_config.json)."""
@@ -210,7 +266,11 @@ def bert_base(out: Path) -> Path:
 build_model_dir = bert_base  # the name pack/quantize.py and older notes use
 
 
-BUILDERS: dict[str, Callable[[Path], Path]] = {"qwen3-embedding-0.6b": qwen3_embedder, "bert-base": bert_base}
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen3-embedding-0.6b": qwen3_embedder,
+    "qwen3-0.6b": qwen3_chat,
+    "bert-base": bert_base,
+}
 
 
 def cached(name: str, cache: Path = CACHE) -> Path:
