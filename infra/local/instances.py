@@ -37,6 +37,7 @@ from infra.local.logs import LogCapture
 from infra.local.runtime_http import Request, Response, RuntimeHTTPServer
 from infra.local.sandbox import LaunchError, Process, Sandbox, SnapshotTemplate, exit_message
 from infra.local.slots import InitSlots
+from infra.local.stream import ResponseStream
 
 State = Literal["init", "ready", "busy", "dead"]
 
@@ -294,6 +295,44 @@ class Instance:
             return TOO_LARGE
         self._complete(inv, Outcome(payload))
         return None
+
+    def respond_stream(self, request_id: str, content_type: str) -> ResponseStream | str:
+        """A streamed response begins (Lambda-Runtime-Function-Response-Mode: streaming): its chunks go to
+        the invoker as they come; the invocation is still this instance's (and its timeout runs) until the
+        last chunk."""
+        inv = self._current(request_id)
+        if isinstance(inv, str):
+            return inv
+        if inv.stream is not None:
+            return INVALID_STATE  # one response per invocation
+        stream = inv.stream = ResponseStream(content_type)
+        if inv.stream_started is not None and not inv.stream_started.done():
+            inv.stream_started.set_result(stream)
+        return stream
+
+    def stream_done(self, inv: Invocation, error_type: str | None, error_body: bytes) -> str | None:
+        """The last chunk and its trailers: an error type there is a mid-stream error."""
+        stream = inv.stream
+        assert stream is not None
+        if self.current is not inv:  # timed out (or the instance died) while it streamed
+            stream.end()
+            return INVALID_REQUEST_ID
+        if error_type:
+            outcome = Outcome.from_runtime(error_body, error_type)
+            stream.end((str(outcome.error_type), outcome.payload.decode("utf-8", "replace")))
+        elif stream.error is not None:  # the platform ended it (past the size limit)
+            outcome = Outcome.error(*stream.error)
+        else:
+            outcome = Outcome(bytes(stream.head))
+            stream.end()
+        self._complete(inv, outcome, status="error" if outcome.error_type else None)
+        return TOO_LARGE if outcome.error_type == RESPONSE_TOO_LARGE else None
+
+    def stream_broken(self, inv: Invocation) -> None:
+        """The runtime's connection dropped mid-stream: the stream ends here; the invocation ends with the
+        process's exit or its timeout, as a runtime that stopped answering does."""
+        if inv.stream is not None:
+            inv.stream.end()
 
     def fail(self, request_id: str, body: bytes, error_type: str | None) -> str | None:
         inv = self._current(request_id)
