@@ -32,7 +32,11 @@ def decode(data: bytes) -> list[tuple[dict[str, object], bytes]]:
 def test_payload_chunk_round_trips_through_botocore() -> None:
     payload = bytes(range(256)) * 40
     [(headers, body)] = decode(eventstream.payload_chunk(payload))
-    assert headers == {":event-type": "PayloadChunk", ":content-type": "application/octet-stream", ":message-type": "event"}
+    assert headers == {
+        ":event-type": "PayloadChunk",
+        ":content-type": "application/octet-stream",
+        ":message-type": "event",
+    }
     assert body == payload
 
 
