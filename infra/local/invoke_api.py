@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
@@ -142,7 +143,18 @@ class StreamAborted(Exception):
     client sees a broken transfer rather than a short body that looks complete."""
 
 
+class QuietStreamAborts(logging.Filter):
+    """uvicorn logs an app's exception with its traceback; a stream cut on purpose is the function's error
+    (its log has it), not ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
+
+
 def build_app(local: Functions) -> Starlette:
+    error_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, QuietStreamAborts) for f in error_log.filters):
+        error_log.addFilter(QuietStreamAborts())
     async def invoke(request: Request) -> Response:
         parsed = await _parse_invoke(local, request, INVOCATION_TYPES)
         if isinstance(parsed, Response):

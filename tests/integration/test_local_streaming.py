@@ -157,3 +157,27 @@ def test_streaming_function_url_with_a_buffered_answer_and_a_mid_stream_error(ur
     with pytest.raises(httpx.RemoteProtocolError):  # cut off: never a short body that looks complete
         httpx.post(f"{local.endpoint}/lambda-url/warmstart/", json=event, timeout=60)
     served_by_one_instance(local, client)
+
+
+def test_a_stream_past_the_timeout_ends_with_the_timeout_and_a_new_instance_serves() -> None:
+    with running(command=COMMAND, max_concurrency=1, timeout_s=1.0) as (local, client):
+        _, chunks, complete = stream_invoke(client, {"chunks": CHUNKS, "delay_ms": 600})
+        assert 1 <= len(chunks) < len(CHUNKS)  # what came before the deadline was delivered
+        assert complete["ErrorCode"] == "Sandbox.Timedout"
+        assert "Task timed out after 1.00 seconds" in complete["ErrorDetails"]
+        result = client.invoke(FunctionName="warmstart", Payload=json.dumps({"buffered": {"ok": True}}))
+        assert json.loads(result["Payload"].read())["ok"] is True
+        assert local.pool.spawned == 2
+
+
+def test_a_client_that_leaves_mid_stream_does_not_hold_the_function(url_lam: Lambda) -> None:
+    """The function streams on to its end (as on Lambda) and its instance takes the next invocation."""
+    local, client = url_lam
+    event = {"content_type": "text/plain", "chunks": ["x" * 65536] * 64, "delay_ms": 5}  # 4 MB: past the buffer
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{local.endpoint}/lambda-url/warmstart/", json=event) as r:
+            assert r.status_code == 200
+            next(r.iter_raw())
+    # Nobody reads the other 4 MB: the rest is dropped rather than pausing the function for good.
+    assert wait_until(lambda: local.pool.inflight == 0, timeout=30)
+    served_by_one_instance(local, client)
