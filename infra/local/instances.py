@@ -5,6 +5,9 @@ slot and cgroup are infra.local.sandbox's.
 States: init (spawned, importing the handler) -> ready (parked on /next, or between /response and the next
 /next) <-> busy (holding an invocation) -> dead. An invocation may be queued on an instance that is in init
 or between invocations; it is handed out on that instance's next /next.
+
+About one thing: one instance's state machine. Its transitions (a buffered or streamed answer, an error,
+a deadline, an exit) all read and write the same few fields, so they stay together.
 """
 
 from __future__ import annotations
@@ -310,10 +313,10 @@ class Instance:
             inv.stream_started.set_result(stream)
         return stream
 
-    def stream_done(self, inv: Invocation, error_type: str | None, error_body: bytes) -> str | None:
+    def stream_done(
+        self, inv: Invocation, stream: ResponseStream, error_type: str | None, error_body: bytes
+    ) -> str | None:
         """The last chunk and its trailers: an error type there is a mid-stream error."""
-        stream = inv.stream
-        assert stream is not None
         if self.current is not inv:  # timed out (or the instance died) while it streamed
             stream.end()
             return INVALID_REQUEST_ID
@@ -328,11 +331,10 @@ class Instance:
         self._complete(inv, outcome, status="error" if outcome.error_type else None)
         return TOO_LARGE if outcome.error_type == RESPONSE_TOO_LARGE else None
 
-    def stream_broken(self, inv: Invocation) -> None:
+    def stream_broken(self, stream: ResponseStream) -> None:
         """The runtime's connection dropped mid-stream: the stream ends here; the invocation ends with the
         process's exit or its timeout, as a runtime that stopped answering does."""
-        if inv.stream is not None:
-            inv.stream.end()
+        stream.end()
 
     def fail(self, request_id: str, body: bytes, error_type: str | None) -> str | None:
         inv = self._current(request_id)

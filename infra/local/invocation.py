@@ -8,10 +8,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from infra.local.stream import ResponseStream
+from typing import Any, Protocol
 
 # Error types the platform (not the function) puts in an invocation's answer.
 EXIT_ERROR = "Runtime.ExitError"
@@ -57,6 +54,12 @@ def bounded_prepend(buf: bytearray, data: bytes | bytearray) -> None:
     joined = bytearray(data)
     bounded_append(joined, bytes(buf))
     buf[:] = joined
+
+
+class Stream(Protocol):
+    """What an invocation needs of its streamed response (infra.local.stream.ResponseStream): its end."""
+
+    def end(self, error: tuple[str, str] | None = None) -> None: ...
 
 
 @dataclass(slots=True)
@@ -113,8 +116,8 @@ class Invocation:
     attempt: int = 1
     first_received: float = field(default_factory=time.time)
     # Response streaming: set when the runtime starts a streamed response (infra.local.stream).
-    stream: ResponseStream | None = None
-    stream_started: asyncio.Future[ResponseStream] | None = None
+    stream: Stream | None = None
+    stream_started: asyncio.Future[Any] | None = None  # resolves to the ResponseStream
 
     @property
     def duration_ms(self) -> float:

@@ -155,6 +155,7 @@ def build_app(local: Functions) -> Starlette:
     error_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, QuietStreamAborts) for f in error_log.filters):
         error_log.addFilter(QuietStreamAborts())
+
     async def invoke(request: Request) -> Response:
         parsed = await _parse_invoke(local, request, INVOCATION_TYPES)
         if isinstance(parsed, Response):

@@ -97,10 +97,10 @@ class _StreamSink:
                 body = raw.encode()  # not base64: the text as sent is the best account of the error
         if error_type is None and body:
             error_type = "Unhandled"  # a body without a type is still an error
-        return _answer(self.instance.stream_done(self.inv, error_type, body))
+        return _answer(self.instance.stream_done(self.inv, self.stream, error_type, body))
 
     def abort(self) -> None:
-        self.instance.stream_broken(self.inv)
+        self.instance.stream_broken(self.stream)
 
 
 def _open_stream(instance: Instance, request: Request) -> BodySink | Response | None:

@@ -178,7 +178,8 @@ class LocalLambda:
         waits: list[asyncio.Future[Any]] = [inv.done, started]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if started.done() and not started.cancelled():
-            return started.result()
+            stream: ResponseStream = started.result()
+            return stream
         return inv.done.result()
 
     async def _jitter(self) -> None:

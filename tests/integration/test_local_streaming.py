@@ -95,7 +95,7 @@ def test_mid_stream_error_reaches_invoke_complete(lam: Lambda) -> None:
 
 
 def test_a_buffered_answer_is_one_payload_chunk(lam: Lambda) -> None:
-    local, client = lam
+    _local, client = lam
     _, chunks, complete = stream_invoke(client, {"buffered": {"answer": 42}})
     assert len(chunks) == 1
     assert json.loads(chunks[0][1])["answer"] == 42
@@ -134,14 +134,14 @@ def test_streaming_function_url_sends_the_prelude_head_then_the_body_as_it_comes
     prelude = {"statusCode": 201, "headers": {"content-type": "text/event-stream", "x-test": "yes"}, "cookies": ["a=1"]}
     event = {"http": prelude, "chunks": CHUNKS, "delay_ms": DELAY_MS}
     arrivals: list[tuple[float, bytes]] = []
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{local.endpoint}/lambda-url/warmstart/v1/chat/completions", json=event) as r:
-            assert r.status_code == 201
-            assert r.headers["content-type"] == "text/event-stream"
-            assert r.headers["x-test"] == "yes"
-            assert r.headers.get_list("set-cookie") == ["a=1"]
-            for data in r.iter_raw():
-                arrivals.append((time.monotonic(), data))
+    url = f"{local.endpoint}/lambda-url/warmstart/v1/chat/completions"
+    with httpx.Client(timeout=60) as http, http.stream("POST", url, json=event) as r:
+        assert r.status_code == 201
+        assert r.headers["content-type"] == "text/event-stream"
+        assert r.headers["x-test"] == "yes"
+        assert r.headers.get_list("set-cookie") == ["a=1"]
+        for data in r.iter_raw():
+            arrivals.append((time.monotonic(), data))
     assert b"".join(d for _, d in arrivals) == "".join(CHUNKS).encode()
     assert len(arrivals) >= 3
     assert arrivals[-1][0] - arrivals[0][0] >= 3 * DELAY_MS / 1000 * 0.8
@@ -165,6 +165,7 @@ def test_a_stream_past_the_timeout_ends_with_the_timeout_and_a_new_instance_serv
         assert 1 <= len(chunks) < len(CHUNKS)  # what came before the deadline was delivered
         assert complete["ErrorCode"] == "Sandbox.Timedout"
         assert "Task timed out after 1.00 seconds" in complete["ErrorDetails"]
+        assert wait_until(lambda: not local.pool.instances)  # the killed instance's exit is seen
         result = client.invoke(FunctionName="warmstart", Payload=json.dumps({"buffered": {"ok": True}}))
         assert json.loads(result["Payload"].read())["ok"] is True
         assert local.pool.spawned == 2
@@ -174,10 +175,12 @@ def test_a_client_that_leaves_mid_stream_does_not_hold_the_function(url_lam: Lam
     """The function streams on to its end (as on Lambda) and its instance takes the next invocation."""
     local, client = url_lam
     event = {"content_type": "text/plain", "chunks": ["x" * 65536] * 64, "delay_ms": 5}  # 4 MB: past the buffer
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{local.endpoint}/lambda-url/warmstart/", json=event) as r:
-            assert r.status_code == 200
-            next(r.iter_raw())
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{local.endpoint}/lambda-url/warmstart/", json=event) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())
     # Nobody reads the other 4 MB: the rest is dropped rather than pausing the function for good.
     assert wait_until(lambda: local.pool.inflight == 0, timeout=30)
     served_by_one_instance(local, client)
