@@ -272,3 +272,37 @@ def test_command_replaces_awslambdaric_and_default_is_unchanged() -> None:
         LocalLambdaConfig(invoke_mode="STREAM")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="snapshot"):
         LocalLambdaConfig(command=("python", "-m", "handler"), init_type="snap-start", snapshot=True)
+
+
+def test_runtime_listener_buffers_a_chunked_body_nobody_streams_and_keeps_the_connection() -> None:
+    """A chunked body the opener does not take (no streaming mode) is buffered and dispatched as usual, its
+    trailers with it; a body past max_body arrives as too_large; the next request on the connection follows."""
+
+    async def scenario() -> tuple[list[tuple[bytes, bool, dict[str, str]]], bytes]:
+        seen: list[tuple[bytes, bool, dict[str, str]]] = []
+
+        def handler(request):  # type: ignore[no-untyped-def]
+            seen.append((request.body, request.too_large, request.trailers))
+            return Response(202, b"{}")
+
+        server = RuntimeHTTPServer(handler, max_body=8)
+        server.open_stream = lambda request: None
+        host, port = (await server.start()).split(":")
+
+        def post() -> bytes:
+            with socket.create_connection((host, int(port))) as sock:
+                head = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                sock.sendall(head + b"3\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\n")
+                sock.sendall(head + b"9\r\n123456789\r\n0\r\n\r\n")  # over max_body
+                sock.sendall(b"POST /y HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+                data = b""
+                while data.count(b"HTTP/1.1 202") < 3:
+                    data += sock.recv(4096)
+                return data
+
+        data = await asyncio.to_thread(post)
+        server.close()
+        return seen, data
+
+    seen, _data = asyncio.run(scenario())
+    assert seen == [(b"abcde", False, {"x-t": "1"}), (b"", True, {}), (b"ok", False, {})]
