@@ -6,12 +6,13 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
 from typing import Any
 
-from infra.local.config import CGROUP_WANTS, DEFAULT_MEMORY_MB, INIT_TYPES, JITTERS, LocalLambdaConfig
+from infra.local.config import CGROUP_WANTS, DEFAULT_MEMORY_MB, INIT_TYPES, INVOKE_MODES, JITTERS, LocalLambdaConfig
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
 
@@ -38,6 +39,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def add_function_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--function-name", default="warmstart", help="(default: %(default)s)")
     p.add_argument("--handler", default="handler.app.lambda_handler", help="(default: %(default)s)")
+    p.add_argument(
+        "--command",
+        help="what each instance runs instead of `python -m awslambdaric HANDLER`, e.g. 'python -m handler'"
+        " (a leading python is this interpreter)",
+    )
+    p.add_argument(
+        "--invoke-mode",
+        choices=INVOKE_MODES,
+        default="BUFFERED",
+        help="the Function URL's (/lambda-url/FUNCTION/...): RESPONSE_STREAM streams (default: %(default)s)",
+    )
     p.add_argument("--max-concurrency", type=int, default=10, help="instances at most (default: %(default)s)")
     p.add_argument("--keep-alive", type=float, default=300.0, help="idle seconds before reaping (default: 300)")
     p.add_argument("--timeout", type=float, default=30.0, help="function timeout, seconds (default: 30)")
@@ -91,6 +103,8 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
     settings: dict[str, Any] = dict(
         function_name=args.function_name,
         handler=args.handler,
+        command=tuple(shlex.split(args.command)) if args.command else (),
+        invoke_mode=args.invoke_mode,
         max_concurrency=args.max_concurrency,
         keep_alive_s=args.keep_alive,
         timeout_s=args.timeout,
@@ -132,6 +146,7 @@ def run_local(args: argparse.Namespace) -> int:
     print(f"warmstart local: function {name!r} ({config.handler}) at {endpoint}", flush=True)
     print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
     print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
+    print(f"  URL:    {endpoint}/lambda-url/{name}/ (invoke mode {config.invoke_mode})")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
     print(f"  {local.pool.cgroups.describe(config.memory_mb)}", flush=True)
     slots = local.pool.slots.slots

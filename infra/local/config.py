@@ -16,6 +16,10 @@ CgroupWant = Literal["auto", "v2", "v1", "off"]
 CGROUP_WANTS: tuple[CgroupWant, ...] = ("auto", "v2", "v1", "off")
 Jitter = Literal["uniform", "exponential", "normal", "fixed"]
 JITTERS: tuple[Jitter, ...] = ("uniform", "exponential", "normal", "fixed")
+# A Function URL's InvokeMode (AWS::Lambda::Url): BUFFERED answers once the function is done;
+# RESPONSE_STREAM sends a streamed response to the client as it comes.
+InvokeMode = Literal["BUFFERED", "RESPONSE_STREAM"]
+INVOKE_MODES: tuple[InvokeMode, ...] = ("BUFFERED", "RESPONSE_STREAM")
 # The local default memory size is template.yaml's MemorySize default, so that local cold starts and
 # latencies predict the deployed function's (a unit test keeps the two equal). aws-lambda-rie says 3008.
 DEFAULT_MEMORY_MB = 2048
@@ -31,6 +35,11 @@ _SCRUBBED = ("AWS_LAMBDA_MAX_CONCURRENCY", "_LAMBDA_TELEMETRY_LOG_FD", "_LAMBDA_
 class LocalLambdaConfig:
     function_name: str = "warmstart"
     handler: str = "handler.app.lambda_handler"
+    # What an instance runs: empty = `python -m awslambdaric <handler>` (a managed runtime's bootstrap);
+    # else this argv (a container image's ENTRYPOINT + CMD, e.g. `python -m handler`, which speaks the
+    # Runtime API itself and can stream). A leading "python" is `python` below.
+    command: tuple[str, ...] = ()
+    invoke_mode: InvokeMode = "BUFFERED"  # the local Function URL's (/lambda-url/<function>/...)
     task_root: str = REPO_ROOT
     host: str = "127.0.0.1"
     port: int = 9000  # 0 picks a free port
@@ -82,6 +91,10 @@ class LocalLambdaConfig:
             raise ValueError(f"memory_mb must be in [128, 10240] as on Lambda; got {self.memory_mb}")
         if self.cgroups not in CGROUP_WANTS:
             raise ValueError(f"cgroups must be one of {', '.join(CGROUP_WANTS)}; got {self.cgroups!r}")
+        if self.invoke_mode not in INVOKE_MODES:
+            raise ValueError(f"invoke_mode must be one of {', '.join(INVOKE_MODES)}; got {self.invoke_mode!r}")
+        if self.command and self.snapshot:
+            raise ValueError("snapshot forks awslambdaric's handler from a template: it cannot run a command")
         if self.jitter not in JITTERS:
             raise ValueError(f"jitter must be one of {', '.join(JITTERS)}; got {self.jitter!r}")
         if not 0 <= self.max_retry_attempts <= 2:
@@ -92,6 +105,14 @@ class LocalLambdaConfig:
         for alias, version in self.aliases.items():
             if version != LATEST and version not in self.versions:
                 raise ValueError(f"alias {alias!r} points at unknown version {version!r}")
+
+    def argv(self) -> list[str]:
+        """The instance's process: the command (a leading "python" is this config's interpreter), else
+        awslambdaric with the handler."""
+        if not self.command:
+            return [self.python, "-m", "awslambdaric", self.handler]
+        first, *rest = self.command
+        return [self.python if first == "python" else first, *rest]
 
     @property
     def function_arn(self) -> str:

@@ -5,6 +5,9 @@ slot and cgroup are infra.local.sandbox's.
 States: init (spawned, importing the handler) -> ready (parked on /next, or between /response and the next
 /next) <-> busy (holding an invocation) -> dead. An invocation may be queued on an instance that is in init
 or between invocations; it is handed out on that instance's next /next.
+
+About one thing: one instance's state machine. Its transitions (a buffered or streamed answer, an error,
+a deadline, an exit) all read and write the same few fields, so they stay together.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from infra.local.logs import LogCapture
 from infra.local.runtime_http import Request, Response, RuntimeHTTPServer
 from infra.local.sandbox import LaunchError, Process, Sandbox, SnapshotTemplate, exit_message
 from infra.local.slots import InitSlots
+from infra.local.stream import ResponseStream
 
 State = Literal["init", "ready", "busy", "dead"]
 
@@ -294,6 +298,43 @@ class Instance:
             return TOO_LARGE
         self._complete(inv, Outcome(payload))
         return None
+
+    def respond_stream(self, request_id: str, content_type: str) -> ResponseStream | str:
+        """A streamed response begins (Lambda-Runtime-Function-Response-Mode: streaming): its chunks go to
+        the invoker as they come; the invocation is still this instance's (and its timeout runs) until the
+        last chunk."""
+        inv = self._current(request_id)
+        if isinstance(inv, str):
+            return inv
+        if inv.stream is not None:
+            return INVALID_STATE  # one response per invocation
+        stream = inv.stream = ResponseStream(content_type)
+        if inv.stream_started is not None and not inv.stream_started.done():
+            inv.stream_started.set_result(stream)
+        return stream
+
+    def stream_done(
+        self, inv: Invocation, stream: ResponseStream, error_type: str | None, error_body: bytes
+    ) -> str | None:
+        """The last chunk and its trailers: an error type there is a mid-stream error."""
+        if self.current is not inv:  # timed out (or the instance died) while it streamed
+            stream.end()
+            return INVALID_REQUEST_ID
+        if error_type:
+            outcome = Outcome.from_runtime(error_body, error_type)
+            stream.end((str(outcome.error_type), outcome.payload.decode("utf-8", "replace")))
+        elif stream.error is not None:  # the platform ended it (past the size limit)
+            outcome = Outcome.error(*stream.error)
+        else:
+            outcome = Outcome(bytes(stream.head))
+            stream.end()
+        self._complete(inv, outcome, status="error" if outcome.error_type else None)
+        return TOO_LARGE if outcome.error_type == RESPONSE_TOO_LARGE else None
+
+    def stream_broken(self, stream: ResponseStream) -> None:
+        """The runtime's connection dropped mid-stream: the stream ends here; the invocation ends with the
+        process's exit or its timeout, as a runtime that stopped answering does."""
+        stream.end()
 
     def fail(self, request_id: str, body: bytes, error_type: str | None) -> str | None:
         inv = self._current(request_id)

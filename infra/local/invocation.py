@@ -8,6 +8,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 # Error types the platform (not the function) puts in an invocation's answer.
 EXIT_ERROR = "Runtime.ExitError"
@@ -53,6 +54,12 @@ def bounded_prepend(buf: bytearray, data: bytes | bytearray) -> None:
     joined = bytearray(data)
     bounded_append(joined, bytes(buf))
     buf[:] = joined
+
+
+class Stream(Protocol):
+    """What an invocation needs of its streamed response (infra.local.stream.ResponseStream): its end."""
+
+    def end(self, error: tuple[str, str] | None = None) -> None: ...
 
 
 @dataclass(slots=True)
@@ -108,6 +115,9 @@ class Invocation:
     # Event invokes: which attempt this is (1 + retries) and when the event was first accepted (epoch s).
     attempt: int = 1
     first_received: float = field(default_factory=time.time)
+    # Response streaming: set when the runtime starts a streamed response (infra.local.stream).
+    stream: Stream | None = None
+    stream_started: asyncio.Future[Any] | None = None  # resolves to the ResponseStream
 
     @property
     def duration_ms(self) -> float:
@@ -130,6 +140,10 @@ class Invocation:
         if self.started_at is None:  # never reached the handler (init failed, instance died first)
             self.started_at = self.ended_at
         self.log += self.report_lines(memory_mb=memory_mb, status=status, error_type=outcome.error_type).encode()
+        if self.stream is not None:  # ended by the platform (timeout, exit, shutdown): no more chunks
+            self.stream.end()
+        if self.stream_started is not None and not self.stream_started.done():
+            self.stream_started.cancel()  # no stream will come: whoever waits for one has its outcome
         if not self.done.done():
             self.done.set_result(outcome)
 

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
+from collections.abc import Callable
 
 from infra.local.instances import INVALID_REQUEST_ID, INVALID_STATE, TOO_LARGE, Instance
 from infra.local.invocation import MAX_RESPONSE_PAYLOAD, Invocation
-from infra.local.runtime_http import Request, Response
+from infra.local.runtime_http import BodySink, Request, Response
+from infra.local.stream import ResponseStream
 
 PREFIX = "/2018-06-01/runtime/"
 ERROR_TYPE_HEADER = "lambda-runtime-function-error-type"
+# Response streaming (a custom runtime's; awslambdaric never streams): the mode header on /response, a
+# chunked body, and on a mid-stream error the type and the base64 error body as trailers.
+RESPONSE_MODE_HEADER = "lambda-runtime-function-response-mode"
+STREAMING = "streaming"
+ERROR_BODY_TRAILER = "lambda-runtime-function-error-body"
 
 _REFUSALS: dict[str, tuple[int, str]] = {
     INVALID_STATE: (403, "State transition is not allowed"),
@@ -66,6 +75,50 @@ def _relay(waiter: asyncio.Future[Invocation]) -> asyncio.Future[Response]:
     return out
 
 
+class _StreamSink:
+    """A streamed /response's chunked body, into the invocation's ResponseStream as it arrives."""
+
+    def __init__(self, instance: Instance, inv: Invocation, stream: ResponseStream) -> None:
+        self.instance, self.inv, self.stream = instance, inv, stream
+
+    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self.stream.pause, self.stream.resume = pause, resume
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data)
+
+    def close(self, trailers: dict[str, str]) -> Response:
+        error_type = trailers.get(ERROR_TYPE_HEADER) or None
+        body = b""
+        if raw := trailers.get(ERROR_BODY_TRAILER, ""):
+            try:
+                body = base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                body = raw.encode()  # not base64: the text as sent is the best account of the error
+        if error_type is None and body:
+            error_type = "Unhandled"  # a body without a type is still an error
+        return _answer(self.instance.stream_done(self.inv, self.stream, error_type, body))
+
+    def abort(self) -> None:
+        self.instance.stream_broken(self.stream)
+
+
+def _open_stream(instance: Instance, request: Request) -> BodySink | Response | None:
+    """At the head of a chunked request: a streamed /response gets a sink; anything else is buffered."""
+    path = request.path.split("?", 1)[0]
+    parts = path[len(PREFIX) :].split("/") if path.startswith(PREFIX) else []
+    mode = request.headers.get(RESPONSE_MODE_HEADER, "").lower()
+    if request.method != "POST" or len(parts) != 3 or parts[0] != "invocation" or parts[2] != "response":
+        return None
+    if mode != STREAMING:
+        return None
+    result = instance.respond_stream(parts[1], request.headers.get("content-type", ""))
+    if isinstance(result, str):
+        return _answer(result)
+    assert instance.current is not None
+    return _StreamSink(instance, instance.current, result)
+
+
 def bind(instance: Instance) -> None:
     """Route the instance's Runtime API listener to its state machine."""
 
@@ -99,3 +152,4 @@ def bind(instance: Instance) -> None:
         return _error(404, "NotFound", f"no route for {request.method} {path}")
 
     instance.server.handler = route
+    instance.server.open_stream = lambda request: _open_stream(instance, request)

@@ -14,6 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Protocol
+
+from infra.local.chunked import ChunkedDecoder, ChunkedError
 
 MAX_HEAD = 64 * 1024
 
@@ -25,6 +28,7 @@ class Request:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     too_large: bool = False  # body exceeded the server's limit and was discarded, not buffered
+    trailers: dict[str, str] = field(default_factory=dict)  # a chunked body's (names lower-cased)
 
 
 @dataclass(slots=True)
@@ -36,6 +40,22 @@ class Response:
 
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]
+
+
+class BodySink(Protocol):
+    """Where a chunked body goes as it arrives (a streamed Lambda response): `attach` hands it the
+    connection's pause/resume (back-pressure), `close` gets the trailers and gives the answer, `abort` is
+    the connection lost mid-body."""
+
+    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def close(self, trailers: dict[str, str]) -> Response | Awaitable[Response]: ...
+    def abort(self) -> None: ...
+
+
+# Asked at the head of a chunked request (body not read yet): a sink to stream it into, a Response to
+# refuse it (the connection closes: the body is never read), or None to buffer it (max_body) as usual.
+StreamOpener = Callable[[Request], "BodySink | Response | None"]
 # Is this accepted connection the instance's own? True / False, or None while that cannot be told yet
 # (a restored copy connects before its pid reaches us): its requests wait until peer_known().
 Guard = Callable[[socket.socket], "bool | None"]
@@ -71,6 +91,9 @@ class _Connection(asyncio.Protocol):
         self._close_after = False  # a refused 100-continue body: the stream is no longer in sync
         self._allowed: bool | None = True if server.guard is None else None  # None: not decided yet
         self._sock: socket.socket | None = None
+        self._chunked: ChunkedDecoder | None = None  # reading a chunked body
+        self._sink: BodySink | None = None  # ... into this sink, else into _body
+        self._body = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -107,6 +130,9 @@ class _Connection(asyncio.Protocol):
         self._transport = None
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()  # a parked /next whose caller went away
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.abort()  # a streamed response cut off mid-body
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -133,6 +159,10 @@ class _Connection(asyncio.Protocol):
                 if not self._parse_head(bytes(self._buf[:end])):
                     return
                 del self._buf[: end + 4]
+            if self._chunked is not None:
+                if not self._feed_chunked():
+                    return
+                continue
             if self._discard:
                 take = min(self._need, len(self._buf))
                 del self._buf[:take]
@@ -164,9 +194,7 @@ class _Connection(asyncio.Protocol):
             self._write(Response(400, close=True))
             return False
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            # Response streaming mode; awslambdaric never uses it for Python.
-            self._write(Response(501, b'{"errorType":"NotImplemented"}', close=True))
-            return False
+            return self._open_chunked(method, target, headers)
         self._head, self._need = (method, target, headers), length
         self._discard = length > self._server.max_body
         if headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
@@ -176,12 +204,85 @@ class _Connection(asyncio.Protocol):
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return True
 
+    def _open_chunked(self, method: str, target: str, headers: dict[str, str]) -> bool:
+        """A chunked body (Lambda's response streaming): into a sink as it arrives, or buffered."""
+        opened: BodySink | Response | None = None
+        if self._server.open_stream is not None:
+            try:
+                opened = self._server.open_stream(Request(method, target, headers, b""))
+            except Exception:  # never let a handler bug take the server down
+                opened = Response(500, close=True)
+        if isinstance(opened, Response):
+            opened.close = True  # its body will not be read: the stream is out of sync
+            self._write(opened)
+            return False
+        self._head, self._need, self._discard = (method, target, headers), 0, False
+        self._chunked, self._sink = ChunkedDecoder(), opened
+        self._body.clear()
+        if opened is not None:
+            opened.attach(self._pause_reading, self._resume_reading)
+        if headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return True
+
+    def _feed_chunked(self) -> bool:
+        """Decode what is buffered; True once the body (and its trailers) is complete and dispatched."""
+        assert self._chunked is not None and self._head is not None
+        data = bytes(self._buf)
+        self._buf.clear()
+        try:
+            pieces = self._chunked.feed(data)
+        except ChunkedError:
+            self._chunked = None
+            if self._sink is not None:
+                sink, self._sink = self._sink, None
+                sink.abort()
+            self._write(Response(400, close=True))
+            return False
+        for piece in pieces:
+            if self._sink is not None:
+                self._sink.write(piece)
+            elif not self._discard:
+                self._body += piece
+                if len(self._body) > self._server.max_body:  # over the limit: never held whole
+                    self._discard = True
+                    self._body.clear()
+        if not self._chunked.done:
+            return False
+        self._buf += self._chunked.rest
+        trailers = self._chunked.trailers
+        method, path, headers = self._head
+        self._head, self._chunked = None, None
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            try:
+                self._deliver(sink.close(trailers))
+            except Exception:
+                self._write(Response(500, close=True))
+        else:
+            request = Request(method, path, headers, bytes(self._body), self._discard, trailers)
+            self._body.clear()
+            self._discard = False
+            self._dispatch(request)
+        return True
+
+    def _pause_reading(self) -> None:
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
     def _dispatch(self, request: Request) -> None:
         try:
             result = self._server.handler(request)
         except Exception as exc:  # never let a handler bug take the server down
             body = f'{{"errorMessage":"{type(exc).__name__}","errorType":"InternalServerError"}}'
             result = Response(500, body.encode())
+        self._deliver(result)
+
+    def _deliver(self, result: Response | Awaitable[Response]) -> None:
         if isinstance(result, Response):
             self._write(result)
             return
@@ -216,6 +317,7 @@ class RuntimeHTTPServer:
         self, handler: Handler, *, host: str = "127.0.0.1", max_body: int = 6 * 1024 * 1024, guard: Guard | None = None
     ) -> None:
         self.handler = handler
+        self.open_stream: StreamOpener | None = None  # chunked bodies are buffered unless set
         self.host = host
         self.max_body = max_body
         self.guard = guard

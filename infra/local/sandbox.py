@@ -113,7 +113,7 @@ class Sandbox:
         self.slots = slots  # init pacing
         self.proc: Process | None = None
         # How a spawned process starts (a snapshot template changes these before launch()).
-        self.argv = ["-m", "awslambdaric", config.handler]
+        self.argv = config.argv()
         self.extra_env: Mapping[str, str] = {}
         self.pass_fds: tuple[int, ...] = ()
         self.killed = False
@@ -165,7 +165,7 @@ class Sandbox:
                 raise LaunchError(f"cannot fork the snapshot: {exc}") from exc
             self.proc = ForkedProcess(pid)
             return
-        argv = [self.config.python, *self.argv]
+        argv = list(self.argv)
         if self.cgroup is not None:
             argv = self.cgroup.wrap(argv)
         try:

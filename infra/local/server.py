@@ -18,12 +18,22 @@ import threading
 import time
 import uuid
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from infra.local import destination
-from infra.local.config import LATEST, Jitter, LocalLambdaConfig
-from infra.local.invocation import FunctionNotFound, Invocation, Outcome, QualifierConflict, QueueFull, Target
+from infra.local.config import LATEST, InvokeMode, Jitter, LocalLambdaConfig
+from infra.local.invocation import (
+    MAX_RESPONSE_PAYLOAD,
+    RESPONSE_TOO_LARGE,
+    FunctionNotFound,
+    Invocation,
+    Outcome,
+    QualifierConflict,
+    QueueFull,
+    Target,
+)
 from infra.local.pool import InstancePool, Throttled
+from infra.local.stream import ResponseStream
 
 # Lambda retries a failed Event invoke twice: about one minute after the first attempt, two after the second.
 RETRY_DELAYS_S = (60.0, 120.0)
@@ -73,6 +83,18 @@ class LocalLambda:
 
     # -- the function's names ----------------------------------------------------------------------------
 
+    @property
+    def function_name(self) -> str:
+        return self.config.function_name
+
+    @property
+    def region(self) -> str:
+        return self.config.region
+
+    @property
+    def invoke_mode(self) -> InvokeMode:
+        return self.config.invoke_mode
+
     def resolve(self, name: str, qualifier: str | None) -> Target:
         """Accept a name, name:qualifier, a partial or full ARN, or the emulator's `function`."""
         cfg = self.config
@@ -118,15 +140,47 @@ class LocalLambda:
             done=self._loop.create_future(),
             client_context=client_context,
             trace_id=f"Root=1-{now:08x}-{secrets.token_hex(12)};Parent={secrets.token_hex(8)};Sampled=0",
+            stream_started=self._loop.create_future(),
         )
 
     async def invoke(self, inv: Invocation) -> Outcome:
-        """RequestResponse: place it (or raise Throttled) and wait for the answer."""
+        """RequestResponse: place it (or raise Throttled) and wait for the whole answer. A streamed one is
+        gathered (up to the 6 MB a buffered answer may have), as Lambda's Invoke does for a streaming
+        function: the bytes as the function streamed them, an HTTP integration prelude included."""
+        answer = await self.invoke_streaming(inv)
+        if isinstance(answer, Outcome):
+            return answer
+        body = bytearray()
+        async for data in answer.chunks():
+            body += data
+            if len(body) > MAX_RESPONSE_PAYLOAD:
+                answer.discard()
+                body.clear()
+                break
+        outcome = await inv.done
+        if outcome.error_type is not None:
+            return outcome
+        if answer.discarding:
+            message = f"Response payload size exceeded maximum allowed payload size ({MAX_RESPONSE_PAYLOAD} bytes)."
+            return Outcome.error(RESPONSE_TOO_LARGE, message)
+        return Outcome(bytes(body))
+
+    async def invoke_streaming(self, inv: Invocation) -> Outcome | ResponseStream:
+        """RequestResponse, for a reader that streams: place it (or raise Throttled), then the response
+        stream as soon as the function starts one, else the buffered answer. A reader that stops reading a
+        stream must `discard()` it."""
         await self._jitter()
         self.pool.dispatch(inv)
-        outcome = await inv.done
-        self._record(inv)
-        return outcome
+        inv.done.add_done_callback(lambda _f: self._record(inv))
+        started = inv.stream_started
+        if started is None:
+            return await asyncio.shield(inv.done)
+        waits: list[asyncio.Future[Any]] = [inv.done, started]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if started.done() and not started.cancelled():
+            stream: ResponseStream = started.result()
+            return stream
+        return inv.done.result()
 
     async def _jitter(self) -> None:
         delay = jitter_delay(self.config.jitter, self.config.jitter_ms, self.rng)
@@ -160,6 +214,8 @@ class LocalLambda:
                     await self.pool.wait_capacity(0.25)
                     continue
                 inv.done.add_done_callback(functools.partial(self._attempt_done, inv))
+                if inv.stream_started is not None:  # nobody reads an Event's answer: a stream is dropped
+                    inv.stream_started.add_done_callback(_discard_stream)
                 break
 
     def _too_old(self, inv: Invocation, after_s: float = 0.0) -> bool:
@@ -340,6 +396,11 @@ class LocalLambda:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _discard_stream(started: asyncio.Future[ResponseStream]) -> None:
+    if not started.cancelled():
+        started.result().discard()
 
 
 def _json_or_text(data: bytes) -> object:

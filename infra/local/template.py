@@ -37,7 +37,7 @@ class Template:
         # The snapshot's init runs under the quota and waits for an init slot too.
         self.instance = Instance(config, version, self, cgroups=cgroups, slots=slots)
         sandbox = self.instance.sandbox
-        sandbox.argv = ["-m", "infra.local.zygote", config.handler]
+        sandbox.argv = [config.python, "-m", "infra.local.zygote", config.handler]
         self.instance.init_timeout_s = config.snapshot_timeout_s
         self._sock, self._child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
