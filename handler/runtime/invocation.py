@@ -38,6 +38,7 @@ from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, Unsupported
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
+from handler.core.deadline import set_deadline
 from handler.core.errors import Abandoned, RequestError, UnsupportedRequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
@@ -120,11 +121,15 @@ class Runtime(Instance):
     def handle(self, event: Event, context: Any = None) -> JSON:
         """One Lambda invocation: served by `_handle` inside the invocation bracket (and a span when traced)."""
         request_id = getattr(context, "aws_request_id", None)
-        with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count):
-            if self.tracer is None:
-                return self._handle(event, context, count, inv)
-            with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
-                return self._handle(event, context, count, inv)
+        set_deadline(_deadline_ms(context))  # work that can end early (a generation) stops before it
+        try:
+            with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count):
+                if self.tracer is None:
+                    return self._handle(event, context, count, inv)
+                with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
+                    return self._handle(event, context, count, inv)
+        finally:
+            set_deadline(None)
 
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
@@ -414,6 +419,19 @@ class Runtime(Instance):
         if log_internal:
             log.error("internal error", exc_info=error)
         return 500, internal_error_body(error)
+
+
+def _deadline_ms(context: Any) -> float | None:
+    """The invocation's deadline (ms since the epoch) from its Lambda context: the time left read now, or none
+    without a context (a test's direct call, a local host)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    try:
+        left = float(remaining())
+    except (TypeError, ValueError):
+        return None
+    return time.time() * 1000 + left
 
 
 @dataclass(frozen=True)
