@@ -3,12 +3,16 @@
 Two paths, one bracket (`_invocation`: counted, logged in its context, measured as metrics):
 - `handle(event, context)`: a Lambda invocation. The event source is detected (direct invoke, API Gateway,
   Function URL, ALB); warm pings, status and admin events are answered without the model; a compatible API's
-  path (OpenAI, TEI, Cohere) is translated; the answer is shaped for the source.
+  path (OpenAI, TEI, Cohere) is translated (a stream asked for: its route's chunks buffered as one body of
+  server-sent events; `GET /v1/models` answered without the model); the answer is shaped for the source.
 - `handle_http(raw, route, ...)`: the HTTP host's POSTed body, run on a worker, with the same task and error
-  contract.
+  contract (`handle_http_batch`: several; `handle_http_stream`: a streaming task's pieces, in the route's chunks).
 
 Answers carry their floats as float32 arrays up to the edge, where `handler.api.encode.dumps` writes them once:
 `handle_http`'s body bytes, an HTTP event's `body`, and `lambda_reply`, the Lambda entry point's bytes.
+
+About one thing (an invocation's paths, which share its bracket, its route mapping and its error contract), hence
+its length.
 """
 
 from __future__ import annotations
@@ -21,25 +25,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from handler.api.compat import (
-    LAMBDA_PATHS,
-    MODELS_PATH,
-    NATIVE,
-    ROOT,
-    ROUTES,
-    Base,
-    Route,
-    chunks,
-    model_field,
-    model_list,
-)
-from handler.api.encode import SSE_DONE, dumps, sse_event
+from handler.api import compat
+from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
+from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.deadline import set_deadline
-from handler.core.errors import Abandoned, RequestError, UnsupportedRequestError, internal_error_body
+from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
@@ -48,7 +42,7 @@ from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
-from handler.tasks.streaming import streams, wants_stream
+from handler.tasks.streaming import all_pieces, wants_stream
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
@@ -56,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warmstart")
 ADMIN_OVER_HTTP = "model admin events are accepted from direct invokes only"
-EVENT_STREAM = "text/event-stream"
+EVENT_STREAM = "text/event-stream"  # a buffered stream's media type (the HTTP host's: handler.http_host.sse)
 
 
 class Runtime(Instance):
@@ -134,7 +128,7 @@ class Runtime(Instance):
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
         try:
-            if source.http and source.method(event) == "GET" and source.path(event) == MODELS_PATH:  # type: ignore[attr-defined]
+            if source.http and source.method(event) == "GET" and source.path(event) == compat.MODELS_PATH:  # type: ignore[attr-defined]
                 inv.kind = "status"
                 self.count("status")  # answered without a model run, as a status request is
                 return source.respond(event, self.model_list())
@@ -162,12 +156,10 @@ class Runtime(Instance):
                 if path in LAMBDA_PATHS:
                     route = ROUTES[path]
                     native = route.request(payload, self.find)
-                    if wants_stream(payload) and hasattr(route, "pieces"):
-                        # Buffered: the whole stream as one body of server-sent events, in the route's chunks.
-                        answer = self.infer(native, inv, route.check, _stream_pieces)
-                        events = chunks(route, iter(answer["pieces"]), payload, self._served_key(native))
-                        text = b"".join(map(sse_event, events)) + SSE_DONE
-                        return source.respond_text(event, text.decode(), EVENT_STREAM)  # type: ignore[attr-defined]
+                    if wants_stream(payload) and hasattr(route, "pieces"):  # buffered: one body of events
+                        answer = self.infer(native, inv, route.check, all_pieces)
+                        text = compat.event_stream(route, answer["pieces"], payload, self.served_key(native))
+                        return source.respond_text(event, text, EVENT_STREAM)  # type: ignore[attr-defined]
                     answer = self.infer(native, inv, route.check, route.run)
                     return source.respond(event, route.response(answer, payload))
             return source.respond(event, self.infer(payload, inv))
@@ -357,7 +349,7 @@ class Runtime(Instance):
                     return
                 if accept == "npy":
                     raise NotAcceptableError('a "stream": true answer is text/event-stream; .npy is for one answer')
-                pieces = chunks(route, self.serve_stream(native, route.check), payload, self._served_key(native))
+                pieces = compat.chunks(route, self.serve_stream(native, route.check), payload, self.served_key(native))
                 first = next(pieces, None)
             except Exception as e:
                 yield self._http_error(e)
@@ -379,20 +371,6 @@ class Runtime(Instance):
                 raise
             finally:
                 inv.batch, inv.tokens = 1, sent  # a stream's metrics: its pieces
-
-    def _served_key(self, native: JSON) -> str:
-        """The key (`id@version`) of the model a native request names, or of the default model."""
-        named = requested_model(native)
-        return (self.find(named.split("@", 1)[0]) if named and "@" not in named else named) or self.registry.default_key
-
-    def model_list(self) -> JSON:
-        """`GET /v1/models`: every model this instance serves (the default first), in OpenAI's list shape."""
-        described = self.registry.describe()
-        loaded = {m["key"]: m["task"] for m in described["loaded"]}
-        pairs = [(key, loaded.get(key)) for key in (*loaded, *described["available"])]
-        pairs.sort(key=lambda pair: pair[0] != described["default"])
-        created = int(time.time() - (time.monotonic() - self.started))  # when this instance started
-        return model_list(pairs, created)
 
     def _npy_request(self, raw: bytes) -> JSON:
         """An `application/x-npy` body as the default tensor model's one input."""
@@ -465,13 +443,6 @@ class _Pending:
         self.index, self.call, self.inv, self.started = index, call, inv, started
         self.route, self.payload, self.native = route, payload, native
         self.done = False  # answered, or handed back to run alone
-
-
-def _stream_pieces(task: Any, native: JSON) -> dict[str, Any]:
-    """A streaming task's pieces, all of them (a Lambda HTTP event's buffered stream)."""
-    if not streams(task):
-        raise UnsupportedRequestError(f'a {task.name} model answers one value; "stream": true is for streaming tasks')
-    return {"pieces": list(task.stream(native))}
 
 
 def batchable(route: Route) -> bool:

@@ -4,7 +4,8 @@ exercised here with a valid request (200, the answer validated against the opera
 (`handler.api.schemas.check`) agrees with `jsonschema` on which requests the schemas accept.
 
 Embedding routes run the real default model; rerank and classify routes a fake task of that kind (their
-answers' shapes are the routes' mapping; the real tasks' answers are checked by tests/integration/test_clients.py).
+answers' shapes are the routes' mapping; the real tasks' answers are checked by tests/integration/test_clients.py);
+the OpenAI completion routes the real `generate` task over the fake engine (tests/fixtures/fake_engine.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from starlette.testclient import TestClient
 from handler.api import schemas
 from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
-from tests.fixtures.generate_standin import standin_runtime
+from tests.fixtures.fake_engine import register
 from tests.functional.test_http_compat import FakeTask, client_for, fake_runtime
+from tests.functional.test_http_generate import fake_generate_runtime
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog"]
 
@@ -79,13 +81,18 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
 
 
 @pytest.fixture(scope="module")
-def clients(new_runtime: Callable[..., Runtime]) -> Iterator[dict[str, TestClient]]:
+def clients(
+    new_runtime: Callable[..., Runtime], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, TestClient]]:
     runtime = new_runtime()
+    with pytest.MonkeyPatch.context() as mp:  # the `generate` task over the fake engine (no model)
+        register(mp)
+        generate = fake_generate_runtime(tmp_path_factory.mktemp("generate"))
     made = {
         "embedding": client_for(runtime),
         "rerank": client_for(fake_runtime(runtime, FakeTask("rerank", rerank_answer))),
         "classify": client_for(fake_runtime(runtime, FakeTask("classify", classify_answer))),
-        "generate": client_for(standin_runtime(runtime)),
+        "generate": client_for(generate),
     }
     for c in made.values():
         c.__enter__()
