@@ -156,8 +156,9 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            # A model whose task streams also takes SSE clients' `Accept: text/event-stream`.
-            streamed = streams(host.runtime.task)
+            # A model whose task streams also takes SSE clients' `Accept: text/event-stream`; so does a route
+            # whose answer streams in its API's chunks, whichever model the request names (`compat.chunks`).
+            streamed = streams(host.runtime.task) or hasattr(route, "pieces")
             accept = (sse.accept_kind if streamed else response_kind)(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)

@@ -212,3 +212,41 @@ def test_a_function_url_get_of_the_model_list(runtime: Runtime) -> None:
     assert answer["statusCode"] == 200 and json.loads(answer["body"])["data"][0]["key"] == "fake-lm@1"
     event["rawPath"] = "/other"  # any other GET is still refused
     assert runtime.handle(event, None)["statusCode"] == 405
+
+
+def test_a_consumer_that_leaves_stops_the_engine(runtime: Runtime, engine: FakeEngine) -> None:
+    """The host closes the stream when its client leaves: the route's chunks, the task's stream and the engine's
+    generation stop with it (its `finally`), after the tokens already made."""
+    from handler.api.compat import ROUTES
+
+    body = {"messages": USER, "max_tokens": 50, "temperature": 0, "stream": True}
+    closed, made = engine.closed, len(engine.made)
+    stream = runtime.handle_http_stream(json.dumps(body).encode(), ROUTES["/v1/chat/completions"])
+    first, second = next(stream), next(stream)
+    assert isinstance(first, dict) and first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert isinstance(second, dict) and second["id"] == first["id"] and second["choices"][0]["delta"]["content"]
+    stream.close()
+    assert engine.closed == closed + 1 and len(engine.made) - made < 50
+
+
+def test_a_generate_model_beside_an_embedding_default_streams(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host streams a completion route for the model the request names, not only for a streaming default."""
+    register(monkeypatch)
+    pack = fake_generate_pack(tmp_path)
+    config = Config(model_dir=model_dir, backend=None, warmup=False, models=(str(pack),))
+    runtime = Runtime.start(config, environ={}, emit=None)
+    assert runtime.manifest.task == "embedding"
+    with client_for(runtime) as client:
+        body = {"model": "fake-lm", "messages": USER, **GREEDY}
+        want = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        r = client.post("/v1/chat/completions", json={**body, "stream": True})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        chunks = events(r.text)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == want
+        assert {c["model"] for c in chunks[:-1]} == {"fake-lm@1"}
+        listed = client.get("/v1/models").json()["data"]
+        assert [(m["id"], m["task"]) for m in listed] == [("all-minilm-l6-v2", "embedding"), ("fake-lm", "generate")]
+        r = client.post("/v1/chat/completions", json={"messages": USER, "stream": True})  # the default: embedding
+        assert r.status_code == 400 and "needs a generate model" in r.json()["error"]["message"]
