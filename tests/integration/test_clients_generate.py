@@ -6,19 +6,24 @@ text and usage, streamed or not.
 - openai: `chat.completions.create` (stream off; on, with `stream_options.include_usage`; `response_format`
   json_schema; a typed 400), `completions.create` (stream off and on), `models.list()`;
 - huggingface_hub: `InferenceClient(base_url).chat_completion` (stream off and on);
-- langchain-openai: `ChatOpenAI(base_url).invoke` and `.stream`.
+- langchain-openai: `ChatOpenAI(base_url).invoke` and `.stream`;
+- openai again, through a Function URL in front of the local Lambda (`infra.local`) serving the same pack: the
+  chat answer, a stream (buffered: the whole stream's events in one body) and the model list.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fixtures.genai_pack import cached_genai_pack
-from tests.integration.test_clients import Host, start_host, stop, wait_ready
+from tests.integration.test_clients import FunctionURL, Host, start_host, stop, wait_ready
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,9 +37,14 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pack = cached_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3")
     assert json.loads((pack / "manifest.json").read_text())["id"] == MODEL
+    return pack
+
+
+@pytest.fixture(scope="module")
+def host(pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     host = start_host(tmp_path_factory.mktemp("host") / "host.log", WARMSTART_MODEL=str(pack))
     try:
         wait_ready(host)
@@ -155,3 +165,58 @@ def test_langchain_chat_openai(host: Host, chat_native: dict[str, Any]) -> None:
     assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] == 8
     streamed = "".join(str(chunk.content) for chunk in llm.stream(pairs))
     assert streamed == chat_native["text"]
+
+
+class FunctionURLWithGet(FunctionURL):
+    """A Function URL that also passes GETs on (the model list)."""
+
+    def do_GET(self) -> None:
+        event = json.loads(json.dumps(self.template))
+        path = self.path.split("?", 1)[0]
+        event.update(rawPath=path, isBase64Encoded=False)
+        event.pop("body", None)
+        event["requestContext"]["http"].update(method="GET", path=path)
+        answer = self.invoke(event)
+        data = answer["body"].encode()
+        self.send_response(answer["statusCode"])
+        for name, value in (answer.get("headers") or {}).items():
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_openai_chat_through_a_function_url_on_the_local_lambda(
+    pack: Path, chat_native: dict[str, Any], load_event: Any
+) -> None:
+    import openai
+
+    from tests.fixtures.local_support import invoke, running
+
+    env = {"WARMSTART_MODEL": str(pack), "WARMSTART_WARMUP": "0"}
+    with running(handler="handler.app.lambda_handler", environment=env) as (_local, lam):
+        handler = type(
+            "Bound",
+            (FunctionURLWithGet,),
+            {"invoke": staticmethod(lambda event: invoke(lam, event)[1]), "template": load_event("function_url.json")},
+        )
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+            client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+            answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+            assert answer.choices[0].message.content == chat_native["text"] and answer.model == KEY
+            chunks = list(
+                client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **GREEDY
+                )
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat_native["text"]
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+            assert [m.id for m in client.models.list()] == [MODEL]
+            with pytest.raises(openai.BadRequestError, match='"echo"'):
+                client.completions.create(model=MODEL, prompt="x", echo=True)
+        finally:
+            server.shutdown()
+            server.server_close()
