@@ -118,21 +118,14 @@ class Route(Protocol):
         ...
 
 
-class Streamed(Protocol):
-    """A route whose streamed answer is its API's own chunks (OpenAI's), not the task's native pieces: the
-    stream paths (`Runtime.handle_http_stream`, a Lambda HTTP event's buffered stream) map the pieces with
-    `pieces` when the route has it (`chunks`)."""
-
-    def pieces(self, pieces: Iterator[dict[str, Any]], original: JSON, model: str) -> Pieces:
-        """The task's native pieces as this API's stream chunks (`model`: the served model's key)."""
-        ...
-
-
 Pieces = Generator[dict[str, Any], None, None]
 
 
 def chunks(route: Route, pieces: Pieces, original: JSON, model: str) -> Pieces:
-    """A stream's pieces as the route streams them: its API's chunks (`Streamed.pieces`), else the native ones."""
+    """A stream's pieces as the route streams them: its API's chunks, else the native ones. A route whose stream
+    is its API's own (OpenAI's chunks) has `pieces(pieces, original, model) -> chunks` (`model`: the served
+    model's key); the stream paths (`Runtime.handle_http_stream`, a Lambda HTTP event's buffered stream) apply
+    it. (Looked up, not declared in `Route`: a Protocol class costs Lambda's init time to build.)"""
     mapping = getattr(route, "pieces", None)
     if mapping is None:
         return pieces
