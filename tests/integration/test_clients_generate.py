@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 
 from tests.fixtures.genai_pack import cached_genai_pack
-from tests.integration.test_clients import FunctionURL, Host, start_host, stop, wait_ready
+from tests.integration.test_clients import FunctionURL, Host, hub_client, start_host, stop, wait_ready
+
+__all__ = ["hub_client"]  # a fixture, imported for the tests here
 
 pytestmark = [
     pytest.mark.integration,
@@ -145,10 +147,10 @@ def test_openai_models_list(host: Host) -> None:
     )
 
 
-def test_huggingface_inference_client_chat(host: Host, chat_native: dict[str, Any]) -> None:
-    from huggingface_hub import InferenceClient
-
-    client = InferenceClient(base_url=host.url)
+def test_huggingface_inference_client_chat(host: Host, chat_native: dict[str, Any], hub_client: Any) -> None:
+    # `hub_client`: InferenceClient with HF_HUB_OFFLINE lifted (an earlier test's tiny models set it, which
+    # blocks every request of the client, a local URL's too).
+    client = hub_client(base_url=host.url)
     answer = client.chat_completion(MESSAGES, model=MODEL, **GREEDY)
     assert answer.choices[0].message.content == chat_native["text"]
     chunks = list(client.chat_completion(MESSAGES, model=MODEL, stream=True, **GREEDY))
