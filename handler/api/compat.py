@@ -22,6 +22,8 @@ answer there.
 | `POST /predict` | TEI | classify | `{"inputs", "top_k"?, "model"?}` |
 | `POST /tokenize`, `/decode` | TEI | any text model | its tokenizer |
 | `POST /` | TEI | the model's | `/embed` (or `/similarity`), `/rerank` or `/predict`, by the model's task |
+| `POST /v1/chat/completions` | OpenAI, vLLM's extras | generate | `{"messages", ...sampling}` |
+| `POST /v1/completions` | OpenAI, vLLM's `top_k` | generate | `{"prompt", ...sampling}` |
 
 `dimensions` (truncate, then renormalize) and `encoding_format: base64` (little-endian float32) are applied
 here when the task did not apply them itself, so the answer is the same whichever does.
@@ -33,16 +35,20 @@ side by side), hence its length.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
 import numpy as np
 
+from handler.api.encode import SSE_DONE, sse_event
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
-from handler.api.refusals import Refusal, Refuse, TokenIds, validate
+from handler.api.refusals import OneText, Refusal, Refuse, TextParts, TokenIds, validate
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks import catalog
+from handler.tasks.streaming import collect, streams
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
 LANGCHAIN_HINT = "LangChain's OpenAIEmbeddings sends token ids unless it is made with check_embedding_ctx_length=False"
@@ -110,6 +116,28 @@ class Route(Protocol):
     def npy(self, body: dict[str, Any], original: JSON) -> bytes:
         """The answer as one .npy array, for a route whose `media` has it (else 406)."""
         ...
+
+
+Pieces = Generator[dict[str, Any], None, None]
+
+
+def chunks(route: Route, pieces: Pieces, original: JSON, model: str) -> Pieces:
+    """A stream's pieces as the route streams them: its API's chunks, else the native ones. A route whose stream
+    is its API's own (OpenAI's chunks) has `pieces(pieces, original, model) -> chunks` (`model`: the served
+    model's key); the stream paths (`Runtime.handle_http_stream`, a Lambda HTTP event's buffered stream) apply
+    it. (Looked up, not declared in `Route`: a Protocol class costs Lambda's init time to build.)"""
+    mapping = getattr(route, "pieces", None)
+    if mapping is None:
+        return pieces
+    mapped: Pieces = mapping(pieces, original, model)
+    return mapped
+
+
+def event_stream(route: Route, pieces: list[dict[str, Any]], original: JSON, model: str) -> str:
+    """A whole stream as one body of server-sent events in the route's chunks, then `[DONE]` (a Lambda HTTP
+    event's answer to `"stream": true`: Function URLs in BUFFERED mode, API Gateway)."""
+    events = chunks(route, (p for p in pieces), original, model)
+    return (b"".join(map(sse_event, events)) + SSE_DONE).decode()
 
 
 class Base:
@@ -500,6 +528,214 @@ class Root(Base):
         )
 
 
+# ------------------------------------------------------------------------------------------------- generation
+
+# What both completion APIs recognise and do not serve (a value that changes nothing is taken: `n: 1`, 0 penalties).
+GENERATION_REFUSALS: tuple[Refusal, ...] = (
+    Refuse("n", "only 1 is served (one choice per request)", allowed=(1,)),
+    Refuse("presence_penalty", "only 0 is served (no penalties)", allowed=(0, 0.0)),
+    Refuse("frequency_penalty", "only 0 is served (no penalties)", allowed=(0, 0.0)),
+    Refuse("repetition_penalty", "only 1 is served (no penalties)", allowed=(1, 1.0)),
+    Refuse("logit_bias", "token biases are not served", allowed=({},)),
+)
+CHAT_REFUSALS: tuple[Refusal, ...] = (
+    *GENERATION_REFUSALS,
+    TextParts("messages"),
+    Refuse("logprobs", "true is not served (no log probabilities)", allowed=(False,)),
+    Refuse("top_logprobs", "not served (no log probabilities)", allowed=(0,)),
+    Refuse("tools", "tool calls are not served", allowed=([],)),
+    Refuse("tool_choice", 'tool calls are not served (only "none" or "auto" without tools)', allowed=("none", "auto")),
+    Refuse("functions", "function calls are not served", allowed=([],)),
+    Refuse("function_call", 'function calls are not served (only "none" or "auto")', allowed=("none", "auto")),
+)
+COMPLETION_REFUSALS: tuple[Refusal, ...] = (
+    *GENERATION_REFUSALS,
+    TokenIds("prompt"),
+    OneText("prompt", "send one prompt per request"),
+    Refuse("best_of", "only 1 is served (one choice per request)", allowed=(1,)),
+    Refuse("echo", "true is not served (the prompt is not echoed)", allowed=(False,)),
+    Refuse("logprobs", "not served (no log probabilities)", allowed=()),
+    Refuse("suffix", "not served (no insertion)", allowed=("",)),
+)
+# The native request's sampling fields, taken as the client sent them (the task checks their ranges).
+SAMPLING = ("temperature", "top_p", "seed", "stop", "response_format")
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def _usage(answer: dict[str, Any]) -> dict[str, int]:
+    usage = answer.get("usage") or {}
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class Generation(Base):
+    """OpenAI's completion APIs on the `generate` task: the client's fields mapped to the native request (vLLM's
+    `top_k`, -1 meaning none, and `chat_template_kwargs` too), the gathered answer as OpenAI's object, and a
+    stream's pieces as its chunks (`pieces`), one id and `created` for all of a stream's chunks. `max_tokens`
+    left out means the native default (what the context has room for, within WARMSTART_MAX_TOKENS), as vLLM
+    does, not OpenAI's 16 for `/v1/completions`."""
+
+    object_name = ""  # the answer's `object`; its stream's chunks are `chunk_object`
+    chunk_object = ""
+    prefix = ""  # of the answer's id
+    max_fields: tuple[str, ...] = ("max_tokens",)  # the first one set is the native `max_tokens`
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        native = {**self.prompt(body), **_given(body, *SAMPLING)}
+        for name in self.max_fields:
+            if body.get(name) is not None:
+                native["max_tokens"] = body[name]
+                break
+        top_k = body.get("top_k")
+        if top_k is not None:
+            native["top_k"] = 0 if top_k == -1 else top_k  # vLLM's -1: every token
+        return native
+
+    def prompt(self, body: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def run(self, task: Any, native: JSON) -> dict[str, Any]:
+        # One answer: the pieces gathered as the task gathers them (a Lambda event; an HTTP request not streamed).
+        if streams(task):
+            return collect(task, task.stream(native))
+        return super().run(task, native)
+
+    def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        choice = {"index": 0, **self.whole(body["text"]), "logprobs": None, "finish_reason": body["finish_reason"]}
+        return {
+            "id": self.prefix + uuid.uuid4().hex,
+            "object": self.object_name,
+            "created": _now(),
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": _usage(body),
+        }
+
+    def whole(self, text: str) -> dict[str, Any]:
+        """The answer's text in a choice."""
+        raise NotImplementedError
+
+    def delta(self, text: str) -> dict[str, Any]:
+        """A text delta in a stream chunk's choice."""
+        raise NotImplementedError
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The choices' fields of the chunks that open a stream, before its first text."""
+        return []
+
+    def closing(self) -> dict[str, Any]:
+        """The choice's fields of the chunk that carries `finish_reason`."""
+        return self.delta("")
+
+    def pieces(self, pieces: Iterator[dict[str, Any]], original: JSON, model: str) -> Pieces:
+        ident, created = self.prefix + uuid.uuid4().hex, _now()
+        options = original.get("stream_options") if isinstance(original, dict) else None
+        with_usage = isinstance(options, dict) and options.get("include_usage") is True
+        extra = {"usage": None} if with_usage else {}  # as OpenAI: null on every chunk but the usage one
+
+        def chunk(choices: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+            body = {"id": ident, "object": self.chunk_object, "created": created, "model": model, "choices": choices}
+            return {**body, **extra, **fields}
+
+        def choice(fields: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+            return [{"index": 0, **fields, "logprobs": None, "finish_reason": finish}]
+
+        try:
+            opened = False
+            for piece in pieces:
+                if not opened:  # only once the task made its first piece: an error before it is a typed answer
+                    opened = True
+                    for fields in self.opening():
+                        yield chunk(choice(fields))
+                if piece.get("text"):
+                    yield chunk(choice(self.delta(piece["text"])))
+                if piece.get("finish_reason") is not None:
+                    yield chunk(choice(self.closing(), piece["finish_reason"]))
+                    if with_usage:
+                        yield chunk([], usage=_usage(piece))
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()  # the task's stream stops with its consumer
+
+
+class ChatCompletions(Generation):
+    """`POST /v1/chat/completions`: `{"messages": [{"role", "content": str | [{"type": "text", "text"}]}],
+    "model"?, "max_completion_tokens"? | "max_tokens"?, "temperature"?, "top_p"?, "top_k"?, "seed"?, "stop"?,
+    "response_format"?, "chat_template_kwargs"?, "stream"?, "stream_options"?}` → `chat.completion` (streamed:
+    `chat.completion.chunk`s, the first with the assistant's role, the last with `finish_reason`, then, with
+    `stream_options.include_usage`, one with `usage` and no choices). `developer` messages are system ones."""
+
+    path = "/v1/chat/completions"
+    schema = "ChatCompletionRequest"
+    answer = "ChatCompletionResponse"
+    summary = "OpenAI's chat completions (`stream`: server-sent `chat.completion.chunk` events)"
+    refusals = CHAT_REFUSALS
+    object_name, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+    max_fields = ("max_completion_tokens", "max_tokens")
+
+    def prompt(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = []
+        for message in body["messages"]:
+            role, content = message["role"], message["content"]
+            if isinstance(content, list):
+                content = [{"type": "text", "text": part["text"]} for part in content]
+            messages.append({"role": "system" if role == "developer" else role, "content": content})
+        return {"messages": messages, **_given(body, "chat_template_kwargs")}
+
+    def whole(self, text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text}}
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return {"delta": {"content": text}}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [{"delta": {"role": "assistant", "content": ""}}]
+
+    def closing(self) -> dict[str, Any]:
+        return {"delta": {}}
+
+
+class Completions(Generation):
+    """`POST /v1/completions`: `{"prompt": str | [str], "model"?, "max_tokens"?, "temperature"?, "top_p"?,
+    "top_k"?, "seed"?, "stop"?, "response_format"?, "stream"?, "stream_options"?}` → `text_completion` (streamed:
+    `text_completion` chunks, the last with `finish_reason`; then the usage one when asked). The prompt is raw
+    text: no chat template."""
+
+    path = "/v1/completions"
+    schema = "CompletionRequest"
+    answer = "CompletionResponse"
+    summary = "OpenAI's (legacy) completions (`stream`: server-sent `text_completion` events)"
+    refusals = COMPLETION_REFUSALS
+    object_name, chunk_object, prefix = "text_completion", "text_completion", "cmpl-"
+
+    def prompt(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body["prompt"]
+        return {"prompt": prompt[0] if isinstance(prompt, list) else prompt}
+
+    def whole(self, text: str) -> dict[str, Any]:
+        return {"text": text}
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return {"text": text}
+
+
+def model_list(models: list[tuple[str, str | None]], created: int) -> dict[str, Any]:
+    """`GET /v1/models`: OpenAI's list of the served models, from (key `id@version`, task or None when not
+    loaded yet) pairs. `id` is the bare id (what a client sends as `model`, whichever version is served), the
+    full key and the task are extra fields (clients keep what they do not know)."""
+    data: dict[str, dict[str, Any]] = {}
+    for key, task in models:
+        name = key.split("@", 1)[0]
+        data.setdefault(
+            name, {"id": name, "object": "model", "created": created, "owned_by": "warmstart", "key": key, "task": task}
+        )
+    return {"object": "list", "data": list(data.values())}
+
+
 NATIVE = Native()
 ROOT = Root()
 ROUTES: dict[str, Route] = {
@@ -515,9 +751,12 @@ ROUTES: dict[str, Route] = {
         TeiDecode(),
         Rerank("/v1/rerank"),
         Rerank("/v2/rerank"),
+        ChatCompletions(),
+        Completions(),
         ROOT,
     )
 }
+MODELS_PATH = "/v1/models"  # OpenAI's `GET`, answered without a task (`model_list`)
 # Lambda HTTP events reach the native task on any path (as before); only these paths are mapped. `/embed`
 # and `/` are not: they were the native route's paths on Lambda before TEI's routes existed.
 LAMBDA_PATHS = frozenset(p for p in ROUTES if p not in (NATIVE.path, TeiEmbed.path, ROOT.path))

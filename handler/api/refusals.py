@@ -72,7 +72,41 @@ class TokenIds:
         return None
 
 
-Refusal = Refuse | TokenIds
+@dataclass(frozen=True)
+class TextParts:
+    """Chat messages' content parts other than text (images, audio, files), refused naming the message and
+    part: the generation models served here read text only."""
+
+    field: str = "messages"
+
+    def find(self, body: dict[str, Any]) -> str | None:
+        there, messages = _at(body, self.field)
+        if not there or not isinstance(messages, list):
+            return None
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            for j, part in enumerate(content if isinstance(content, list) else ()):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    return f'{self.field}[{i}].content[{j}]: "{kind}" parts are not served; send text parts'
+        return None
+
+
+@dataclass(frozen=True)
+class OneText:
+    """A texts field that may hold one text only (a completion's `prompt`): a list of more is refused."""
+
+    field: str
+    why: str
+
+    def find(self, body: dict[str, Any]) -> str | None:
+        there, value = _at(body, self.field)
+        if there and isinstance(value, list) and len(value) > 1 and all(isinstance(v, str) for v in value):
+            return f'"{self.field}": a list of {len(value)} texts is not served; {self.why}'
+        return None
+
+
+Refusal = Refuse | TokenIds | TextParts | OneText
 
 
 def validate(payload: JSON, schema: str, refusals: tuple[Refusal, ...]) -> dict[str, Any]:

@@ -96,6 +96,67 @@ SCHEMAS: dict[str, Schema] = {
             },
         },
     },
+    # -- OpenAI's completions (the generate task)
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {
+                        "role": {
+                            "enum": ["system", "user", "assistant", "developer"],
+                            "description": "developer is read as system; tool messages are refused (no tools)",
+                        },
+                        "content": {
+                            "anyOf": [
+                                STRING,
+                                {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["type", "text"],
+                                        "properties": {"type": {"const": "text"}, "text": STRING},
+                                    },
+                                },
+                            ],
+                            "description": "text, or text parts (other part types are refused)",
+                        },
+                    },
+                },
+            },
+            "model": MODEL,
+            "max_completion_tokens": POSITIVE,
+            "max_tokens": POSITIVE,
+            "chat_template_kwargs": _nullable(
+                {"type": "object", "description": "vLLM's: passed to the chat template, e.g. enable_thinking"}
+            ),
+            "logprobs": _nullable({"enum": [False], "description": "log probabilities are not served"}),
+            "top_logprobs": _nullable({"enum": [0], "description": "log probabilities are not served"}),
+            "tools": _nullable({"type": "array", "maxItems": 0, "description": "tool calls are not served"}),
+            "tool_choice": _nullable({"enum": ["none", "auto"]}),
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "prompt": {
+                "anyOf": [STRING, {"type": "array", "items": STRING, "minItems": 1, "maxItems": 1}],
+                "description": "raw text (no chat template); a list of one text (token ids refused)",
+            },
+            "model": MODEL,
+            "max_tokens": POSITIVE,
+            "best_of": _nullable({"const": 1}),
+            "echo": _nullable({"enum": [False], "description": "the prompt is not echoed"}),
+            "logprobs": {"type": "null", "description": "log probabilities are not served"},
+            "suffix": _nullable({"enum": [""], "description": "insertion is not served"}),
+        },
+    },
     # -- text-embeddings-inference
     "EmbedRequest": {
         "type": "object",
@@ -349,6 +410,129 @@ SCHEMAS["RootResponse"] = {
 }
 
 
+def _generation_request(name: str) -> None:
+    """The sampling fields both completion APIs share, added to request `name`'s properties."""
+    SCHEMAS[name]["properties"].update(
+        {
+            "temperature": _nullable({"type": "number", "minimum": 0, "description": "0..2; 0 is greedy"}),
+            "top_p": _nullable({"type": "number", "minimum": 0, "description": "0 < p <= 1"}),
+            "top_k": _nullable({"type": "integer", "minimum": -1, "description": "vLLM's; -1 or 0: every token"}),
+            "seed": _nullable({"type": "integer"}),
+            "stop": _nullable(
+                {"anyOf": [STRING, {"type": "array", "items": STRING, "maxItems": 4}], "description": "cut out"}
+            ),
+            "stream": FLAG,
+            "stream_options": _nullable({"type": "object", "properties": {"include_usage": FLAG}}),
+            "response_format": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {
+                        "type": {"enum": ["text", "json_object", "json_schema"]},
+                        "json_schema": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": STRING, "schema": {"type": "object"}, "strict": FLAG},
+                        },
+                    },
+                }
+            ),
+            "n": _nullable({"const": 1, "description": "one choice per request"}),
+            "presence_penalty": _nullable({"type": "number", "description": "only 0 is served"}),
+            "frequency_penalty": _nullable({"type": "number", "description": "only 0 is served"}),
+            "logit_bias": _nullable({"type": "object", "description": "only {} is served (no token biases)"}),
+            "user": _nullable(STRING),
+        }
+    )
+
+
+def _generation_response(name: str, obj: str, choice: Schema) -> None:
+    """An answer (or, with `choices` allowed empty and `usage` optional, a stream chunk) of a completion API."""
+    usage: Schema = {
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+        },
+    }
+    chunk = name.endswith("Chunk")
+    SCHEMAS[name] = {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"] + ([] if chunk else ["usage"]),
+        "properties": {
+            "id": STRING,
+            "object": {"const": obj},
+            "created": {"type": "integer"},
+            "model": STRING,
+            "choices": {
+                "type": "array",
+                "maxItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["index", "finish_reason", *choice["required"]],
+                    "properties": {
+                        "index": {"const": 0},
+                        "logprobs": {"type": "null"},
+                        "finish_reason": _nullable({"enum": ["stop", "length"]})
+                        if chunk
+                        else {"enum": ["stop", "length"]},
+                        **choice["properties"],
+                    },
+                },
+            },
+            "usage": _nullable(usage) if chunk else usage,
+        },
+    }
+
+
+for _name in ("ChatCompletionRequest", "CompletionRequest"):
+    _generation_request(_name)
+_ASSISTANT: Schema = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {"role": {"const": "assistant"}, "content": STRING},
+}
+_TEXT: Schema = {"required": ["text"], "properties": {"text": STRING}}
+_generation_response(
+    "ChatCompletionResponse", "chat.completion", {"required": ["message"], "properties": {"message": _ASSISTANT}}
+)
+_generation_response(
+    "ChatCompletionChunk",
+    "chat.completion.chunk",
+    {
+        "required": ["delta"],
+        "properties": {"delta": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": STRING}}},
+    },
+)
+_generation_response("CompletionResponse", "text_completion", _TEXT)
+_generation_response("CompletionChunk", "text_completion", _TEXT)
+SCHEMAS["ModelList"] = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by"],
+                "properties": {
+                    "id": STRING,
+                    "object": {"const": "model"},
+                    "created": {"type": "integer"},
+                    "owned_by": STRING,
+                    "key": {"type": "string", "description": "id@version"},
+                    "task": _nullable({"type": "string", "description": "null: not loaded yet"}),
+                },
+            },
+        },
+    },
+    "description": "OpenAI's model list: every model this instance serves",
+}
+# A streamed answer's events (`stream: true`), by route path: each `data:` line holds one of these.
+STREAM_REQUESTS = {"ChatCompletionRequest": "ChatCompletionChunk", "CompletionRequest": "CompletionChunk"}
+
+
 # ------------------------------------------------------------------------------------------------ validation
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -493,6 +677,15 @@ def operation(summary: str, answer: str | None, request: str | None = None, medi
     if answer is not None:
         ok["content"] = {media: {"schema": ref(answer) if media == "application/json" else {"type": "string"}}}
     op["responses"]["200"] = ok
+    if request in STREAM_REQUESTS and answer is not None:
+        chunk = STREAM_REQUESTS[request]
+        ok["content"]["text/event-stream"] = {
+            "schema": {
+                "type": "string",
+                "description": f'with "stream": true: server-sent events, each `data: ` line one {chunk} (JSON), '
+                "then `data: [DONE]`; an error after the first event comes as an `error` event with the Error body",
+            }
+        }
     op["responses"]["default"] = {
         "description": "an error: 4xx for the request's faults, 503 busy or draining, 500 ours",
         "content": {"application/json": {"schema": ref("Error")}},

@@ -116,8 +116,11 @@ class _Http:
 
     def respond(self, event: dict[str, Any], body: JSON, status: int = 200) -> dict[str, Any]:
         # The answer written once here (`handler.api.encode`); the envelope around it, at the Lambda edge.
-        text = dumps(body).decode()
-        return {"statusCode": status, "headers": dict(JSON_HEADERS), "body": text, "isBase64Encoded": False}
+        return self.respond_text(event, dumps(body).decode(), JSON_HEADERS["content-type"], status)
+
+    def respond_text(self, event: dict[str, Any], text: str, media: str, status: int = 200) -> dict[str, Any]:
+        """An answer already written (a buffered stream's server-sent events), with its media type."""
+        return {"statusCode": status, "headers": {"content-type": media}, "body": text, "isBase64Encoded": False}
 
 
 class HttpApiV2(_Http):
@@ -148,8 +151,8 @@ class Alb(_Http):
     def infer(self, event: Event) -> bool:
         return isinstance(_request_context(event).get("elb"), dict)
 
-    def respond(self, event: dict[str, Any], body: JSON, status: int = 200) -> dict[str, Any]:
-        response = super().respond(event, body, status)
+    def respond_text(self, event: dict[str, Any], text: str, media: str, status: int = 200) -> dict[str, Any]:
+        response = super().respond_text(event, text, media, status)
         response["statusDescription"] = f"{status} {HTTPStatus(status).phrase}"
         if "multiValueHeaders" in event:
             response["multiValueHeaders"] = {k: [v] for k, v in response.pop("headers").items()}

@@ -73,6 +73,7 @@ class BackendSpec:
 BUILTIN_BACKENDS = {
     "onnx": "handler.backends.ort_spec:SPEC",
     "torch": "handler.backends.torch_spec:SPEC",
+    "genai": "handler.backends.genai_spec:SPEC",
 }
 
 

@@ -1,6 +1,7 @@
 """The HTTP host: SageMaker's container convention (`POST /invocations`, `GET /ping`), also right for Cloud
 Run and Knative, plus `/healthz` and `/status`. A starlette app served by uvicorn (`python -m handler`).
-Compatible APIs (`handler.api.compat`): OpenAI `POST /v1/embeddings`; text-embeddings-inference `POST /embed`,
+Compatible APIs (`handler.api.compat`): OpenAI `POST /v1/embeddings`, `/v1/chat/completions`, `/v1/completions`,
+`GET /v1/models`; text-embeddings-inference `POST /embed`,
 `/rerank`, `/predict`, `GET /info`, `/health`. Every answer is JSON (or .npy when asked), 404 and 405 too.
 Graceful shutdown on SIGTERM: `handler.http_host.drain`.
 
@@ -155,8 +156,9 @@ class Routes:
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
             content = request_kind(request.headers.get("content-type"))
-            # A model whose task streams also takes SSE clients' `Accept: text/event-stream`.
-            streamed = streams(host.runtime.task)
+            # A model whose task streams also takes SSE clients' `Accept: text/event-stream`; so does a route
+            # whose answer streams in its API's chunks, whichever model the request names (`compat.chunks`).
+            streamed = streams(host.runtime.task) or hasattr(route, "pieces")
             accept = (sse.accept_kind if streamed else response_kind)(request.headers.get("accept"), route.media)
             # traceparent / X-Amzn-Trace-Id: in the request's log records, and echoed back when valid.
             trace_id, echo = trace.from_headers(request.headers)
@@ -245,6 +247,10 @@ class Routes:
             }
         )
 
+    async def models(self, request: Request) -> Response:
+        """OpenAI's `GET /v1/models`: the models this instance serves (no model run: on the loop)."""
+        return JSONResponse(self.host.runtime.model_list())
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(self.document)
 
@@ -292,6 +298,12 @@ GET_ROUTES: dict[str, tuple[str, str, str | None, str]] = {
     "/status": ("status", "counts and health (WARMSTART_HTTP_STATUS)", "Status", "application/json"),
     "/metrics": ("metrics", "Prometheus exposition", "", CONTENT_TYPE_LATEST),
     "/openapi.json": ("openapi", "this document", None, "application/json"),
+    compat.MODELS_PATH: (
+        "models",
+        "OpenAI's model list: the models this instance serves",
+        "ModelList",
+        "application/json",
+    ),
 }
 
 

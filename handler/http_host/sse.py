@@ -23,18 +23,15 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from handler.api.encode import dumps
+from handler.api.encode import SSE_DONE, dumps, sse_event
 from handler.api.media import Kind, response_kind
 from handler.core.errors import Abandoned, RequestError, ServiceBusyError, internal_error_body
 from handler.http_host.drain import Drain
 from handler.runtime.pieces import EMPTY, END, Stream
 
 EVENT_STREAM = "text/event-stream"
-DONE = b"data: [DONE]\n\n"
-
-
-def event(piece: Any) -> bytes:
-    return b"data: " + dumps(piece) + b"\n\n"
+DONE = SSE_DONE
+event = sse_event  # shared with the Lambda path's buffered streams (`handler.api.encode`)
 
 
 def error_event(error: BaseException) -> bytes:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from handler.api.compat import model_list
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
@@ -244,6 +245,22 @@ class Instance:
 
     def find(self, model_id: str) -> str | None:
         return self.registry.find(model_id)
+
+    def served_key(self, payload: JSON) -> str:
+        """The key (`id@version`) of the model a native request names, or of the default model."""
+        named = requested_model(payload)
+        if named is not None and "@" not in named:
+            named = self.find(named)
+        return named or self.registry.default_key
+
+    def model_list(self) -> JSON:
+        """`GET /v1/models`: every model this instance serves (the default first), in OpenAI's list shape."""
+        described = self.registry.describe()
+        loaded = {m["key"]: m["task"] for m in described["loaded"]}
+        pairs = [(key, loaded.get(key)) for key in (*loaded, *described["available"])]
+        pairs.sort(key=lambda pair: pair[0] != described["default"])
+        created = int(time.time() - (time.monotonic() - self.started))  # when this instance started
+        return model_list(pairs, created)
 
 
 def usage(inv: logs.Invocation, payload: JSON, reply: JSON) -> None:

@@ -3,12 +3,16 @@
 Two paths, one bracket (`_invocation`: counted, logged in its context, measured as metrics):
 - `handle(event, context)`: a Lambda invocation. The event source is detected (direct invoke, API Gateway,
   Function URL, ALB); warm pings, status and admin events are answered without the model; a compatible API's
-  path (OpenAI, TEI, Cohere) is translated; the answer is shaped for the source.
+  path (OpenAI, TEI, Cohere) is translated (a stream asked for: its route's chunks buffered as one body of
+  server-sent events; `GET /v1/models` answered without the model); the answer is shaped for the source.
 - `handle_http(raw, route, ...)`: the HTTP host's POSTed body, run on a worker, with the same task and error
-  contract.
+  contract (`handle_http_batch`: several; `handle_http_stream`: a streaming task's pieces, in the route's chunks).
 
 Answers carry their floats as float32 arrays up to the edge, where `handler.api.encode.dumps` writes them once:
 `handle_http`'s body bytes, an HTTP event's `body`, and `lambda_reply`, the Lambda entry point's bytes.
+
+About one thing (an invocation's paths, which share its bracket, its route mapping and its error contract), hence
+its length.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+from handler.api import compat
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
 from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
+from handler.core.deadline import set_deadline
 from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
@@ -36,7 +42,7 @@ from handler.runtime import control, init
 from handler.runtime.instance import Instance, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
-from handler.tasks.streaming import wants_stream
+from handler.tasks.streaming import all_pieces, wants_stream
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warmstart")
 ADMIN_OVER_HTTP = "model admin events are accepted from direct invokes only"
+EVENT_STREAM = "text/event-stream"  # a buffered stream's media type (the HTTP host's: handler.http_host.sse)
 
 
 class Runtime(Instance):
@@ -108,15 +115,23 @@ class Runtime(Instance):
     def handle(self, event: Event, context: Any = None) -> JSON:
         """One Lambda invocation: served by `_handle` inside the invocation bracket (and a span when traced)."""
         request_id = getattr(context, "aws_request_id", None)
-        with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count):
-            if self.tracer is None:
-                return self._handle(event, context, count, inv)
-            with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
-                return self._handle(event, context, count, inv)
+        set_deadline(_deadline_ms(context))  # work that can end early (a generation) stops before it
+        try:
+            with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count):
+                if self.tracer is None:
+                    return self._handle(event, context, count, inv)
+                with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
+                    return self._handle(event, context, count, inv)
+        finally:
+            set_deadline(None)
 
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
         try:
+            if source.http and source.method(event) == "GET" and source.path(event) == compat.MODELS_PATH:  # type: ignore[attr-defined]
+                inv.kind = "status"
+                self.count("status")  # answered without a model run, as a status request is
+                return source.respond(event, self.model_list())
             payload = source.payload(event)
             # Status and admin events carry "warmstart"; only they load the status and reload modules.
             control_event = isinstance(payload, dict) and "warmstart" in payload
@@ -140,7 +155,12 @@ class Runtime(Instance):
                 path = source.path(event)  # type: ignore[attr-defined]
                 if path in LAMBDA_PATHS:
                     route = ROUTES[path]
-                    answer = self.infer(route.request(payload, self.find), inv, route.check, route.run)
+                    native = route.request(payload, self.find)
+                    if wants_stream(payload) and hasattr(route, "pieces"):  # buffered: one body of events
+                        answer = self.infer(native, inv, route.check, all_pieces)
+                        text = compat.event_stream(route, answer["pieces"], payload, self.served_key(native))
+                        return source.respond_text(event, text, EVENT_STREAM)  # type: ignore[attr-defined]
+                    answer = self.infer(native, inv, route.check, route.run)
                     return source.respond(event, route.response(answer, payload))
             return source.respond(event, self.infer(payload, inv))
         except Exception as e:
@@ -329,7 +349,7 @@ class Runtime(Instance):
                     return
                 if accept == "npy":
                     raise NotAcceptableError('a "stream": true answer is text/event-stream; .npy is for one answer')
-                pieces = self.serve_stream(native, route.check)
+                pieces = compat.chunks(route, self.serve_stream(native, route.check), payload, self.served_key(native))
                 first = next(pieces, None)
             except Exception as e:
                 yield self._http_error(e)
@@ -377,6 +397,19 @@ class Runtime(Instance):
         if log_internal:
             log.error("internal error", exc_info=error)
         return 500, internal_error_body(error)
+
+
+def _deadline_ms(context: Any) -> float | None:
+    """The invocation's deadline (ms since the epoch) from its Lambda context: the time left read now, or none
+    without a context (a test's direct call, a local host)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    try:
+        left = float(remaining())
+    except (TypeError, ValueError):
+        return None
+    return time.time() * 1000 + left
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ BUILTIN_TASKS = {
     "rerank": "handler.tasks.scored:RERANK",
     "classify": "handler.tasks.scored:CLASSIFY",
     "tensor": "handler.tasks.tensor:SPEC",
+    "generate": "handler.tasks.generate:SPEC",
 }
 
 

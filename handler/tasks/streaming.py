@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from handler.core.errors import ConfigError, InvalidInputError
+from handler.core.errors import ConfigError, InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks import catalog
 
@@ -60,3 +60,13 @@ def collect(task: object, pieces: Iterable[dict[str, Any]]) -> dict[str, Any]:
         answer: dict[str, Any] = gather(pieces)
         return answer
     return {"pieces": list(pieces)}
+
+
+def all_pieces(task: Any, payload: JSON) -> dict[str, Any]:
+    """Every piece of a streaming task's answer, in order, as `{"pieces": [...]}` (a stream buffered whole: a
+    Lambda HTTP event asking `"stream": true` gets its events in one body). A task that does not stream is
+    refused, as `"stream": true` is on the HTTP host."""
+    if not streams(task):
+        name = getattr(task, "name", "this")
+        raise UnsupportedRequestError(f'a {name} model answers one value; "stream": true is for streaming tasks')
+    return {"pieces": list(task.stream(payload))}

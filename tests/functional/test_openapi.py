@@ -4,11 +4,13 @@ exercised here with a valid request (200, the answer validated against the opera
 (`handler.api.schemas.check`) agrees with `jsonschema` on which requests the schemas accept.
 
 Embedding routes run the real default model; rerank and classify routes a fake task of that kind (their
-answers' shapes are the routes' mapping; the real tasks' answers are checked by tests/integration/test_clients.py).
+answers' shapes are the routes' mapping; the real tasks' answers are checked by tests/integration/test_clients.py);
+the OpenAI completion routes the real `generate` task over the fake engine (tests/fixtures/fake_engine.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +22,9 @@ from starlette.testclient import TestClient
 from handler.api import schemas
 from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
+from tests.fixtures.fake_engine import register
 from tests.functional.test_http_compat import FakeTask, client_for, fake_runtime
+from tests.functional.test_http_generate import fake_generate_runtime
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog"]
 
@@ -57,6 +61,15 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
         "post": ("rerank", {"query": "q", "documents": [{"text": "a"}], "return_documents": True}, {"documents": "a"})
     },
     "/predict": {"post": ("classify", {"inputs": "great", "parameters": {"top_k": 2}}, {"inputs": {}})},
+    "/v1/chat/completions": {
+        "post": (
+            "generate",
+            {"messages": [{"role": "user", "content": "hi"}], "model": "x", "max_tokens": 4, "stream": False},
+            {"messages": [{"role": "user", "content": "hi"}], "n": 2},
+        )
+    },
+    "/v1/completions": {"post": ("generate", {"prompt": "once", "max_tokens": 3, "stop": ["x"]}, {"prompt": []})},
+    "/v1/models": {"get": ("generate", None, None)},
     "/ping": {"get": ("embedding", None, None)},
     "/health": {"get": ("embedding", None, None)},
     "/healthz": {"get": ("embedding", None, None)},
@@ -68,12 +81,18 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
 
 
 @pytest.fixture(scope="module")
-def clients(new_runtime: Callable[..., Runtime]) -> Iterator[dict[str, TestClient]]:
+def clients(
+    new_runtime: Callable[..., Runtime], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, TestClient]]:
     runtime = new_runtime()
+    with pytest.MonkeyPatch.context() as mp:  # the `generate` task over the fake engine (no model)
+        register(mp)
+        generate = fake_generate_runtime(tmp_path_factory.mktemp("generate"))
     made = {
         "embedding": client_for(runtime),
         "rerank": client_for(fake_runtime(runtime, FakeTask("rerank", rerank_answer))),
         "classify": client_for(fake_runtime(runtime, FakeTask("classify", classify_answer))),
+        "generate": client_for(generate),
     }
     for c in made.values():
         c.__enter__()
@@ -129,6 +148,24 @@ def test_every_route_answers_as_the_document_says(
     validator(document, error_schema).validate(r.json())
 
 
+@pytest.mark.parametrize(
+    ("path", "chunk"), [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk")]
+)
+def test_a_stream_is_the_chunks_the_document_names(
+    clients: dict[str, TestClient], document: dict[str, Any], path: str, chunk: str
+) -> None:
+    content = document["paths"][path]["post"]["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "text/event-stream"}
+    assert chunk in content["text/event-stream"]["schema"]["description"]
+    body = {"messages": [{"role": "user", "content": "a b"}]} if "chat" in path else {"prompt": "a b"}
+    r = clients["generate"].post(path, json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    data = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and len(data) > 3
+    for item in data[:-1]:
+        validator(document, schemas.ref(chunk)).validate(json.loads(item))
+
+
 REQUESTS: dict[str, list[Any]] = {
     "OpenAIEmbeddingsRequest": [
         {"input": "a"},
@@ -171,6 +208,23 @@ REQUESTS: dict[str, list[Any]] = {
         {"inputs": "a", "parameters": {"function_to_apply": "none"}},
         {"inputs": [["a", "b"]]},
         {"inputs": "a", "parameters": {"top_k": 0}},
+    ],
+    "ChatCompletionRequest": [
+        {"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}]}], "stream": True},
+        {"messages": [{"role": "user", "content": "a"}], "stream_options": {"include_usage": None}, "top_k": -1},
+        {"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}},
+        {"messages": [{"role": "user", "content": "a"}], "stop": ["a", "b", "c", "d", "e"]},
+        {"messages": [{"role": "tool", "content": "a"}]},
+        {"messages": [{"role": "user", "content": None}]},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "a"}], "temperature": -1},
+    ],
+    "CompletionRequest": [
+        {"prompt": "a", "max_tokens": 2, "seed": 1, "top_p": 0.5},
+        {"prompt": ["a"], "echo": False},
+        {"prompt": ["a", "b"]},
+        {"prompt": "a", "stream": 1},
+        {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
     ],
     "TokenizeRequest": [{"inputs": ["a"], "add_special_tokens": False}, {"inputs": "a", "add_special_tokens": 1}],
     "DecodeRequest": [

@@ -10,7 +10,7 @@ import pytest
 
 from handler.api import compat
 from handler.api.compat import NATIVE, ROUTES, Base
-from handler.api.refusals import Refuse, TokenIds
+from handler.api.refusals import OneText, Refuse, TextParts, TokenIds
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 
 
@@ -88,7 +88,7 @@ def test_every_compatible_route_validates_through_the_one_path() -> None:
         if route is NATIVE:
             continue
         assert type(route).request is Base.request, f"{route.path} validates by hand"
-        assert all(isinstance(r, Refuse | TokenIds) for r in getattr(route, "refusals", ()))
+        assert all(isinstance(r, Refuse | TokenIds | TextParts | OneText) for r in getattr(route, "refusals", ()))
     assert not hasattr(compat, "_encoder")  # no route reaches into a task's tokenizer
 
 

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 HANDLER = ROOT / "handler"
 # Where the tasks are declared: each built-in's module, and the table naming them.
-DECLARED = {"tasks/catalog.py", "tasks/embedding.py", "tasks/scored.py", "tasks/tensor.py"}
+DECLARED = {"tasks/catalog.py", "tasks/embedding.py", "tasks/scored.py", "tasks/tensor.py", "tasks/generate.py"}
 # OpenAI's answer names its items `{"object": "embedding", "embedding": [...]}`: that API's words, not our task.
 API_WORDS = {("api/compat.py", "embedding"), ("api/schemas.py", "embedding")}
 

@@ -1,0 +1,224 @@
+"""The onnxruntime-genai engine (backend "genai", needs "request"): a packed decoder (`model.onnx` and the builder's
+`genai_config.json`) generating token ids for one request at a time, each with its own generator and KV cache.
+
+`submit(request)` takes what the `generate` task built (prompt ids, max tokens, sampling, the seed, eos ids, an
+optional JSON constraint) and returns an iterator of `{"token_id"}` ending with `{"finish_reason"}`; closing it
+drops the generator (its KV cache with it). A `response_format` constraint is enforced with llguidance: before
+each step the logits of tokens the grammar forbids are masked, and each chosen token is consumed by the matcher.
+
+The KV budget: the builder's graph allocates each request's cache for its whole length (prompt + max tokens), so
+the memory the instance has left after the model, over the model's KV bytes per token, is the most tokens one
+request may hold (`max_total_tokens`, the `generate` task refuses more; the init report shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; imported only when chosen
+
+from handler.backends.contract import BackendSettings
+from handler.core.errors import InvalidInputError, ModelLoadError
+from handler.core.manifest import Manifest
+from handler.core.memory import MARGIN, memory_limit, resident_bytes
+from handler.core.types import JSON
+from handler.observability.report import PhaseTimer
+
+NAME = "genai"
+CONFIG_FILE = "genai_config.json"  # the name onnxruntime-genai reads in the model directory
+KV_ITEMSIZE = {"float32": 4, "float16": 2}
+SEED_RANGE = (1 << 31) - 1  # onnxruntime-genai's random_seed is a 32-bit integer
+# JSON constraints: compact (no free whitespace), so a sampled answer cannot spend its tokens on blanks.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+class GenaiEngine:
+    name = NAME
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.threads = 1
+        self.device = "cpu"
+        self.device_reason = "onnxruntime-genai on the CPU"
+        self.vocab_size = 0
+        self.max_total_tokens: int | None = None
+        self.kv: dict[str, Any] = {}
+        self._tokenizer_json = ""
+        self._eos: list[int] = []
+        self._ll_tokenizer: Any = None
+        self._ll_lock = threading.Lock()
+
+    def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
+        entry = manifest.backends[NAME]
+        if entry.get("config", CONFIG_FILE) != CONFIG_FILE:
+            raise ModelLoadError(f"{manifest.root}: backends.genai.config must be {CONFIG_FILE!r}")
+        manifest.path(CONFIG_FILE)  # listed in `files` (the loader checked its size)
+        options = manifest.options
+        self.vocab_size = int(options.get("vocab_size") or 0)
+        self._eos = list(options.get("eos_token_ids") or [])
+        with timer.phase("load"):
+            config = og.Config(str(manifest.root))
+            session = {"intra_op_num_threads": settings.threads, "inter_op_num_threads": 1}
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
+            config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
+            if settings.cuda.usable and og.is_cuda_available():
+                config.append_provider("cuda")
+                self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
+            try:
+                self.model = og.Model(config)
+            except Exception as e:  # the library's own error (a missing or bad file): the model's fault
+                raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
+        self.threads = settings.threads
+        tokenizer = manifest.tokenizer.get("file")
+        if tokenizer:  # kept for a JSON constraint's token table, built at the first constrained request
+            self._tokenizer_json = (manifest.root / tokenizer).read_text()
+        self.kv = dict(options.get("kv") or {})
+        self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
+
+    def _kv_budget(self, context: int) -> int | None:
+        """The most tokens one request may hold: the memory left after the model (less the margin) over the KV
+        bytes a token takes, at most the context length. None when the manifest gives no KV shape."""
+        if not self.kv:
+            return None
+        per_token = 2 * self.kv["layers"] * self.kv["kv_heads"] * self.kv["head_dim"]
+        per_token *= KV_ITEMSIZE.get(self.kv.get("dtype", "float32"), 4)
+        limit = memory_limit()
+        total = limit.mb * 2**20
+        free = total - resident_bytes() - total * MARGIN
+        tokens = int(free // per_token) if free > 0 else 0
+        self.kv_bytes_per_token, self.memory_from = per_token, limit.source
+        return max(1, min(tokens, context)) if context else max(1, tokens)
+
+    def warm_device(self) -> dict[str, Any]:
+        # The task's warm-up (two generated tokens) runs the model for real; nothing to do before it.
+        return {"cuda": self.device == "cuda", "reason": self.device_reason}
+
+    def set_threads(self, threads: int) -> int:
+        # The sessions' intra-op pools are built with the model and cannot be resized; reloading the model
+        # would unshare its pages from a snapshot's template. The model keeps what it was built with.
+        return self.threads
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "backend": NAME,
+            "providers": ["cuda" if self.device == "cuda" else "cpu"],
+            "device": self.device,
+            "device_reason": self.device_reason,
+            "threads": self.threads,
+            "onnxruntime_genai": og.__version__,
+        }
+        if self.max_total_tokens is not None:
+            out["kv_budget"] = {
+                "max_total_tokens": self.max_total_tokens,
+                "kv_bytes_per_token": getattr(self, "kv_bytes_per_token", None),
+                "memory_from": getattr(self, "memory_from", None),
+            }
+        return out
+
+    # -- a request --
+
+    def submit(self, request: JSON) -> Iterator[JSON]:
+        if not isinstance(request, dict):
+            raise TypeError("the genai engine takes the generate task's request (a dict)")
+        total = len(request["prompt_ids"]) + int(request["max_tokens"])
+        if self.max_total_tokens is not None and total > self.max_total_tokens:
+            raise InvalidInputError(
+                f"the prompt's {len(request['prompt_ids'])} tokens + max_tokens {request['max_tokens']} = {total} "
+                f"exceeds the {self.max_total_tokens} tokens one request may hold in this instance's memory"
+            )
+        matcher = self._matcher(request.get("response_format"))
+        return self._run(request, matcher)
+
+    def _params(self, request: dict[str, Any]) -> Any:
+        params = og.GeneratorParams(self.model)
+        length = len(request["prompt_ids"]) + int(request["max_tokens"])
+        temperature = float(request["temperature"])
+        if temperature == 0:
+            params.set_search_options(max_length=length, do_sample=False)
+        else:
+            top_k = int(request["top_k"]) or self.vocab_size  # 0: no top-k cut
+            params.set_search_options(
+                max_length=length,
+                do_sample=True,
+                temperature=temperature,
+                top_p=float(request["top_p"]),
+                top_k=top_k,
+                random_seed=int(request["seed"]) % SEED_RANGE,
+            )
+        return params
+
+    def _run(self, request: dict[str, Any], matcher: Any) -> Iterator[JSON]:
+        generator = og.Generator(self.model, self._params(request))
+        eos = set(request["eos_token_ids"])
+        try:
+            generator.append_tokens(list(request["prompt_ids"]))
+            for made in range(1, int(request["max_tokens"]) + 1):
+                if matcher is not None:
+                    self._mask(generator, matcher)
+                generator.generate_next_token()
+                token = int(generator.get_next_tokens()[0])
+                if matcher is not None:
+                    matcher.consume_token(token)
+                if token in eos:
+                    yield {"finish_reason": "stop"}
+                    return
+                yield {"token_id": token}
+                if matcher is not None and (matcher.is_stopped() or matcher.is_error()):
+                    yield {"finish_reason": "stop"}
+                    return
+                if generator.is_done() and made < int(request["max_tokens"]):
+                    break  # the library's own stop (its config's eos, its max length)
+            yield {"finish_reason": "length"}
+        finally:
+            del generator  # its KV cache freed now, not when the iterator is collected
+
+    # -- the JSON constraint (llguidance) --
+
+    def _matcher(self, response_format: Any) -> Any:
+        if not response_format:
+            return None
+        # Deferred: llguidance is needed only by a request asking for JSON.
+        import llguidance
+
+        json_schema = response_format.get("type") == "json_schema"
+        schema = response_format["schema"] if json_schema else {"type": "object"}
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise InvalidInputError(f'"response_format": the schema cannot be used: {e}') from None
+        matcher = llguidance.LLMatcher(self._lltokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidInputError(f'"response_format": the schema cannot be used: {matcher.get_error()}')
+        return matcher
+
+    def _lltokenizer(self) -> Any:
+        """llguidance's token table, built once (it costs ~1 s for a large vocabulary) from the pack's
+        tokenizer.json, sized to the model's logits."""
+        import llguidance
+
+        with self._ll_lock:
+            if self._ll_tokenizer is None:
+                if not self._tokenizer_json:
+                    raise InvalidInputError('"response_format": this model has no tokenizer for a JSON constraint')
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    self._tokenizer_json, n_vocab=self.vocab_size or None, eos_token=self._eos or None
+                )
+            return self._ll_tokenizer
+
+    def _mask(self, generator: Any, matcher: Any) -> None:
+        import llguidance.numpy as llnp
+
+        logits = np.array(generator.get_logits(), dtype=np.float32)  # (1, 1, vocab): a copy we may write
+        flat = logits.reshape(1, -1)
+        mask = llnp.allocate_token_bitmask(1, flat.shape[1])
+        llnp.fill_next_token_bitmask(matcher, mask)
+        llnp.apply_token_bitmask_inplace(flat, mask)
+        generator.set_logits(flat.reshape(logits.shape))
+
+
+def create() -> GenaiEngine:
+    return GenaiEngine()
