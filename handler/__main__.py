@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             runtime_client(["awslambdaric", handler])
             return
         lambda_loop.run(handler, loop)
+        return
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
     from handler.http_host.server import serve_http
 

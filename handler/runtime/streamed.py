@@ -34,8 +34,28 @@ from handler.observability import trace
 from handler.tasks import catalog
 from handler.tasks.streaming import wants_stream
 
-if TYPE_CHECKING:
-    from handler.runtime.invocation import Runtime
+if TYPE_CHECKING:  # for type checkers only (a Protocol class costs init time); not invocation's Runtime: a cycle
+    from contextlib import AbstractContextManager
+    from typing import Protocol
+
+    from handler.core.types import JSON
+    from handler.observability.logs import Invocation
+
+    class Runtime(Protocol):
+        """What the frames need of `handler.runtime.invocation.Runtime`."""
+
+        tracer: Any
+
+        def _invocation(
+            self, request_id: str | None, trace_id: str | None
+        ) -> AbstractContextManager[tuple[Invocation, int]]: ...
+        def lambda_deadline(self, context: Any) -> AbstractContextManager[None]: ...
+        def _handle(self, event: Event, context: Any, count: int, inv: Invocation) -> JSON: ...
+        def _failure(self, error: Exception, source: str, log_internal: bool = True) -> tuple[int, JSON]: ...
+        def count(self, kind: str) -> None: ...
+        def find(self, model_id: str) -> str | None: ...
+        def task_name(self, payload: JSON) -> str: ...
+        def serve_stream(self, payload: JSON, check: Any = None) -> Generator[dict[str, Any], None, None]: ...
 
 
 @dataclass(frozen=True)
