@@ -47,6 +47,7 @@ class FakeRuntimeApi:
         self.events: queue.Queue[tuple[str, bytes, dict[str, str]]] = queue.Queue()
         self.posted: dict[str, queue.Queue[Posted]] = {}
         self.init_errors: queue.Queue[tuple[dict[str, str], Any]] = queue.Queue()
+        self.restore_errors: queue.Queue[tuple[dict[str, str], Any]] = queue.Queue()
         self.restored = threading.Event()
         fake = self
 
@@ -95,8 +96,9 @@ class FakeRuntimeApi:
                 else:
                     posted.body = self.rfile.read(int(headers.get("content-length") or 0))
                 posted.ended = time.perf_counter()
-                if self.path == f"{PREFIX}/init/error":
-                    fake.init_errors.put((headers, json.loads(posted.body)))
+                if self.path in (f"{PREFIX}/init/error", f"{PREFIX}/restore/error"):
+                    errors = fake.init_errors if self.path.endswith("init/error") else fake.restore_errors
+                    errors.put((headers, json.loads(posted.body)))
                     return self._reply(202, b'{"status":"OK"}')
                 parts = self.path.split("/")  # /2018-06-01/runtime/invocation/{id}/{response|error}
                 if len(parts) != 6 or parts[3] != "invocation":

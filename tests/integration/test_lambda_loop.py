@@ -170,6 +170,47 @@ def test_an_init_error_is_posted(api: FakeRuntimeApi) -> None:
     assert "init_fails: loading the model" in log
 
 
+def test_snap_start_runs_the_hooks_around_restore(api: FakeRuntimeApi, model_dir: Path) -> None:
+    env = {"WARMSTART_MODEL": str(model_dir), "AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}
+    proc = spawn(api, APP, **env)
+    try:
+        posted = api.invoke({"n": 2, "stream": True})
+        assert posted.streamed and events(posted.body) == [*pieces(2), "[DONE]"]
+    finally:
+        log = stop(proc)
+    assert api.restored.is_set()  # GET /restore/next before the first /next
+    kinds = [json.loads(line)["warmstart"] for line in log.splitlines() if line.startswith('{"warmstart"')]
+    assert kinds == ["snapshot", "restore"]  # before-snapshot hooks, then after-restore ones (init: emit=None)
+
+
+def test_a_failed_after_restore_hook_is_posted_and_ends_the_instance(api: FakeRuntimeApi, model_dir: Path) -> None:
+    env = {"WARMSTART_MODEL": str(model_dir), "AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}
+    proc = spawn(api, APP, STREAMING_APP_RESTORE_FAILS="1", **env)
+    try:
+        headers, error = api.restore_errors.get(timeout=60)
+        assert headers["lambda-runtime-function-error-type"] == "Runtime.AfterRestoreError"
+        assert "after-restore hook failed" in error["errorMessage"]
+        assert proc.wait(timeout=30) == 65  # awslambdaric's exit code for it
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("loop", ["auto", "streaming"])
+def test_a_model_that_does_not_stream_gets_buffered_answers(api: FakeRuntimeApi, model_dir: Path, loop: str) -> None:
+    # auto: awslambdaric's own loop after the shared init; streaming: ours, each answer one buffered body.
+    proc = spawn(api, "handler.app.lambda_handler", WARMSTART_MODEL=str(model_dir), WARMSTART_LAMBDA_LOOP=loop)
+    try:
+        answer = api.invoke({"inputs": ["hello"], "stream": True})
+        assert answer.kind == "response" and not answer.streamed
+        assert len(answer.json()["embeddings"][0]) == 384
+        url = api.invoke(function_url({"inputs": ["hello"]}))
+        assert not url.streamed if loop == "auto" else url.headers["content-type"] == CONTENT_TYPE
+        bad = api.invoke({"inputs": 3})
+        assert bad.kind == "error" and bad.json()["errorType"] == "InvalidInputError"
+    finally:
+        stop(proc)
+
+
 def test_a_bad_loop_setting_names_the_valid_ones(api: FakeRuntimeApi) -> None:
     proc = spawn(api, APP, WARMSTART_LAMBDA_LOOP="fast")
     assert proc.wait(timeout=60) == 1
