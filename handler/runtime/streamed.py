@@ -116,7 +116,7 @@ def frames(rt: Runtime, event: Event, context: Any) -> Generator[Frame, None, No
             pieces.close()
             raise
         except Exception as e:  # after the first piece: an error event, then the trailers (the loop's)
-            rt._failure(e, source.name)
+            rt._failure(e, source.name, log_internal=False)  # the loop logs it, as awslambdaric logs errors
             yield sse.error_event(e)
             raise
         finally:

@@ -158,6 +158,26 @@ def test_unstreamed_and_failed_direct_invokes_are_buffered(api: FakeRuntimeApi, 
     assert api.invoke({"n": 1}).json() == {"pieces": pieces(1)}
 
 
+def test_logs_and_metrics_carry_the_invocation(api: FakeRuntimeApi, model_dir: Path) -> None:
+    proc = spawn(api, APP, WARMSTART_MODEL=str(model_dir))
+    try:
+        streamed = api.send({"n": 2, "stream": True})
+        api.answer(streamed)
+        failed = api.send({"n": 3, "fail_at": 1, "stream": True})
+        api.answer(failed)
+        api.invoke({"n": 1})  # asked for after the failure's lines were written
+    finally:
+        log = stop(proc)
+    metrics = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"_aws"' in line]
+    by_id = {m["function_request_id"]: m for m in metrics}
+    assert set(by_id) >= {streamed, failed}
+    # The X-Ray root from Lambda-Runtime-Trace-Id (set as _X_AMZN_TRACE_ID, as awslambdaric sets it).
+    assert by_id[streamed]["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793"
+    assert by_id[streamed]["cold_start"] is True and by_id[failed]["cold_start"] is False
+    # A failure after the first piece: awslambdaric's error line, once.
+    assert log.count("[ERROR] ValueError: the toy task failed at piece 1") == 1
+
+
 def test_an_init_error_is_posted(api: FakeRuntimeApi) -> None:
     proc = spawn(api, "tests.fixtures.init_fails.handler", WARMSTART_LAMBDA_LOOP="streaming")
     try:
