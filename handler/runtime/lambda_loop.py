@@ -27,7 +27,6 @@ response streaming"; the Node.js runtime client's ResponseStream does the same).
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import logging
 import os
@@ -41,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from handler.core.errors import ConfigError
 
 if TYPE_CHECKING:  # imported when serving: `python -m handler` reads the setting before init's prefetch starts
+    import http.client
+
     from handler.runtime.streamed import Frame
 
 PREFIX = "/2018-06-01/runtime"
@@ -108,6 +109,9 @@ class RuntimeApi:
         self._conn: http.client.HTTPConnection | None = None
 
     def _connect(self) -> http.client.HTTPConnection:
+        # Deferred: http.client imports ssl (~15 ms cold), which init never needs; awslambdaric defers it too.
+        import http.client
+
         conn = http.client.HTTPConnection(self.address)
         conn.connect()
         # Small writes go out at once: a chunk or a headers-then-body pair never waits on a delayed ACK (~40 ms).
@@ -130,7 +134,7 @@ class RuntimeApi:
                 conn.request(method, PREFIX + path, body, dict(headers or {}))
                 response = conn.getresponse()
                 data = response.read()
-            except (OSError, http.client.HTTPException):
+            except (OSError, _http_exception()):
                 self.close()
                 if reused and attempt == 0:
                     continue  # a kept-alive connection the other side had closed: once more on a new one
@@ -220,6 +224,12 @@ class RuntimeApi:
 
         headers = {"Content-Type": "application/json", ERROR_TYPE: FaultException.AFTER_RESTORE_ERROR}
         self._call("POST", "/restore/error", _json(error), headers)
+
+
+def _http_exception() -> type[Exception]:
+    import http.client  # loaded by `_connect` already
+
+    return http.client.HTTPException
 
 
 def _json(value: Any) -> bytes:
