@@ -130,14 +130,18 @@ class RuntimeApi:
             reused = self._conn is not None
             conn = self._conn or self._connect()
             self._conn = conn
+            sent = False
             try:
                 conn.request(method, PREFIX + path, body, dict(headers or {}))
+                sent = True
                 response = conn.getresponse()
                 data = response.read()
             except (OSError, _http_exception()):
                 self.close()
-                if reused and attempt == 0:
-                    continue  # a kept-alive connection the other side had closed: once more on a new one
+                # A kept-alive connection the other side had closed: once more on a new one, when that cannot
+                # post an answer twice (a GET, or a request that never went out).
+                if reused and attempt == 0 and (method == "GET" or not sent):
+                    continue
                 raise
             if response.will_close:
                 self.close()

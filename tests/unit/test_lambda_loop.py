@@ -219,3 +219,29 @@ def test_the_loop_setting(env: dict[str, str], loop: str) -> None:
 def test_an_unknown_loop_names_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match="valid values: auto, awslambdaric, streaming"):
         lambda_loop.loop_setting({"WARMSTART_LAMBDA_LOOP": "fast"})
+
+
+def test_a_kept_alive_connection_the_api_closed_is_replaced() -> None:
+    """The Runtime API may close an idle kept-alive connection: `next` goes on over a new one."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def serve() -> None:
+        for n in range(2):
+            conn, _ = sock.accept()
+            accepted.append(n)
+            with conn:
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                head = f"HTTP/1.1 200 OK\r\nLambda-Runtime-Aws-Request-Id: id-{n}\r\nContent-Length: 2\r\n\r\n{{}}"
+                conn.sendall(head.encode())  # then closed, without saying so (no Connection: close)
+        sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    api = lambda_loop.RuntimeApi(f"127.0.0.1:{sock.getsockname()[1]}")
+    assert api.next().request_id == "id-0"
+    time.sleep(0.05)  # the server has closed it by now
+    assert api.next().request_id == "id-1"
+    thread.join(5)
+    assert accepted == [0, 1]
