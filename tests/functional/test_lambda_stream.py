@@ -133,3 +133,12 @@ def test_the_task_sees_the_invocations_deadline(new_runtime: Callable[..., Runti
     timed.handle({"n": 1}, _Context(remaining_ms=9_000))  # the awslambdaric path sets it too
     assert len(seen) == 2 and 4 < seen[0] <= 5 and 8 < seen[1] <= 9  # type: ignore[operator]
     assert deadline.remaining_s() is None
+
+
+def test_frames_closed_mid_stream_stop_the_task(new_runtime: Callable[..., Runtime]) -> None:
+    task = CountTask()
+    runtime = streaming_runtime(new_runtime(), task)
+    frames = runtime.lambda_frames({"n": 1000, "stream": True}, _Context())
+    assert next(frames) == Streamed("text/event-stream") and next(frames) == sse.event(PIECES[0])
+    frames.close()  # the loop's write failed: the producer stops at once
+    assert task.closed == 1 and task.made < 5

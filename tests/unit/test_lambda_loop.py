@@ -245,3 +245,31 @@ def test_a_kept_alive_connection_the_api_closed_is_replaced() -> None:
     assert api.next().request_id == "id-1"
     thread.join(5)
     assert accepted == [0, 1]
+
+
+def test_a_broken_connection_stops_the_producer() -> None:
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(1024)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset
+        conn.close()
+        sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    made: list[int] = []
+    closed: list[bool] = []
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            for i in range(10_000):
+                made.append(i)
+                yield b"x" * 65536
+        finally:
+            closed.append(True)
+
+    api = lambda_loop.RuntimeApi(f"127.0.0.1:{sock.getsockname()[1]}")
+    with pytest.raises(OSError):
+        api.post_stream("id-4", "text/plain", chunks())
+    assert closed == [True] and len(made) < 10_000  # stopped at the write that failed, not run to its end
