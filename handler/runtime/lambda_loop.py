@@ -396,7 +396,9 @@ def _awslambdaric_loop(address: str, function: Callable[[Any, Any], Any], log_si
     from awslambdaric import bootstrap as ric
     from awslambdaric.lambda_config import LambdaConfigProvider
 
-    client = ric.LambdaRuntimeClient(address, LambdaConfigProvider(["", "x.y"]).use_thread_polling)
+    # /next polled on a thread where awslambdaric polls it so (3.12+ managed runtimes: signals stay handled).
+    threaded = os.environ.get(LambdaConfigProvider.AWS_EXECUTION_ENV) in LambdaConfigProvider.SUPPORTED_THREADPOLLING_ENVS
+    client = ric.LambdaRuntimeClient(address, threaded)
     while True:
         request = client.wait_next_invocation()
         ric._GLOBAL_AWS_REQUEST_ID = request.invoke_id
