@@ -397,7 +397,8 @@ def _awslambdaric_loop(address: str, function: Callable[[Any, Any], Any], log_si
     from awslambdaric.lambda_config import LambdaConfigProvider
 
     # /next polled on a thread where awslambdaric polls it so (3.12+ managed runtimes: signals stay handled).
-    threaded = os.environ.get(LambdaConfigProvider.AWS_EXECUTION_ENV) in LambdaConfigProvider.SUPPORTED_THREADPOLLING_ENVS
+    config = LambdaConfigProvider
+    threaded = os.environ.get(config.AWS_EXECUTION_ENV) in config.SUPPORTED_THREADPOLLING_ENVS
     client = ric.LambdaRuntimeClient(address, threaded)
     while True:
         request = client.wait_next_invocation()
