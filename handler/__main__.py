@@ -1,7 +1,9 @@
 """One entrypoint for every host, `python -m handler [serve | MODULE.FUNCTION]`:
 
 - `AWS_LAMBDA_RUNTIME_API` set (Lambda, or its Runtime Interface Emulator): the runtime client runs
-  `MODULE.FUNCTION` (default `handler.app.lambda_handler`; an image's CMD names it), in this process;
+  `MODULE.FUNCTION` (default `handler.app.lambda_handler`; an image's CMD names it), in this process: our own
+  loop when the model's task streams (it can post a response stream), else awslambdaric
+  (`WARMSTART_LAMBDA_LOOP` = auto | awslambdaric | streaming);
 - `serve` (SageMaker starts containers with it), or no runtime API: the HTTP host (`handler.http_host.server`).
 """
 
@@ -20,7 +22,8 @@ HELP = f"""{USAGE}
 
 Serve a packed model on whichever host started this process:
   AWS_LAMBDA_RUNTIME_API set (Lambda, its emulator): the runtime client runs MODULE.FUNCTION
-                          (default {HANDLER}), in this process
+                          (default {HANDLER}), in this process; a streaming model's answers
+                          stream (WARMSTART_LAMBDA_LOOP=auto|awslambdaric|streaming)
   serve, or no runtime API: the HTTP host on $PORT (default 8080): POST /invocations, /v1/embeddings,
                           /embed, /rerank, /predict; GET /ping, /health, /info, /metrics
 Settings are environment variables (WARMSTART_MODEL, WARMSTART_BACKEND, ...): docs/configuration.md."""
@@ -50,10 +53,22 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{USAGE}\n  got {' '.join(args)!r}")
     if os.environ.get("AWS_LAMBDA_RUNTIME_API") and not serve:
         # In this process, not exec'd: a second interpreter start would add ~30 ms to every cold start of the
-        # image on Lambda. The runtime client then owns the process exactly as `python -m awslambdaric` does.
-        from awslambdaric.__main__ import main as runtime_client
+        # image on Lambda. The runtime client then owns the process exactly as `python -m awslambdaric` does;
+        # or, for a model whose task streams, our own loop, which can stream (handler.runtime.lambda_loop).
+        from handler.core.errors import ConfigError
+        from handler.runtime import lambda_loop
 
-        runtime_client(["awslambdaric", args[0] if args else HANDLER])
+        handler = args[0] if args else HANDLER
+        try:
+            loop = lambda_loop.choose()
+        except ConfigError as e:
+            sys.exit(f"warmstart: {e}")
+        if loop == "awslambdaric":
+            from awslambdaric.__main__ import main as runtime_client
+
+            runtime_client(["awslambdaric", handler])
+            return
+        lambda_loop.run(handler, loop)
         return
     # Deferred: uvicorn and starlette are the HTTP host's dependencies, never loaded in Lambda mode.
     from handler.http_host.server import serve_http

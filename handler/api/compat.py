@@ -42,9 +42,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from handler.api.encode import SSE_DONE, sse_event
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
 from handler.api.refusals import OneText, Refusal, Refuse, TextParts, TokenIds, validate
+from handler.api.sse import DONE, event
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks import catalog
@@ -137,7 +137,7 @@ def event_stream(route: Route, pieces: list[dict[str, Any]], original: JSON, mod
     """A whole stream as one body of server-sent events in the route's chunks, then `[DONE]` (a Lambda HTTP
     event's answer to `"stream": true`: Function URLs in BUFFERED mode, API Gateway)."""
     events = chunks(route, (p for p in pieces), original, model)
-    return (b"".join(map(sse_event, events)) + SSE_DONE).decode()
+    return (b"".join(map(event, events)) + DONE).decode()
 
 
 class Base:

@@ -58,12 +58,3 @@ def dumps(obj: Any) -> bytes:
     """`obj` as compact UTF-8 JSON bytes: numpy arrays and scalars as JSON numbers (float32 at its shortest),
     text as UTF-8 (not \\u escapes)."""
     return (_encode or load())(obj)
-
-
-SSE_DONE = b"data: [DONE]\n\n"  # the end of an OpenAI-style stream of server-sent events
-
-
-def sse_event(piece: Any) -> bytes:
-    """One server-sent event carrying `piece` as JSON, as OpenAI streams (`data: {json}` and a blank line):
-    the HTTP host sends each as it is made, a Lambda HTTP event gets them all in one body."""
-    return b"data: " + dumps(piece) + b"\n\n"

@@ -1,8 +1,8 @@
-"""The current invocation's deadline, for work that can end early with what it has (a generation stops before
-Lambda would kill the invocation, and answers with `finish_reason: "length"`).
+"""The invocation's deadline: Lambda says when it will stop the invocation (`Lambda-Runtime-Deadline-Ms`), and
+a task that runs long (generation) stops before it with what it has, rather than being cut off with nothing.
 
-Thread-local: each Lambda invocation (and each HTTP worker's request) sets its own, `None` meaning no deadline.
-`handler.runtime.invocation` sets it from the Lambda context for each invocation and clears it after.
+Per thread, because an HTTP host's workers run several requests at once; the Lambda loop sets it per invocation
+(`set_deadline(epoch_ms)`) and clears it after (`set_deadline(None)`). Stdlib only: on the init import chain.
 """
 
 from __future__ import annotations
@@ -13,19 +13,20 @@ import time
 _local = threading.local()
 
 
-def set_deadline(epoch_ms: float | None) -> None:
-    """This thread's deadline, in milliseconds since the epoch (Lambda's `context.deadline_ms`), or None."""
+def set_deadline(epoch_ms: int | float | None) -> None:
+    """This thread's invocation ends at `epoch_ms` (Unix epoch, milliseconds); None: no deadline."""
     _local.deadline_ms = epoch_ms
 
 
-def deadline_ms() -> float | None:
-    value: float | None = getattr(_local, "deadline_ms", None)
+def deadline_ms() -> int | float | None:
+    """This thread's deadline (epoch ms), or None."""
+    value: int | float | None = getattr(_local, "deadline_ms", None)
     return value
 
 
 def remaining_s() -> float | None:
-    """Seconds left before this thread's deadline (negative once past it); None without one."""
+    """Seconds left before this thread's deadline (negative once past it); None without a deadline."""
     deadline = deadline_ms()
     if deadline is None:
         return None
-    return (deadline - time.time() * 1000) / 1000
+    return deadline / 1000 - time.time()

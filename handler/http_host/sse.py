@@ -1,5 +1,5 @@
 """Streamed answers as server-sent events, the way OpenAI streams: `data: {json}\\n\\n` per piece, then
-`data: [DONE]\\n\\n` (`text/event-stream`).
+`data: [DONE]\\n\\n` (`text/event-stream`; the bytes are `handler.api.sse`'s, shared with the Lambda loop).
 
 A streamed request runs on a worker as a `Stream` (`WorkerPool.submit_stream`, `Runtime.handle_http_stream`).
 The route awaits its first item before it answers anything, so a request refused before any piece (bad input,
@@ -23,20 +23,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from handler.api.encode import SSE_DONE, dumps, sse_event
 from handler.api.media import Kind, response_kind
-from handler.core.errors import Abandoned, RequestError, ServiceBusyError, internal_error_body
+from handler.api.sse import DONE, EVENT_STREAM, error_event, event
+from handler.core.errors import Abandoned, ServiceBusyError
 from handler.http_host.drain import Drain
 from handler.runtime.pieces import EMPTY, END, Stream
 
-EVENT_STREAM = "text/event-stream"
-DONE = SSE_DONE
-event = sse_event  # shared with the Lambda path's buffered streams (`handler.api.encode`)
-
-
-def error_event(error: BaseException) -> bytes:
-    body = error.to_body() if isinstance(error, RequestError) else internal_error_body(error)
-    return b"event: error\ndata: " + dumps(body) + b"\n\n"
+__all__ = ["DONE", "EVENT_STREAM", "EventStreamResponse", "Reader", "answer", "error_event", "event"]
 
 
 def accept_kind(accept: str | None, media: tuple[Kind, ...]) -> Kind:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -31,14 +31,14 @@ from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
+from handler.core import deadline
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
-from handler.core.deadline import set_deadline
 from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
-from handler.runtime import control, init
+from handler.runtime import control, init, streamed
 from handler.runtime.instance import Instance, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
@@ -46,6 +46,7 @@ from handler.tasks.streaming import all_pieces, wants_stream
 
 if TYPE_CHECKING:
     from handler.models.origins import ModelSources
+    from handler.runtime.streamed import Frame
     from handler.runtime.workers import Batch  # loaded by HTTP hosts only, never on Lambda's init path
 
 log = logging.getLogger("warmstart")
@@ -112,18 +113,30 @@ class Runtime(Instance):
         against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report."""
         return dumps(self.handle(event, context))
 
+    @staticmethod
+    @contextmanager
+    def lambda_deadline(context: Any) -> Iterator[None]:
+        """The invocation's deadline (`handler.core.deadline`), from its context, for as long as it runs: a long
+        task (generation) stops before Lambda stops it. No context (a test, a local call): no deadline."""
+        deadline.set_deadline(_deadline_ms(context))
+        try:
+            yield
+        finally:
+            deadline.set_deadline(None)
+
+    def lambda_frames(self, event: Event, context: Any = None) -> Generator[Frame, None, None]:
+        """One Lambda invocation as the streaming loop posts it (`handler.runtime.streamed`): how the answer
+        goes out (one buffered body, or a response stream), then the stream's chunks as they are made."""
+        return streamed.frames(self, event, context)
+
     def handle(self, event: Event, context: Any = None) -> JSON:
         """One Lambda invocation: served by `_handle` inside the invocation bracket (and a span when traced)."""
         request_id = getattr(context, "aws_request_id", None)
-        set_deadline(_deadline_ms(context))  # work that can end early (a generation) stops before it
-        try:
-            with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count):
-                if self.tracer is None:
-                    return self._handle(event, context, count, inv)
-                with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
-                    return self._handle(event, context, count, inv)
-        finally:
-            set_deadline(None)
+        with self._invocation(request_id, trace.lambda_trace_id()) as (inv, count), self.lambda_deadline(context):
+            if self.tracer is None:
+                return self._handle(event, context, count, inv)
+            with trace.span(self.tracer, "warmstart.invoke", {"warmstart.model": inv.model}):
+                return self._handle(event, context, count, inv)
 
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)

@@ -176,6 +176,8 @@ def test_image_and_layer_pins_match_what_the_tests_ran() -> None:
         DEPLOY / "requirements-pack.txt",
         DEPLOY / "requirements-pack-torch.txt",
         DEPLOY / "requirements-pack-model.txt",
+        DEPLOY / "requirements-generate.txt",
+        DEPLOY / "requirements-generate-nodeps.txt",
     ):
         for name, pinned in pins(path).items():
             tested = installed[name] if name in installed else version(name)
@@ -272,3 +274,21 @@ def test_every_runtime_dependency_is_in_the_layer_and_the_gpu_image() -> None:
     layer = {name.lower() for name in pins(ROOT / "layers" / "requirements.txt")}
     assert names - {"awslambdaric", "onnxruntime-gpu"} <= layer and "onnxruntime" in layer
     assert names <= {name.lower() for name in pins(DEPLOY / "requirements-gpu.txt")}
+
+
+GENERATE = DEPLOY / "Dockerfile.generate"
+
+
+def test_the_generation_image() -> None:
+    """template.yaml's GenerateFunction: the CPU image's closure plus the generation task's, onnxruntime-genai
+    without its dependencies (it runs on the pinned onnxruntime), `python -m handler` (the streaming loop)."""
+    for source in copy_sources(GENERATE):
+        assert (ROOT / source).exists() and dockerignore_keeps(source), source
+    (run, *_) = [r for r in args_of(GENERATE, "RUN") if "pip install" in r]
+    plain, nodeps = run.split("&&")[:2]
+    assert "-r /tmp/requirements-generate.txt" in plain and "--no-deps" not in plain
+    assert "--no-deps" in nodeps and "-r /tmp/requirements-generate-nodeps.txt" in nodeps
+    assert set(pins(DEPLOY / "requirements-generate-nodeps.txt")) == {"onnxruntime-genai"}
+    assert {"llguidance", "jinja2", "boto3"} <= set(pins(DEPLOY / "requirements-generate.txt"))
+    assert args_of(GENERATE, "ENTRYPOINT") == ['["python3", "-m", "handler"]']
+    assert args_of(GENERATE, "CMD") == [f'["{MODEL_HANDLER}"]']

@@ -40,7 +40,7 @@ def test_cfn_lint_clean() -> None:
 
 def test_sam_template_shape() -> None:
     functions = resources_of(load_template(), "AWS::Serverless::Function")
-    assert set(functions) == {"ImageFunction", "ZipFunction", "WarmerFunction", *HOOKS}
+    assert set(functions) == {"ImageFunction", "ZipFunction", "WarmerFunction", "GenerateFunction", *HOOKS}
     image, zipped, warmer = (functions[k]["Properties"] for k in ("ImageFunction", "ZipFunction", "WarmerFunction"))
     assert image["PackageType"] == "Image" and image["AutoPublishAlias"] == "live"
     assert functions["ImageFunction"]["Metadata"]["Dockerfile"] == "infra/deploy/Dockerfile"
@@ -58,9 +58,9 @@ def test_sam_template_shape() -> None:
 
 def test_sam_transform(transformed: dict[str, Any]) -> None:
     kinds = [r["Type"] for r in transformed["Resources"].values()]
-    assert kinds.count("AWS::Lambda::Function") == 3 + len(HOOKS)
-    assert kinds.count("AWS::Lambda::Alias") == 3
-    assert kinds.count("AWS::Lambda::Url") == 2
+    assert kinds.count("AWS::Lambda::Function") == 4 + len(HOOKS)  # GenerateFunction's only with a model
+    assert kinds.count("AWS::Lambda::Alias") == 4
+    assert kinds.count("AWS::Lambda::Url") == 3
     assert kinds.count("AWS::Lambda::LayerVersion") == 2
     zipped = transformed["Resources"]["ZipFunction"]["Properties"]
     assert zipped["SnapStart"] == {"ApplyOn": "PublishedVersions"}
@@ -91,6 +91,34 @@ def test_warmer_may_invoke_only_the_aliases(transformed: dict[str, Any]) -> None
 def test_adaptive_warming_is_a_switch(transformed: dict[str, Any]) -> None:
     env = transformed["Resources"]["WarmerFunction"]["Properties"]["Environment"]["Variables"]
     assert env["WARMSTART_WARM_HISTORY"] == {"Fn::If": ["WarmAdaptiveOn", "cloudwatch", {"Ref": "AWS::NoValue"}]}
+
+
+GENERATE = {"GenerateModel": "s3://models/qwen3/0.1.0/", "GenerateModelBucket": "models"}
+
+
+def test_the_generation_function_streams_through_its_url_and_the_rest_api() -> None:
+    generate = resources_of(load_template(), "AWS::Serverless::Function")["GenerateFunction"]
+    assert generate["Metadata"]["Dockerfile"] == "infra/deploy/Dockerfile.generate"
+    out = sam_transform(package(load_template(), BUCKET), GENERATE)
+    resources = out["Resources"]
+    function = resources["GenerateFunction"]["Properties"]
+    assert function["PackageType"] == "Image" and (function["MemorySize"], function["Timeout"]) == (3008, 120)
+    assert function["Environment"]["Variables"]["WARMSTART_MODEL"] == {"Ref": "GenerateModel"}
+    url = resources["GenerateFunctionUrl"]["Properties"]
+    assert url["InvokeMode"] == "RESPONSE_STREAM" and url["TargetFunctionArn"] == {"Ref": "GenerateFunctionAliaslive"}
+    # The REST API's Lambda proxy integration in response-streaming mode (InvokeWithResponseStream).
+    post = resources["ServerlessRestApi"]["Properties"]["Body"]["paths"]["/invocations"]["Fn::If"][1]["post"]
+    integration = post["Fn::If"][1]["x-amazon-apigateway-integration"]
+    assert integration["responseTransferMode"] == "STREAM" and integration["type"] == "aws_proxy"
+    assert "/2021-11-15/functions/${GenerateFunctionAliaslive}/response-streaming-invocations" in json.dumps(
+        integration["uri"]
+    )
+    # Without a model there is no generation function: every part of it is conditional.
+    conditions = {
+        k: resources[k].get("Condition") for k in resources if k.startswith(("Generate", "ServerlessRestApi"))
+    }
+    assert conditions.pop("GenerateFunctionUrlPublic") == "PublicGenerateUrl"
+    assert len(conditions) > 5 and set(conditions.values()) == {"HasGenerateModel"}
 
 
 def test_public_urls_only_when_asked() -> None:

@@ -13,6 +13,7 @@ import pytest
 from handler import __main__ as entry
 from handler.http_host import server as http_server
 from handler.models import loader
+from handler.runtime import lambda_loop
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +26,9 @@ def _own_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
     monkeypatch.setattr(ric, "main", lambda argv: seen.append(("lambda", argv)))
+    monkeypatch.setattr(lambda_loop, "run", lambda handler, loop: seen.append(("loop", handler, loop)))
+    for name in ("WARMSTART_LAMBDA_LOOP", "AWS_LAMBDA_MAX_CONCURRENCY"):
+        monkeypatch.delenv(name, raising=False)
 
     def serve_http(start: Any, sagemaker: bool = False) -> None:
         assert start is entry.lambda_runtime  # the entry point owns init: the HTTP host never imports handler.app
@@ -35,14 +39,16 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
+HANDLER = "handler.app.lambda_handler"
 RIC = ["awslambdaric"]  # the runtime client's argv, as `python -m awslambdaric HANDLER` would give it
 
 
 @pytest.mark.parametrize(
     ("runtime_api", "argv", "expected"),
     [
-        ("127.0.0.1:9001", [], ("lambda", [*RIC, "handler.app.lambda_handler"])),
-        ("127.0.0.1:9001", ["mine.app.handle"], ("lambda", [*RIC, "mine.app.handle"])),
+        # auto: our loop does awslambdaric's init, then streams or hands the invocations to awslambdaric's loop
+        ("127.0.0.1:9001", [], ("loop", "handler.app.lambda_handler", "auto")),
+        ("127.0.0.1:9001", ["mine.app.handle"], ("loop", "mine.app.handle", "auto")),
         ("127.0.0.1:9001", ["serve"], ("http", True)),
         (None, [], ("http", False)),
         (None, ["serve"], ("http", True)),
@@ -56,6 +62,36 @@ def test_dispatch(
         monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", runtime_api)
     entry.main(argv)
     assert calls == [expected]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"WARMSTART_LAMBDA_LOOP": "awslambdaric"}, ("lambda", [*RIC, "handler.app.lambda_handler"])),
+        ({"WARMSTART_LAMBDA_LOOP": "Streaming"}, ("loop", "handler.app.lambda_handler", "streaming")),
+        ({"AWS_LAMBDA_MAX_CONCURRENCY": "8"}, ("lambda", [*RIC, "handler.app.lambda_handler"])),  # its workers
+        ({"AWS_LAMBDA_MAX_CONCURRENCY": "8", "WARMSTART_LAMBDA_LOOP": "streaming"}, ("loop", HANDLER, "streaming")),
+    ],
+)
+def test_the_lambda_loop_setting(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: Any
+) -> None:
+    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    entry.main([])
+    assert calls == [expected]
+
+
+def test_a_bad_lambda_loop_setting_exits_naming_the_valid_ones(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
+    monkeypatch.setenv("WARMSTART_LAMBDA_LOOP", "fast")
+    with pytest.raises(SystemExit) as info:
+        entry.main([])
+    assert "WARMSTART_LAMBDA_LOOP='fast'; valid values: auto, awslambdaric, streaming" in str(info.value.code)
+    assert calls == []
 
 
 @pytest.mark.parametrize("argv", [["train"], ["serve", "extra"], ["--helpme"]])
