@@ -222,3 +222,49 @@ def test_openai_chat_through_a_function_url_on_the_local_lambda(
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_streamed_generation_on_the_local_lambda(pack: Path, chat_native: dict[str, Any]) -> None:
+    """End to end as on AWS: the local Lambda runs `python -m handler` (the shim's own streaming Runtime API
+    loop) over the tiny qwen3; an OpenAI client streams from its Function URL in RESPONSE_STREAM mode, and boto3's
+    `invoke_with_response_stream` reads the native request's server-sent events as PayloadChunk events. Both give
+    the HTTP host's greedy answer, and the stream arrives in more than one piece."""
+    import openai
+
+    from tests.fixtures.local_support import running
+
+    env = {"WARMSTART_MODEL": str(pack), "WARMSTART_WARMUP": "0"}
+    with running(command=("python", "-m", "handler"), invoke_mode="RESPONSE_STREAM", environment=env) as (
+        local,
+        lam,
+    ):
+        url = f"{local.endpoint}/lambda-url/warmstart/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        try:
+            chunks = list(
+                client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **GREEDY
+                )
+            )
+            answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+        finally:
+            client.close()
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(deltas) == chat_native["text"] and len(deltas) > 1
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+        assert answer.choices[0].message.content == chat_native["text"]
+
+        body = json.dumps({"messages": MESSAGES, "stream": True, **GREEDY})
+        events = lam.invoke_with_response_stream(FunctionName="warmstart", Payload=body)["EventStream"]
+        payload, complete = [], None
+        for item in events:
+            if "PayloadChunk" in item:
+                payload.append(item["PayloadChunk"]["Payload"])
+            elif "InvokeComplete" in item:
+                complete = item["InvokeComplete"]
+        assert complete is not None and not complete.get("ErrorCode")
+        lines = b"".join(payload).decode().split("\n\n")
+        assert lines[-2] == "data: [DONE]"
+        pieces = [json.loads(line.removeprefix("data: ")) for line in lines[:-2]]
+        assert "".join(p["text"] for p in pieces) == chat_native["text"]
+        assert pieces[-1]["finish_reason"] == "length" and pieces[-1]["usage"]["completion_tokens"] == 8
