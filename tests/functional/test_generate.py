@@ -255,5 +255,5 @@ def test_a_kv_budget_under_the_context_refuses_a_request_over_it(runtime: Runtim
 
 def test_a_chat_template_error_is_the_requests(runtime: Runtime) -> None:
     assert chat.compile_template.cache_info().currsize >= 1  # compiled once, at the warm-up or first chat
-    with pytest.raises(InvalidInputError, match='"messages"\\[0\\].role'):
+    with pytest.raises(InvalidInputError, match=r'"messages"\[0\].role'):
         runtime.handle({"messages": [{"role": "robot", "content": "x"}]}, None)
