@@ -226,7 +226,10 @@ class GenerateTask:
     def warmup(self) -> None:
         """Two greedy tokens off the request path (the engine's first run, the tokenizer's tables): nothing of
         it is kept, each request gets its own generator and cache."""
-        for _ in self.stream({"prompt": "hello", "max_tokens": 2, "temperature": 0}):
+        ask: dict[str, Any] = {"prompt": "hello"}
+        if self.options["chat_template"] is not None:  # the template compiled now, not on the first chat
+            ask = {"messages": [{"role": "user", "content": "hello"}]}
+        for _ in self.stream({**ask, "max_tokens": 2, "temperature": 0}):
             pass
 
 
