@@ -57,31 +57,48 @@ def token_ids(got: list[dict[str, Any]]) -> list[int]:
     return [t for piece in got for t in piece["token_ids"]]
 
 
-def test_a_greedy_answer_is_token_exact_against_transformers(runtime: Runtime, pack: Path) -> None:
+def transformers_greedy(src: Path, messages: list[dict[str, Any]], n: int, eos: list[int]) -> tuple[list[int], int]:
+    """transformers' greedy tokens for the rendered chat (eos cut off), and the prompt's length."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = pack.parent / "src" / "qwen3-lm"
     hf = AutoTokenizer.from_pretrained(src)
-    prompt = hf.apply_chat_template(HELLO, tokenize=False, add_generation_prompt=True)
+    prompt = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = hf(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(src)
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(ids))
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
     want = out[0, ids.shape[1] :].tolist()
-    eos = runtime.manifest.options["eos_token_ids"]
-    stopped = bool(want) and want[-1] in eos
-    want = want[:-1] if stopped else want
+    return (want[:-1] if want and want[-1] in eos else want), ids.shape[1]
 
+
+def test_a_greedy_answer_is_token_exact_against_transformers(runtime: Runtime, pack: Path) -> None:
+    from transformers import AutoTokenizer
+
+    src = pack.parent / "src" / "qwen3-lm"
+    eos = runtime.manifest.options["eos_token_ids"]
+    want, n = transformers_greedy(src, HELLO, 24, eos)
+    stopped = len(want) < 24
     got = pieces(runtime, {**GREEDY, "max_tokens": 24})
     assert token_ids(got) == want
     last = got[-1]
     assert last["finish_reason"] == ("stop" if stopped else "length")
-    assert last["usage"] == {"prompt_tokens": ids.shape[1], "completion_tokens": len(want),
-                             "total_tokens": ids.shape[1] + len(want)}  # fmt: skip
+    assert last["usage"] == {"prompt_tokens": n, "completion_tokens": len(want), "total_tokens": n + len(want)}
     answer = runtime.handle({**GREEDY, "max_tokens": 24}, None)  # a direct invoke: one gathered answer
+    hf = AutoTokenizer.from_pretrained(src)
     assert answer["text"] == hf.decode(want, skip_special_tokens=True) == "".join(p["text"] for p in got)
     assert answer["model"] == "qwen3-tiny@1" and answer["usage"] == last["usage"]
+
+
+def test_qwen2_greedy_is_token_exact_too(tmp_path: Path) -> None:
+    packed = tiny_genai_pack(tmp_path, "qwen2")
+    runtime = start(packed)
+    chat_ = [{"role": "system", "content": "be brief"}, *HELLO]
+    want, _ = transformers_greedy(
+        packed.parent / "src" / "qwen2-lm", chat_, 16, runtime.manifest.options["eos_token_ids"]
+    )
+    assert len(want) >= 4, want  # a real comparison, not two empty answers
+    assert token_ids(pieces(runtime, {"messages": chat_, "temperature": 0, "max_tokens": 16})) == want
 
 
 def test_max_tokens_ends_with_length(runtime: Runtime) -> None:
