@@ -205,3 +205,16 @@ def test_a_template_cannot_reach_python_internals() -> None:
         chat.render(evil, [{"role": "user", "content": "x"}], {})
     with pytest.raises(ValueError, match="does not compile"):
         chat.render("{% for %}", [{"role": "user", "content": "x"}], {})
+
+
+def test_the_first_token_keeps_its_leading_space_after_the_prompt() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from handler.tasks.generate import _Decoder
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "▁hello": 1, "▁world": 2, "é": 3}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    assert tok.decode([2]) == "world"  # alone, a SentencePiece decoder drops the leading space
+    decoder = _Decoder(tok, [1])  # after the prompt "hello"
+    assert decoder.step(2) == " world"
