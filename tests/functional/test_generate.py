@@ -274,3 +274,9 @@ def test_a_chat_template_error_is_the_requests(runtime: Runtime) -> None:
     assert chat.compile_template.cache_info().currsize >= 1  # compiled once, at the warm-up or first chat
     with pytest.raises(InvalidInputError, match=r'"messages"\[0\].role'):
         runtime.handle({"messages": [{"role": "robot", "content": "x"}]}, None)
+
+
+def test_a_schema_that_cannot_be_compiled_is_the_requests_error(runtime: Runtime) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    with pytest.raises(InvalidInputError, match='"response_format": the schema cannot be used'):
+        runtime.handle({**GREEDY, "max_tokens": 4, "response_format": bad}, None)
