@@ -252,10 +252,17 @@ def test_the_http_host_streams_pieces_as_server_sent_events(pack: Path) -> None:
     assert '"temperature"' in refused.json()["error"]["message"]
 
 
-def test_the_init_report_names_the_kv_budget(runtime: Runtime) -> None:
-    facts = runtime.backend.describe()
-    assert facts["backend"] == "genai" and facts["kv_budget"]["max_total_tokens"] >= 1
-    assert facts["kv_budget"]["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # 2 x layers x kv heads x head dim x 4
+def test_the_init_report_names_the_kv_budget(runtime: Runtime, pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = runtime.init_report["kv_budget"]
+    assert facts["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # 2 x layers x kv heads x head dim x 4 bytes
+    if facts["memory_from"] == "fallback":  # no known memory limit here: the context length is the only limit
+        assert facts["max_total_tokens"] is None
+    # A Lambda's memory setting: the memory left after the model, over 512 bytes a token, at most the context.
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "10240")
+    big = start(pack).init_report["kv_budget"]
+    assert big["memory_from"] == "lambda" and big["max_total_tokens"] == 512  # the context length bounds it
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1")  # less than the process already holds
+    assert start(pack, warmup=False).init_report["kv_budget"]["max_total_tokens"] == 1
 
 
 def test_a_kv_budget_under_the_context_refuses_a_request_over_it(runtime: Runtime) -> None:
