@@ -287,3 +287,14 @@ def test_a_schema_that_cannot_be_compiled_is_the_requests_error(runtime: Runtime
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     with pytest.raises(InvalidInputError, match='"response_format": the schema cannot be used'):
         runtime.handle({**GREEDY, "max_tokens": 4, "response_format": bad}, None)
+
+
+def test_a_function_url_event_gets_the_answer_and_a_typed_400(runtime: Runtime) -> None:
+    from tests.conftest import http_v2_event
+
+    direct = runtime.handle({**GREEDY, "max_tokens": 5}, None)
+    reply = runtime.handle(http_v2_event("/", {**GREEDY, "max_tokens": 5, "stream": True}), FakeContext(60_000))
+    assert reply["statusCode"] == 200 and json.loads(reply["body"]) == direct  # one buffered answer on Lambda
+    refused = runtime.handle(http_v2_event("/", {"prompt": "x", "top_p": 0}), None)
+    error = json.loads(refused["body"])["error"]
+    assert refused["statusCode"] == 400 and error["type"] == "InvalidInputError" and '"top_p"' in error["message"]
