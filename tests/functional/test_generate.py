@@ -298,3 +298,13 @@ def test_a_function_url_event_gets_the_answer_and_a_typed_400(runtime: Runtime) 
     refused = runtime.handle(http_v2_event("/", {"prompt": "x", "top_p": 0}), None)
     error = json.loads(refused["body"])["error"]
     assert refused["statusCode"] == 400 and error["type"] == "InvalidInputError" and '"top_p"' in error["message"]
+
+
+def test_concurrent_requests_each_get_their_own_generator(runtime: Runtime) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    asks = [{"prompt": "the sea is", "temperature": 1.0, "max_tokens": 24, "seed": s} for s in range(6)]
+    alone = [token_ids(pieces(runtime, ask)) for ask in asks]
+    with ThreadPoolExecutor(6) as pool:  # as the HTTP host's workers run them: one model, six generators at once
+        together = list(pool.map(lambda ask: token_ids(pieces(runtime, ask)), asks))
+    assert together == alone and len({tuple(t) for t in alone}) == 6
