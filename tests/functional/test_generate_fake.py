@@ -127,3 +127,12 @@ def test_sampling_defaults_come_from_the_manifest(start: Any) -> None:
     assert (request["temperature"], request["top_p"], request["top_k"]) == (pytest.approx(0.7), pytest.approx(0.8), 20)
     runtime.handle({"prompt": "hello", "max_tokens": 1, "temperature": 0, "top_k": 0}, None)
     assert engine(runtime).requests[-1]["temperature"] == 0 and engine(runtime).requests[-1]["top_k"] == 0
+
+
+def test_a_json_response_format_gives_json(start: Any) -> None:
+    runtime = start()
+    ask = {"prompt": "hello", "max_tokens": 50}
+    got = runtime.handle({**ask, "response_format": {"type": "json_object"}}, None)
+    assert got["text"] == '{"fake":true}' and got["finish_reason"] == "stop"
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    assert runtime.handle({**ask, "response_format": schema}, None)["text"] == "{}"
