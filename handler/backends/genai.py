@@ -81,16 +81,20 @@ class GenaiEngine:
 
     def _kv_budget(self, context: int) -> int | None:
         """The most tokens one request may hold: the memory left after the model (less the margin) over the KV
-        bytes a token takes, at most the context length. None when the manifest gives no KV shape."""
+        bytes a token takes, at most the context length. None when the manifest gives no KV shape, or when the
+        instance's memory is not known (no Lambda setting, no cgroup limit: a laptop's fallback figure would
+        refuse requests the machine can hold)."""
         if not self.kv:
             return None
         per_token = 2 * self.kv["layers"] * self.kv["kv_heads"] * self.kv["head_dim"]
         per_token *= KV_ITEMSIZE.get(self.kv.get("dtype", "float32"), 4)
         limit = memory_limit()
+        self.kv_bytes_per_token, self.memory_from = per_token, limit.source
+        if limit.source == "fallback":
+            return None
         total = limit.mb * 2**20
         free = total - resident_bytes() - total * MARGIN
         tokens = int(free // per_token) if free > 0 else 0
-        self.kv_bytes_per_token, self.memory_from = per_token, limit.source
         return max(1, min(tokens, context)) if context else max(1, tokens)
 
     def warm_device(self) -> dict[str, Any]:
@@ -111,7 +115,7 @@ class GenaiEngine:
             "threads": self.threads,
             "onnxruntime_genai": og.__version__,
         }
-        if self.max_total_tokens is not None:
+        if self.kv:  # the tokens one request may hold (None: the context length only, memory not known)
             out["kv_budget"] = {
                 "max_total_tokens": self.max_total_tokens,
                 "kv_bytes_per_token": getattr(self, "kv_bytes_per_token", None),

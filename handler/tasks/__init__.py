@@ -1,1 +1,1 @@
-"""Request to feeds to answer: embedding, rerank, classify, tensor; the text fields, tokens, arrays."""
+"""Request to feeds to answer: embedding, rerank, classify, tensor, generate; the text fields, tokens, arrays, chat."""

@@ -36,6 +36,7 @@ from handler.tasks.generation import (
 )
 from handler.tasks.spec import FLAG, MODEL, STRING, TaskSpec, nullable
 
+PREFIX_TOKENS = 8  # of the prompt, the detokenizer's context for the first generated token
 DEADLINE_MARGIN_S = 0.5  # stop this long (plus one step's time) before the invocation's deadline
 
 
@@ -59,7 +60,14 @@ class _Decoder:
         from tokenizers import decoders
 
         stream = getattr(decoders, "DecodeStream", None)  # tokenizers >= 0.21
-        self.stream = stream(skip_special_tokens=True) if stream is not None else None
+        self.stream = None
+        if stream is not None:
+            # The prompt's tail as context (as vLLM detokenizes): a first token's leading space, which a
+            # SentencePiece decoder drops at the start of a text, is kept.
+            try:
+                self.stream = stream(ids=prompt_ids[-PREFIX_TOKENS:], skip_special_tokens=True)
+            except TypeError:  # a version without the prefix
+                self.stream = stream(skip_special_tokens=True)
         self.ids: list[int] = []
         self.done = ""
 
@@ -226,7 +234,10 @@ class GenerateTask:
     def warmup(self) -> None:
         """Two greedy tokens off the request path (the engine's first run, the tokenizer's tables): nothing of
         it is kept, each request gets its own generator and cache."""
-        for _ in self.stream({"prompt": "hello", "max_tokens": 2, "temperature": 0}):
+        ask: dict[str, Any] = {"prompt": "hello"}
+        if self.options["chat_template"] is not None:  # the template compiled now, not on the first chat
+            ask = {"messages": [{"role": "user", "content": "hello"}]}
+        for _ in self.stream({**ask, "max_tokens": 2, "temperature": 0}):
             pass
 
 

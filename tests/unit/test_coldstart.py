@@ -82,6 +82,14 @@ DEFERRED = {
     "handler.runtime.snapshot",
     "hashlib",
     "shutil",
+    # generation's: an embedding instance never imports the chat templates' engine, the genai engine or JSON
+    # constraints (handler.tasks.generate, handler.backends.genai: imported only for a generate model)
+    "jinja2",
+    "onnxruntime_genai",
+    "llguidance",
+    "handler.tasks.generate",
+    "handler.tasks.chat",
+    "handler.backends.genai",
 }
 
 
