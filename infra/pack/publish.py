@@ -115,8 +115,15 @@ def file_entries(root: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sources: Iterable[Path] = ()) -> Path:
-    """Build into a temporary sibling directory, then rename: `out` is never half-written."""
+def publish(
+    build: Callable[[Path], dict[str, Any]],
+    out: Path,
+    force: bool,
+    sources: Iterable[Path] = (),
+    read_back: Callable[[Path], Any] = load_manifest,
+) -> Path:
+    """Build into a temporary sibling directory, then rename: `out` is never half-written. `read_back`: how the
+    written manifest is read back (default: as a model load reads it, the task's fields checked)."""
     out = check_output(out, force, sources)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -125,7 +132,7 @@ def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sou
         manifest = build(tmp)
         manifest["files"] = file_entries(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        load_manifest(tmp)  # what we wrote must read back
+        read_back(tmp)  # what we wrote must read back
         check_output(out, force, sources)  # still ours: nothing was put there while we built
         replace_dir(tmp, out)
     except BaseException:
