@@ -41,7 +41,7 @@ def adjust(config: Any) -> None:
 
 
 def main(raw: str) -> None:
-    from onnxruntime_genai.models import builder  # the child's whole job
+    from onnxruntime_genai.models import builder  # type: ignore[import-untyped]  # the child's whole job
 
     args = json.loads(raw)
     extra = [f"{k}={v}" for k, v in (args.get("extra") or {}).items()]

@@ -94,7 +94,7 @@ def prefix_fraction(want: list[int], got: list[int]) -> float:
 
 def measure(source: Any, packed: Path, prompts: list[str], new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
     """The gate's figures of the graph in `packed` (genai_config.json + model.onnx) against the source."""
-    import onnxruntime_genai as og  # pack time only
+    import onnxruntime_genai as og  # type: ignore[import-untyped]  # pack time only
     import torch
     import transformers
 
@@ -102,7 +102,7 @@ def measure(source: Any, packed: Path, prompts: list[str], new_tokens: int, eos_
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(source.root), local_files_only=True, dtype=torch.float32, attn_implementation="eager"
     )
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     graph = og.Model(str(packed))
     eos = set(eos_ids)
     greedy, top1 = [], []

@@ -216,7 +216,7 @@ def check_tensors(source: LMSource) -> None:
     try:
         config = transformers.AutoConfig.from_pretrained(str(source.root), local_files_only=True)
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
+            model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     except Exception as e:  # transformers raises many types for a config it refuses
         raise SourceError(f"{config_path}: transformers refuses it ({one_line(e)})") from None
     want = {k: list(v.shape) for k, v in model.state_dict().items()}

@@ -163,7 +163,7 @@ def test_quantized_below_the_gate_is_refused_and_nothing_written(tmp_path: Path)
     from infra.pack.precision import Precision
     from infra.pack.quality import QualityError
 
-    with pytest.raises(QualityError, match="--quantize int4: quality .* is below --min-quality 0.99"):
+    with pytest.raises(QualityError, match=r"--quantize int4: quality .* is below --min-quality 0\.99"):
         pack_from(source_dir("qwen3"), tmp_path / "out", precision=Precision(quantize="int4", min_quality=0.99))
     assert list(tmp_path.iterdir()) == []
 
