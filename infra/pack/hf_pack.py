@@ -11,7 +11,6 @@ Backend names are the run time's (handler.backends.registry); EXPORTERS says whi
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -25,20 +24,13 @@ from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safete
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
-from infra.pack.publish import check_model_id, check_output, publish
+from infra.pack.publish import check_model_id, check_output, default_id, publish
 
 # The backends `pack --from` writes an artifact for (the ONNX graph; torch.export's program), in default order.
 # Their names are checked against the backend registry first: one place says what a backend is called.
 EXPORTERS = ("onnx", "torch")
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
-
-
-def default_id(source_dir: Path) -> str:
-    """The directory's name as a valid model id (infra.pack.publish.MODEL_ID)."""
-    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
-    return name or "model"
 
 
 def default_version(source: HFSource) -> str:

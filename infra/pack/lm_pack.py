@@ -25,7 +25,7 @@ from handler.core.manifest import FORMAT, FORMAT_VERSION
 from infra.pack.hf_checks import SourceError
 from infra.pack.lm_source import SIDE_FILES, LMSource, check_tensors, read_lm_source
 from infra.pack.precision import Precision, PrecisionError
-from infra.pack.publish import check_model_id, check_output, publish
+from infra.pack.publish import check_model_id, check_output, default_id, publish
 
 BACKEND = "genai"
 GENAI_CONFIG = "genai_config.json"
@@ -63,8 +63,6 @@ def pack_lm(
     builder_options: dict[str, str] | None = None,
 ) -> Path:
     """Pack the causal LM in `source_dir` into `out` (refusals before anything is written)."""
-    from infra.pack.hf_pack import default_id
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers (ours and the builder's) never reaches for a hub
     precision = precision or Precision()
     label = precision.quantize or precision.dtype

@@ -30,6 +30,15 @@ class OutputError(ValueError):
     """An output directory `warmstart pack` refuses to write or replace (raised before anything is written)."""
 
 
+_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
+
+
+def default_id(source_dir: Path) -> str:
+    """The directory's name as a valid model id (MODEL_ID)."""
+    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
+    return name or "model"
+
+
 def check_model_id(model_id: str) -> str:
     if not MODEL_ID.fullmatch(model_id):
         raise OutputError(f"--id {model_id!r}: not a valid model id; valid: {MODEL_ID_RULE}")
