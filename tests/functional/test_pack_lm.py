@@ -210,3 +210,18 @@ def test_cli_packs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out)]) == 1  # exists, no --force
     assert "exists" in capsys.readouterr().err
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out), "--force"]) == 0
+
+
+def test_bench_qwen3_chat_model_packs(tmp_path: Path) -> None:
+    """bench/pack/models.py's Qwen3-0.6B-shaped chat model (here its tiny override) packs as task generate."""
+    from bench.pack.models import CHATML_TEMPLATE, qwen3_chat
+    from handler.core.manifest import load_manifest
+    from infra.pack.hf_pack import pack_from
+
+    tiny = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    src = qwen3_chat(tmp_path / "src", intermediate_size=128, vocab_size=1024, max_position_embeddings=512, **tiny)
+    gen = load_manifest(pack_from(src, tmp_path / "out")).raw["generation"]
+    assert gen["chat_template"] == CHATML_TEMPLATE and gen["add_bos_token"] is False
+    assert gen["eos_token_ids"] == [1000, 998]  # <|im_end|>, <|endoftext|>: 26 special ids end the 1,024
+    assert gen["vocab_size"] == 1024 and gen["context_length"] == 512
+    assert gen["defaults"] == {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
