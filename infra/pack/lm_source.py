@@ -90,7 +90,11 @@ def architecture_of(root: Path) -> str | None:
 
 def is_causal_lm(root: Path) -> bool:
     """Whether `root` names a causal LM (`--task auto` packs it as "generate"): any *ForCausalLM class, so an
-    unsupported one is refused by read_lm_source with the list, not by the encoder path's task guess."""
+    unsupported one is refused by read_lm_source with the list, not by the encoder path's task guess. A
+    sentence-transformers directory (modules.json: a decoder reranker's LogitScore, a decoder embedder) is the
+    encoder path's to judge."""
+    if os.path.lexists(Path(root) / "modules.json"):
+        return False
     arch = architecture_of(root)
     return arch is not None and arch.endswith(("ForCausalLM", "LMHeadModel"))
 

@@ -144,5 +144,8 @@ def test_causal_lm_is_detected(src: Path) -> None:
     from infra.pack.lm_source import is_causal_lm
 
     assert is_causal_lm(src)
+    (src / "modules.json").write_text("[]")  # a sentence-transformers directory (a decoder reranker): not here
+    assert not is_causal_lm(src)
+    (src / "modules.json").unlink()
     _edit(src / "config.json", architectures=["Qwen3Model"])
     assert not is_causal_lm(src)
