@@ -154,6 +154,12 @@ def read_lm_source(root: Path) -> LMSource:
         value = config.get(key)
         if type(value) is not int or value < 1:
             raise SourceError(f"{config_path}: {key} {value!r} is not a positive integer")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if family == "phi3" and isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("longrope", "su"):
+        raise UnsupportedModelError(
+            f"{config_path}: phi3 with longrope scaling (Phi-3-*-128k, Phi-3.5) is not packed: the builder's switch "
+            "between its short and long rope caches is not proved equal to transformers here; a 4k Phi-3 packs"
+        )
     tokenizer_json = root / "tokenizer.json"
     if not os.path.lexists(tokenizer_json):
         raise MissingFileError(

@@ -149,3 +149,13 @@ def test_causal_lm_is_detected(src: Path) -> None:
     (src / "modules.json").unlink()
     _edit(src / "config.json", architectures=["Qwen3Model"])
     assert not is_causal_lm(src)
+
+
+def test_phi3_longrope_is_refused(tmp_path: Path) -> None:
+    from tests.lm_models import make_lm_dir
+
+    src = make_lm_dir(tmp_path / "m", "phi3")
+    raw = json.loads((src / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8}
+    (src / "config.json").write_text(json.dumps(raw))
+    _refused(src, tmp_path, UnsupportedModelError, "phi3 with longrope scaling")
