@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         if args.default or args.source_dir is not None:
             from infra.pack.calibration import read_calibration
             from infra.pack.hf_export import ExportError
-            from infra.pack.hf_pack import EXPORTERS, default_id, pack_from
+            from infra.pack.hf_pack import EXPORTERS, pack_from
             from infra.pack.precision import Precision
+            from infra.pack.publish import default_id
 
             precision = Precision(
                 dtype=args.dtype,

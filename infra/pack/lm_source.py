@@ -233,7 +233,8 @@ def check_tensors(source: LMSource) -> None:
     if getattr(config, "tie_word_embeddings", False):
         want.pop("lm_head.weight", None)
     have = checkpoint_shapes(source)
-    have.pop("lm_head.weight", None) if "lm_head.weight" not in want else None
+    if "lm_head.weight" not in want:  # tied: some checkpoints store the shared table twice; the embedding's is used
+        have.pop("lm_head.weight", None)
     where = ", ".join(p.name for p in source.weights)
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
