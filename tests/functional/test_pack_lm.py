@@ -225,3 +225,14 @@ def test_bench_qwen3_chat_model_packs(tmp_path: Path) -> None:
     assert gen["eos_token_ids"] == [1000, 998]  # <|im_end|>, <|endoftext|>: 26 special ids end the 1,024
     assert gen["vocab_size"] == 1024 and gen["context_length"] == 512
     assert gen["defaults"] == {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+def test_calibration_prompts_replace_the_builtin_ones(tmp_path: Path) -> None:
+    from handler.core.manifest import load_manifest
+    from infra.pack.hf_pack import pack_from
+    from infra.pack.precision import Precision
+
+    precision = Precision(calibration=("hello there", "write json"))
+    quality = load_manifest(pack_from(source_dir("mistral"), tmp_path / "out", precision=precision)).raw["precision"]
+    assert quality["quality"]["items"] == 2 and quality["quality"]["calibration"] == "file"
+    assert quality["quality"]["figure"] == 1.0
