@@ -8,9 +8,10 @@ config classes (never downloaded) and cached under build/bench-models/ so reruns
   padding on the left and appending <|endoftext|>). Its tokenizer is a byte-level BPE of the full vocabulary
   built here (256 bytes, 65,536 two-byte and 85,851 three-byte merges, then 26 special tokens: 151,669 ids, as
   the embedding table): random weights make the token ids' meaning moot, only the count and shape matter.
-- `qwen3_chat(out)`: Qwen3-0.6B's config (the chat model: the same sizes, vocab 151,936 in the embedding table,
-  the tokenizer's 151,669 ids, a ChatML chat template) as a `Qwen3ForCausalLM` directory with random weights: the
-  generation benches' model (bench/generate).
+- `qwen3_chat(out, **overrides)`: Qwen3-0.6B's config (the chat model: Qwen3ForCausalLM, vocab 151,936 with the
+  tokenizer's 151,669 ids, 40,960 positions, tied embeddings; QWEN3_06B otherwise) with random weights, as the
+  hub's directory: config.json, model.safetensors, generation_config.json (its eos ids and sampling defaults),
+  tokenizer.json + tokenizer_config.json with a ChatML chat template: what `pack --from` packs as task generate.
 - `bert_base(out)`: bench_pack_memory's BERT-base (hidden 768, 12 layers; 438 MB of float32).
 
 `cached(name)` builds a model once into build/bench-models/NAME (a `.done` marker written last, so a build that
@@ -175,56 +176,76 @@ def qwen3_embedder(out: Path, seed: int = 0, max_seq_length: int = QWEN3_MAX_SEQ
     return out
 
 
-# Qwen3-0.6B (the chat model): QWEN3_06B's sizes with the padded embedding table and its own ids.
-QWEN3_CHAT: dict[str, Any] = {
+# Qwen3-0.6B (the chat model)'s config.json where it differs from the embedder's, and its generation_config.json.
+QWEN3_CHAT_06B: dict[str, Any] = {
     **QWEN3_06B,
     "vocab_size": 151_936,
     "max_position_embeddings": 40_960,
     "bos_token_id": 151_643,
     "eos_token_id": 151_645,
-    "pad_token_id": 151_643,
+    "pad_token_id": None,
 }
-CHATML = (
+QWEN3_CHAT_GENERATION = {
+    "bos_token_id": 151_643,
+    "eos_token_id": [151_645, 151_643],
+    "pad_token_id": 151_643,
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+}
+QWEN3_CHAT_TOKENS = 151_669  # the tokenizer's ids (the embedding table is padded to vocab_size)
+CHATML_TEMPLATE = (
     "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}"
 )
 
 
 def qwen3_chat(out: Path, seed: int = 0, **overrides: Any) -> Path:
-    """A Qwen3-0.6B-shaped chat model directory in `out` (QWEN3_CHAT with `overrides`): random weights (seeded),
-    float32, its tokenizer (151,669 ids: Qwen3's count) with a ChatML template, generation_config.json with
-    Qwen3's eos ids and sampling defaults."""
+    """A Qwen3-0.6B-shaped chat-model directory in `out`: QWEN3_CHAT_06B with `overrides` (a tiny one for tests),
+    random weights (seeded), float32; its tokenizer a byte-level BPE of the real id count, the special tokens at
+    Qwen3's ids (<|endoftext|> 151,643, <|im_start|>, <|im_end|> after it)."""
     import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    values = {**QWEN3_CHAT, **overrides}
-    specials = _QWEN_SPECIALS + [f"<|extra_{i}|>" for i in range(_QWEN_SPECIAL_COUNT - len(_QWEN_SPECIALS))]
-    tok = byte_level_bpe(min(151_669, int(values["vocab_size"])), specials)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        model_max_length=int(values["max_position_embeddings"]),
-        pad_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tokenizer.chat_template = CHATML
+    values = {**QWEN3_CHAT_06B, **overrides}
+    vocab = int(values["vocab_size"])
+    tokens = min(QWEN3_CHAT_TOKENS, vocab)
+    n_special = min(_QWEN_SPECIAL_COUNT, tokens // 2)
+    specials = _QWEN_SPECIALS + [f"<|extra_{i}|>" for i in range(n_special - len(_QWEN_SPECIALS))]
+    raw = byte_level_bpe(tokens, specials)
+    ids = {name: raw.token_to_id(name) for name in _QWEN_SPECIALS}
+    values.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    config = transformers.Qwen3Config(**values)
     out.mkdir(parents=True)
     torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**values)).eval()
+    model = transformers.Qwen3ForCausalLM(config).eval()
     model.generation_config = transformers.GenerationConfig(
-        bos_token_id=values["bos_token_id"],
-        eos_token_id=[151_645, 151_643],
-        pad_token_id=values["pad_token_id"],
-        do_sample=True,
-        temperature=0.6,
-        top_p=0.95,
-        top_k=20,
+        **{
+            **QWEN3_CHAT_GENERATION,
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+        }
     )
     model.save_pretrained(str(out), safe_serialization=True)
     del model
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        model_max_length=int(values["max_position_embeddings"]),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.save_pretrained(str(out))
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = CHATML_TEMPLATE  # in the file, as the hub's Qwen3 ships it
+    _write_json(out / "tokenizer_config.json", tok_config)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
     return out
 
 

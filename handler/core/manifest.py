@@ -32,6 +32,10 @@ FAMILIES = (
     "qwen2",
     "qwen3",
     "gemma3_text",
+    # task generate only (infra/pack/lm_pack.py): onnxruntime-genai's graph holds the whole model
+    "llama",
+    "phi3",
+    "mistral",
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_DEPTH = 64  # JSON nesting a manifest may have (a packed one has 6 levels); deeper is refused

@@ -15,9 +15,10 @@ TASK_CHOICES = (
     "embedding",
     "rerank",
     "classify",
-)  # infra.pack.hf_source.TASK_CHOICES (not imported: cheap --help)
+    "generate",
+)  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
-QUANTIZE_CHOICES = ("int8", "int8-dynamic")  # infra.pack.precision.QUANTIZATIONS
+QUANTIZE_CHOICES = ("int8", "int8-dynamic", "int4")  # infra.pack.precision.QUANTIZATIONS
 
 
 def register(sub: Any) -> None:
@@ -57,7 +58,7 @@ def register(sub: Any) -> None:
         choices=TASK_CHOICES,
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
-        "another sequence classifier -> classify) or the task to pack",
+        "another sequence classifier -> classify; a *ForCausalLM chat model -> generate) or the task to pack",
     )
     p.add_argument(
         "--no-fuse",
@@ -77,7 +78,8 @@ def register(sub: Any) -> None:
         default=None,
         help="for --default and --from: the ONNX graph's weights int8 (onnx backend only). int8: blockwise "
         "(MatMulNBits, activations quantized per block: close to float32); int8-dynamic: ONNX Runtime's dynamic "
-        "quantization (faster, further from float32: the default gate refuses it on MiniLM). Behind the quality gate",
+        "quantization (faster, further from float32: the default gate refuses it on MiniLM); int4: causal LMs (task "
+        "generate) only, as int8 there: onnxruntime-genai's builder. Behind the quality gate",
     )
     p.add_argument(
         "--calibration",
@@ -115,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         if args.default or args.source_dir is not None:
             from infra.pack.calibration import read_calibration
             from infra.pack.hf_export import ExportError
-            from infra.pack.hf_pack import EXPORTERS, default_id, pack_from
+            from infra.pack.hf_pack import EXPORTERS, pack_from
             from infra.pack.precision import Precision
+            from infra.pack.publish import default_id
 
             precision = Precision(
                 dtype=args.dtype,

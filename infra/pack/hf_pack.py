@@ -11,7 +11,6 @@ Backend names are the run time's (handler.backends.registry); EXPORTERS says whi
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -25,20 +24,13 @@ from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safete
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
-from infra.pack.publish import check_model_id, check_output, publish
+from infra.pack.publish import check_model_id, check_output, default_id, publish
 
 # The backends `pack --from` writes an artifact for (the ONNX graph; torch.export's program), in default order.
 # Their names are checked against the backend registry first: one place says what a backend is called.
 EXPORTERS = ("onnx", "torch")
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
-
-
-def default_id(source_dir: Path) -> str:
-    """The directory's name as a valid model id (infra.pack.publish.MODEL_ID)."""
-    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
-    return name or "model"
 
 
 def default_version(source: HFSource) -> str:
@@ -88,6 +80,10 @@ def pack_from(
     directory came from, added to the manifest's `source` (the default model: its PyPI package). `precision`:
     `--dtype` (the torch program) or `--quantize` (the ONNX graph), each behind the quality gate
     (infra.pack.quality: refused below its threshold before anything is written), recorded as `precision`."""
+    from infra.pack.lm_source import is_causal_lm
+
+    if task == "generate" or (task == "auto" and is_causal_lm(Path(source_dir))):
+        return _pack_generate(source_dir, out, model_id, version, backends, force, source_info, precision)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     source = read_source(Path(source_dir), task)
     chosen, unsupported = choose_backends(backends), dict[str, str]()
@@ -170,6 +166,33 @@ def pack_from(
             return manifest
 
         return publish(with_golden(build), out, force, [source.root])
+
+
+def _pack_generate(
+    source_dir: Path,
+    out: Path,
+    model_id: str | None,
+    version: str | None,
+    backends: Iterable[str] | None,
+    force: bool,
+    source_info: dict[str, str] | None,
+    precision: Precision | None,
+) -> Path:
+    """A causal LM: task generate, onnxruntime-genai's graph (infra.pack.lm_pack), its one backend."""
+    from infra.pack.lm_pack import BACKEND, pack_lm
+
+    chosen = [b.strip() for b in backends or () if b.strip()]
+    if backends is not None and chosen != [BACKEND]:
+        raise UnsupportedModelError(f"backends {', '.join(chosen) or '(none)'}: task generate packs {BACKEND} only")
+    return pack_lm(
+        Path(source_dir),
+        out,
+        model_id=model_id,
+        version=version,
+        force=force,
+        precision=precision,
+        source_info=source_info,
+    )
 
 
 def tokenizer_shortcut(path: Path, max_length: int, pad_id: int, out: Path) -> dict[str, Any] | None:

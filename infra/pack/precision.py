@@ -18,7 +18,8 @@ from typing import Any
 from infra.pack.hf_source import UnsupportedModelError
 
 DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("int8", "int8-dynamic")  # infra.pack.quantize.METHODS
+QUANTIZATIONS = ("int8", "int8-dynamic", "int4")  # infra.pack.quantize.METHODS, and int4 for task generate
+ENCODER_QUANTIZATIONS = ("int8", "int8-dynamic")  # int4: the model builder's, causal LMs only (infra.pack.lm_pack)
 ONNX_DTYPE_REFUSED = (
     "ONNX graphs are packed float32 or int8 only: ONNX Runtime's CPU execution provider has no bfloat16 kernels "
     "(MatMul, Add: NOT_IMPLEMENTED) and ran all-MiniLM-L6-v2's float16 graph at 1.08x float32's CPU time (batch "
@@ -68,6 +69,11 @@ class Precision:
     ) -> tuple[tuple[str, ...], dict[str, str]]:
         """The backends that run this precision: one asked for that cannot is refused; from the default set it
         is dropped with the reason in `unsupported_backends`."""
+        if self.quantize is not None and self.quantize not in ENCODER_QUANTIZATIONS:
+            raise PrecisionError(
+                f"--quantize {self.quantize} is for causal LMs (task generate); encoders: "
+                f"{', '.join(ENCODER_QUANTIZATIONS)}"
+            )
         cannot = {}
         if self.quantize is not None:
             cannot["torch"] = TORCH_INT8_REFUSED

@@ -30,6 +30,15 @@ class OutputError(ValueError):
     """An output directory `warmstart pack` refuses to write or replace (raised before anything is written)."""
 
 
+_ID_CHARS = re.compile(r"[^a-z0-9._-]+")
+
+
+def default_id(source_dir: Path) -> str:
+    """The directory's name as a valid model id (MODEL_ID)."""
+    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
+    return name or "model"
+
+
 def check_model_id(model_id: str) -> str:
     if not MODEL_ID.fullmatch(model_id):
         raise OutputError(f"--id {model_id!r}: not a valid model id; valid: {MODEL_ID_RULE}")
@@ -115,8 +124,15 @@ def file_entries(root: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sources: Iterable[Path] = ()) -> Path:
-    """Build into a temporary sibling directory, then rename: `out` is never half-written."""
+def publish(
+    build: Callable[[Path], dict[str, Any]],
+    out: Path,
+    force: bool,
+    sources: Iterable[Path] = (),
+    read_back: Callable[[Path], Any] = load_manifest,
+) -> Path:
+    """Build into a temporary sibling directory, then rename: `out` is never half-written. `read_back`: how the
+    written manifest is read back (default: as a model load reads it, the task's fields checked)."""
     out = check_output(out, force, sources)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -125,7 +141,7 @@ def publish(build: Callable[[Path], dict[str, Any]], out: Path, force: bool, sou
         manifest = build(tmp)
         manifest["files"] = file_entries(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        load_manifest(tmp)  # what we wrote must read back
+        read_back(tmp)  # what we wrote must read back
         check_output(out, force, sources)  # still ours: nothing was put there while we built
         replace_dir(tmp, out)
     except BaseException:

@@ -83,8 +83,8 @@ def test_check_refuses_below_the_threshold_with_the_figure() -> None:
 def test_precision_closed_sets_list_the_valid_choices() -> None:
     with pytest.raises(PrecisionError, match="valid: float32, float16, bfloat16"):
         Precision(dtype="int4")
-    with pytest.raises(PrecisionError, match="valid: int8, int8-dynamic"):
-        Precision(quantize="int4")
+    with pytest.raises(PrecisionError, match="valid: int8, int8-dynamic, int4"):
+        Precision(quantize="int2")
     with pytest.raises(PrecisionError, match="choose one"):
         Precision(dtype="float16", quantize="int8")
     with pytest.raises(PrecisionError, match="between 0 and 1"):

@@ -1,0 +1,267 @@
+"""`warmstart pack --from DIR` for a causal LM (task "generate"): onnxruntime-genai's model builder on a staged
+copy of the directory, the quality gate against transformers, then publish.
+
+read_lm_source (check everything, write nothing) -> check the tensors against the architecture -> stage
+(config, tokenizer files, links to the weights: the user's directory is never written) -> the builder in a child
+process (infra/pack/lm_build_child.py: its config fixes, its memory freed when it exits) -> the gate
+(infra.pack.lm_quality: float32 exact, int8/int4 above --min-quality) -> publish: model.onnx, model.onnx.data,
+genai_config.json (eos and search defaults set to the manifest's), the user's tokenizer.json, the manifest
+(`generation`: what the task reads). The builder's own tokenizer files are not packed: the handler tokenizes
+with `tokenizers` and feeds ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from handler.core.manifest import FORMAT, FORMAT_VERSION
+from infra.pack.hf_checks import SourceError
+from infra.pack.lm_source import SIDE_FILES, LMSource, check_tensors, read_lm_source
+from infra.pack.precision import Precision, PrecisionError
+from infra.pack.publish import check_model_id, check_output, default_id, publish
+
+BACKEND = "genai"
+GENAI_CONFIG = "genai_config.json"
+MODEL_FILE = "model.onnx"
+MODEL_DATA = "model.onnx.data"
+TOKENIZER_FILE = "tokenizer.json"
+# --dtype / --quantize -> the builder's -p on CPU. float16/bfloat16 graphs are the builder's CUDA targets only
+# (0.18 writes them for -e cuda/dml/webgpu): refused, with what CPU packs.
+BUILDER_PRECISION = {("float32", None): "fp32", ("float32", "int8"): "int8", ("float32", "int4"): "int4"}
+CPU_CHOICES = "--dtype float32, --quantize int8, --quantize int4"
+DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalty")
+_CHILD = Path(__file__).with_name("lm_build_child.py")
+
+
+def builder_precision(precision: Precision) -> str:
+    found = BUILDER_PRECISION.get((precision.dtype, precision.quantize))
+    if found is None:
+        what = f"--quantize {precision.quantize}" if precision.quantize else f"--dtype {precision.dtype}"
+        raise PrecisionError(
+            f"{what}: not packed for task generate (onnxruntime-genai's builder writes float16/bfloat16 graphs for "
+            f"CUDA only, and int8-dynamic is an encoder quantization); valid on CPU: {CPU_CHOICES}"
+        )
+    return found
+
+
+def pack_lm(
+    source_dir: Path,
+    out: Path,
+    *,
+    model_id: str | None = None,
+    version: str | None = None,
+    force: bool = False,
+    precision: Precision | None = None,
+    source_info: dict[str, str] | None = None,
+    builder_options: dict[str, str] | None = None,
+) -> Path:
+    """Pack the causal LM in `source_dir` into `out` (refusals before anything is written)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers (ours and the builder's) never reaches for a hub
+    precision = precision or Precision()
+    label = precision.quantize or precision.dtype
+    target = builder_precision(precision)
+    source = read_lm_source(Path(source_dir))
+    model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
+    out = check_output(out, force, [source.root])
+    check_tensors(source)
+    tokenizer = load_tokenizer(source)
+    generation = generation_fields(source, tokenizer)
+    version = version or f"{default_id(source.root)}-{source.content_sha256[:12]}"
+    with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
+        staged = stage(source, Path(staging) / "source")
+        built = Path(staging) / "built"
+        run_builder(staged, built, Path(staging) / "cache", target, builder_options or {})
+        edit_genai_config(built / GENAI_CONFIG, generation)
+        generation["kv"]["dtype"] = kv_dtype(built / MODEL_FILE)
+
+        from infra.pack import lm_quality
+        from infra.pack.lm_calibration import NEW_TOKENS, builtin_prompts
+
+        prompts = list(precision.calibration) if precision.calibration is not None else builtin_prompts()
+        figures = lm_quality.measure(source, built, prompts, NEW_TOKENS, generation["eos_token_ids"])
+        quality = lm_quality.check(figures, label, precision.min_quality)
+
+        def build(tmp: Path) -> dict[str, Any]:
+            for name in (GENAI_CONFIG, MODEL_FILE, MODEL_DATA):
+                shutil.move(built / name, tmp / name)
+            shutil.copyfile(source.tokenizer_json, tmp / TOKENIZER_FILE)
+            manifest = manifest_for(source, model_id, str(version), generation)
+            manifest["precision"] = precision.entry(quality, backend=BACKEND)
+            manifest["source"].update(source_info or {})
+            return manifest
+
+        return publish(build, out, force, [source.root], read_back=read_back)
+
+
+def read_back(root: Path) -> Any:
+    """The manifest read as a model load reads it (the generate task's fields checked) where the task is
+    installed; else its structure and files (handler.core.manifest)."""
+    from handler.core.errors import ConfigError
+    from handler.core.manifest import load_manifest
+    from handler.tasks import catalog
+
+    try:
+        catalog.spec("generate")
+    except ConfigError:
+        return load_manifest(root)
+    return catalog.load_manifest(root)
+
+
+def load_tokenizer(source: LMSource) -> Any:
+    import transformers  # pack time only
+
+    from infra.pack.hf_checks import one_line
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(source.root), local_files_only=True, use_fast=True)
+    except Exception as e:  # a tokenizer_config.json transformers cannot build from
+        raise SourceError(f"{source.root}: transformers cannot load its tokenizer ({one_line(e)})") from None
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def generation_fields(source: LMSource, tokenizer: Any) -> dict[str, Any]:
+    """The manifest's `generation` (the contract): what transformers reads of the directory."""
+    config, gen = source.config, source.generation_config
+    eos = list(dict.fromkeys(_ids(gen.get("eos_token_id")) + _ids(config.get("eos_token_id"))))
+    if not eos and tokenizer.eos_token_id is not None:
+        eos = [int(tokenizer.eos_token_id)]
+    if not eos:
+        raise SourceError(f"{source.root}: no eos token id (generation_config.json, config.json, the tokenizer)")
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        bos = next(iter(_ids(gen.get("bos_token_id")) + _ids(config.get("bos_token_id"))), None)
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = next(iter(_ids(gen.get("pad_token_id")) + _ids(config.get("pad_token_id"))), None)
+    probe = tokenizer("hello world")["input_ids"]
+    heads = int(config["num_attention_heads"])
+    return {
+        "chat_template": source.chat_template,
+        "special_tokens": {
+            name: (str(getattr(tokenizer, name)) if getattr(tokenizer, name, None) is not None else None)
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+        },
+        "bos_token_id": None if bos is None else int(bos),
+        "eos_token_ids": [int(i) for i in eos],
+        "pad_token_id": None if pad is None else int(pad),
+        "add_bos_token": bool(bos is not None and probe and probe[0] == bos),
+        "context_length": source.context_length,
+        "vocab_size": int(config["vocab_size"]),
+        "defaults": {k: gen[k] for k in DEFAULT_KEYS if k in gen},
+        "kv": {
+            "layers": int(config["num_hidden_layers"]),
+            "kv_heads": int(config.get("num_key_value_heads") or heads),
+            "head_dim": int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            "dtype": "float32",
+        },
+    }
+
+
+def stage(source: LMSource, where: Path) -> Path:
+    """What the builder reads, in a directory of ours: the JSON and tokenizer files copied, the weights linked
+    (never written: the builder loads them read-only through transformers)."""
+    where.mkdir(parents=True)
+    for name in SIDE_FILES:
+        if (source.root / name).is_file():
+            shutil.copyfile(source.root / name, where / name)
+    for path in source.weights:
+        os.symlink(path.resolve(), where / path.name)
+    index = source.root / "model.safetensors.index.json"
+    if index.is_file():
+        shutil.copyfile(index, where / index.name)
+    return where
+
+
+def run_builder(staged: Path, built: Path, cache: Path, target: str, options: dict[str, str]) -> None:
+    """onnxruntime-genai's builder in a child process (infra/pack/lm_build_child.py)."""
+    args = {"input": str(staged), "output": str(built), "precision": target, "cache": str(cache), "extra": options}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, str(_CHILD), json.dumps(args)], capture_output=True, text=True, env=env, check=False
+    )
+    if result.returncode != 0 or not (built / MODEL_FILE).is_file():
+        lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+        raise SourceError(f"onnxruntime-genai's model builder failed ({target}): {lines[-1] if lines else 'no output'}")
+    if not (built / MODEL_DATA).is_file():  # the tiniest graphs keep their weights inline: an empty data file
+        (built / MODEL_DATA).write_bytes(b"")
+
+
+def edit_genai_config(path: Path, generation: dict[str, Any]) -> None:
+    """The builder's genai_config.json with the manifest's eos ids and sampling defaults (the engine's search
+    options come from the request; these are what a plain onnxruntime-genai client would use)."""
+    config = json.loads(path.read_text())
+    model = config["model"]
+    model["eos_token_id"] = list(generation["eos_token_ids"])
+    if generation["pad_token_id"] is not None:
+        model["pad_token_id"] = generation["pad_token_id"]
+    model["context_length"] = generation["context_length"]
+    search = config.setdefault("search", {})
+    defaults = generation["defaults"]
+    search["do_sample"] = bool(defaults.get("do_sample", False))
+    for key in ("temperature", "top_p", "top_k", "repetition_penalty"):
+        if key in defaults:
+            search[key] = defaults[key]
+    path.write_text(json.dumps(config, indent=4) + "\n")
+
+
+def kv_dtype(model_path: Path) -> str:
+    """The KV cache's element type: the graph's first past-key input (float32 on CPU, float16 for a CUDA graph)."""
+    import onnx  # pack time only
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    for value in graph.input:
+        if value.name.startswith("past_key_values"):
+            elem = value.type.tensor_type.elem_type
+            return "float16" if elem == onnx.TensorProto.FLOAT16 else "float32"
+    return "float32"
+
+
+def manifest_for(source: LMSource, model_id: str, version: str, generation: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of /work/contract-generate.md."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "id": model_id,
+        "version": version,
+        "task": "generate",
+        "family": source.family,
+        "default_backend": BACKEND,
+        "source": {
+            "dir": source.root.resolve().name,
+            "architecture": source.architecture,
+            "content_sha256": source.content_sha256,
+        },
+        "backends": {
+            BACKEND: {"config": GENAI_CONFIG, "model": MODEL_FILE, "files": [GENAI_CONFIG, MODEL_FILE, MODEL_DATA]}
+        },
+        "inputs": [],
+        "outputs": [],
+        "tokenizer": {"file": TOKENIZER_FILE},
+        "generation": generation,
+        "shape": {
+            "hidden": int(source.config["hidden_size"]),
+            "layers": int(source.config["num_hidden_layers"]),
+            "heads": int(source.config["num_attention_heads"]),
+            **(
+                {"intermediate": source.config["intermediate_size"]}
+                if type(source.config.get("intermediate_size")) is int and source.config["intermediate_size"] > 0
+                else {}
+            ),
+        },
+    }

@@ -1,0 +1,238 @@
+"""`warmstart pack --from DIR` for causal LMs (task generate): every family's tiny chat model packed through
+onnxruntime-genai's builder decodes token-exact against transformers, the manifest's `generation` is what
+transformers reads, int4 records its gate's figures, and each refusal is one typed line before anything is
+written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.lm_pack import SLIDING, pack_tiny_lm, source_dir
+from tests.lm_models import LM_FAMILIES
+
+LONG_TEXT = (
+    "the quick brown fox jumps over the lazy dog . what is the capital of france ? paris is the capital of "
+    "france . write a short poem about the sea . the sea is blue and deep and wide ."
+)
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("lm-packs")
+    return {family: pack_tiny_lm(out, family) for family in LM_FAMILIES}
+
+
+def _transformers(family: str) -> tuple[Any, Any]:
+    import transformers
+
+    src = source_dir(family)
+    tok = transformers.AutoTokenizer.from_pretrained(str(src))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(src))
+    model.eval()
+    return tok, model
+
+
+def _og_greedy(pack: Path, ids: list[int], new: int) -> list[int]:
+    import onnxruntime_genai as og
+
+    model = og.Model(str(pack))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + new)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    out: list[int] = []
+    while len(out) < new and not generator.is_done():
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+    return out
+
+
+def _hf_greedy(model: Any, ids: list[int], new: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new)
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_greedy_is_token_exact(packs: dict[str, Path], family: str) -> None:
+    from tokenizers import Tokenizer
+
+    pack = packs[family]
+    tok, model = _transformers(family)
+    packed_tok = Tokenizer.from_file(str(pack / "tokenizer.json"))
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "what is the capital of france ?"}], tokenize=False, add_generation_prompt=True
+    )
+    chat_ids = packed_tok.encode(rendered, add_special_tokens=False).ids
+    assert chat_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    raw_ids = packed_tok.encode(LONG_TEXT).ids  # a raw prompt, the tokenizer's own bos where it adds one
+    assert raw_ids == tok(LONG_TEXT)["input_ids"]
+    if family in SLIDING:
+        assert len(raw_ids) > 16 + 8  # past the window of 16, decoding further still
+    for ids in (chat_ids, raw_ids):
+        want = _hf_greedy(model, ids, NEW)
+        assert len(want) >= 8
+        assert _og_greedy(pack, ids, NEW) == want
+    # Greedy tokens can agree on a model that repeats itself (the tiny gemma3 does): the logits at every position
+    # of the long prompt, fed a token at a time past the window, must be transformers' too.
+    assert _og_logits_diff(pack, model, raw_ids) < 1e-3
+
+
+def _og_logits_diff(pack: Path, model: Any, ids: list[int]) -> float:
+    import numpy as np
+    import onnxruntime_genai as og
+    import torch
+
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    graph = og.Model(str(pack))
+    params = og.GeneratorParams(graph)
+    params.set_search_options(do_sample=False, max_length=len(ids) + 1)
+    generator = og.Generator(graph, params)
+    generator.append_tokens(ids[:4])
+    worst = float(np.abs(np.asarray(generator.get_logits())[0, -1] - want[3]).max())
+    for i in range(4, len(ids)):
+        generator.append_tokens([ids[i]])
+        worst = max(worst, float(np.abs(np.asarray(generator.get_logits())[0, -1] - want[i]).max()))
+    return worst
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_generation_fields_are_what_transformers_reads(packs: dict[str, Path], family: str) -> None:
+    from handler.core.manifest import load_manifest, verify_sha256
+
+    pack = packs[family]
+    tok, model = _transformers(family)
+    manifest = load_manifest(pack)
+    verify_sha256(manifest)
+    raw = manifest.raw
+    assert raw["task"] == "generate" and raw["family"] == family and raw["default_backend"] == "genai"
+    assert raw["backends"]["genai"] == {
+        "config": "genai_config.json",
+        "model": "model.onnx",
+        "files": ["genai_config.json", "model.onnx", "model.onnx.data"],
+    }
+    assert sorted(p.name for p in pack.iterdir()) == sorted([*raw["files"], "manifest.json"])
+    assert (pack / "tokenizer.json").read_bytes() == (source_dir(family) / "tokenizer.json").read_bytes()
+    gen = raw["generation"]
+    assert gen["chat_template"] == tok.chat_template
+    want_eos = model.generation_config.eos_token_id
+    want_eos = want_eos if isinstance(want_eos, list) else [want_eos]
+    assert gen["eos_token_ids"][: len(want_eos)] == want_eos
+    assert set(gen["eos_token_ids"]) == set(want_eos) | {model.config.eos_token_id}
+    assert gen["bos_token_id"] == tok.bos_token_id
+    assert gen["pad_token_id"] == tok.pad_token_id
+    assert gen["special_tokens"] == {
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "pad_token": tok.pad_token,
+        "unk_token": tok.unk_token,
+    }
+    assert gen["add_bos_token"] == (tok.bos_token_id is not None and tok("hi")["input_ids"][0] == tok.bos_token_id)
+    assert gen["add_bos_token"] == (family in ("llama", "gemma3_text", "phi3", "mistral"))
+    assert gen["context_length"] == model.config.max_position_embeddings
+    assert gen["vocab_size"] == model.config.vocab_size
+    assert gen["defaults"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "do_sample": True}
+    assert gen["kv"] == {
+        "layers": model.config.num_hidden_layers,
+        "kv_heads": model.config.num_key_value_heads,
+        "head_dim": model.config.head_dim if hasattr(model.config, "head_dim") else 16,
+        "dtype": "float32",
+    }
+    genai = json.loads((pack / "genai_config.json").read_text())
+    assert genai["model"]["eos_token_id"] == gen["eos_token_ids"]
+    assert genai["search"]["top_k"] == 20 and genai["search"]["do_sample"] is True
+    quality = raw["precision"]["quality"]
+    assert quality["figure"] == 1.0 and quality["top1_agreement"] == 1.0 and quality["items"] == 8
+
+
+def test_chat_template_file_and_named_list(tmp_path: Path) -> None:
+    from infra.pack.lm_source import read_lm_source
+    from tests.lm_models import QWEN3_TEMPLATE, make_lm_dir
+
+    src = make_lm_dir(tmp_path / "a", "qwen3", chat_template_file=True)
+    assert "chat_template" not in json.loads((src / "tokenizer_config.json").read_text())
+    assert read_lm_source(src).chat_template == QWEN3_TEMPLATE
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "y"}]
+    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert read_lm_source(src).chat_template == "y"
+
+
+def test_int4_records_its_quality(tmp_path: Path) -> None:
+    from handler.core.manifest import load_manifest
+
+    pack = pack_tiny_lm(tmp_path, "qwen3", quantize="int4")
+    precision = load_manifest(pack).raw["precision"]
+    assert precision["quantization"] == "int4" and precision["backend"] == "genai"
+    quality = precision["quality"]
+    assert 0.0 <= quality["figure"] < 1.0  # the tiny random model quantizes badly (infra.pack.lm_quality)
+    assert quality["figure"] == quality["greedy_agreement"]
+    assert 0.0 < quality["top1_agreement"] <= 1.0
+    assert quality["min_quality"] == 0.0 and quality["items"] == 8
+    assert (pack / "model.onnx.data").stat().st_size < (source_dir("qwen3") / "model.safetensors").stat().st_size
+
+
+def test_quantized_below_the_gate_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    from infra.pack.hf_pack import pack_from
+    from infra.pack.precision import Precision
+    from infra.pack.quality import QualityError
+
+    with pytest.raises(QualityError, match=r"--quantize int4: quality .* is below --min-quality 0\.99"):
+        pack_from(source_dir("qwen3"), tmp_path / "out", precision=Precision(quantize="int4", min_quality=0.99))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_float32_must_be_exact() -> None:
+    from infra.pack.lm_quality import check
+    from infra.pack.quality import QualityError
+
+    figures = {"metric": "m", "figure": 0.9375, "top1_agreement": 1.0, "items": 8}
+    with pytest.raises(QualityError, match="cannot be proved equal to the source"):
+        check(figures, "float32", None)
+    assert check({**figures, "figure": 1.0}, "float32", 0.0)["min_quality"] == 1.0
+
+
+def test_cli_packs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["pack", "--from", str(source_dir("llama")), "--task", "generate", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["task"] == "generate" and printed["backends"] == ["genai"]
+    assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out)]) == 1  # exists, no --force
+    assert "exists" in capsys.readouterr().err
+    assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out), "--force"]) == 0
+
+
+def test_bench_qwen3_chat_model_packs(tmp_path: Path) -> None:
+    """bench/pack/models.py's Qwen3-0.6B-shaped chat model (here its tiny override) packs as task generate."""
+    from bench.pack.models import CHATML_TEMPLATE, qwen3_chat
+    from handler.core.manifest import load_manifest
+    from infra.pack.hf_pack import pack_from
+
+    tiny = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    src = qwen3_chat(tmp_path / "src", intermediate_size=128, vocab_size=1024, max_position_embeddings=512, **tiny)
+    gen = load_manifest(pack_from(src, tmp_path / "out")).raw["generation"]
+    assert gen["chat_template"] == CHATML_TEMPLATE and gen["add_bos_token"] is False
+    assert gen["eos_token_ids"] == [1000, 998]  # <|im_end|>, <|endoftext|>: 26 special ids end the 1,024
+    assert gen["vocab_size"] == 1024 and gen["context_length"] == 512
+    assert gen["defaults"] == {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+def test_calibration_prompts_replace_the_builtin_ones(tmp_path: Path) -> None:
+    from handler.core.manifest import load_manifest
+    from infra.pack.hf_pack import pack_from
+    from infra.pack.precision import Precision
+
+    precision = Precision(calibration=("hello there", "write json"))
+    quality = load_manifest(pack_from(source_dir("mistral"), tmp_path / "out", precision=precision)).raw["precision"]
+    assert quality["quality"]["items"] == 2 and quality["quality"]["calibration"] == "file"
+    assert quality["quality"]["figure"] == 1.0
