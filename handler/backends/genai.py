@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,8 +57,10 @@ class GenaiEngine:
         entry = manifest.backends[NAME]
         if entry.get("config", CONFIG_FILE) != CONFIG_FILE:
             raise ModelLoadError(f"{manifest.root}: backends.genai.config must be {CONFIG_FILE!r}")
-        manifest.path(CONFIG_FILE)  # listed in `files` (the loader checked its size)
+        config_path = manifest.path(CONFIG_FILE)  # listed in `files` (the loader checked its size)
         options = manifest.options
+        self.context_length = int(options.get("context_length") or 0)
+        self.window = _window(config_path)
         self.vocab_size = int(options.get("vocab_size") or 0)
         self._eos = list(options.get("eos_token_ids") or [])
         with timer.phase("load"):
@@ -140,6 +143,10 @@ class GenaiEngine:
     def _params(self, request: dict[str, Any]) -> Any:
         params = og.GeneratorParams(self.model)
         length = len(request["prompt_ids"]) + int(request["max_tokens"])
+        # A sliding-window model's cache holds at least the window: onnxruntime-genai refuses a shorter max_length
+        # (GroupQueryAttention: "KV cache capacity must be at least local_window_size"). The loop itself stops
+        # at max_tokens, so the longer length only sizes the cache.
+        length = max(length, min(self.window, self.context_length or self.window))
         temperature = float(request["temperature"])
         if temperature == 0:
             params.set_search_options(max_length=length, do_sample=False)
@@ -226,3 +233,12 @@ class GenaiEngine:
 
 def create() -> GenaiEngine:
     return GenaiEngine()
+
+
+def _window(config_path: Path) -> int:
+    """The sliding window of the pack's genai_config.json (0: none)."""
+    try:
+        decoder = json.loads(config_path.read_text())["model"]["decoder"]
+        return int((decoder.get("sliding_window") or {}).get("window_size") or 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelLoadError(f"{config_path}: not a readable onnxruntime-genai config ({e})") from None

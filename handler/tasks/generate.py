@@ -68,19 +68,34 @@ class _Decoder:
                 self.stream = stream(ids=prompt_ids[-PREFIX_TOKENS:], skip_special_tokens=True)
             except TypeError:  # a version without the prefix
                 self.stream = stream(skip_special_tokens=True)
+        self.prefix = prompt_ids[-PREFIX_TOKENS:]
         self.ids: list[int] = []
         self.done = ""
+        self.sent = ""  # every delta given so far
 
     def step(self, token: int) -> str | None:
         if self.stream is not None:
+            self.ids.append(token)
             out: str | None = self.stream.step(self.tokenizer, token)
+            self.sent += out or ""
             return out
         self.ids.append(token)
         text: str = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # a partial UTF-8 character: wait for its next byte
             return None
         delta, self.done = text[len(self.done) :], text
+        self.sent += delta
         return delta or None
+
+    def rest(self) -> str:
+        """What the tokens hold that no delta gave: the bytes of a character the generation ended inside of.
+        Decoded whole as transformers' `decode` gives them (U+FFFD), so the answer is the same text."""
+        if not self.ids:
+            return ""
+        base = self.tokenizer.decode(self.prefix, skip_special_tokens=True)
+        full = self.tokenizer.decode(self.prefix + self.ids, skip_special_tokens=True)
+        text = full[len(base) :] if full.startswith(base) else ""
+        return text[len(self.sent) :] if text.startswith(self.sent) else ""
 
 
 class GenerateTask:
@@ -169,7 +184,7 @@ class GenerateTask:
             raise TypeError(f"a generate engine's submit returns an iterator, not {type(tokens).__name__}")
         decoder = _Decoder(self.tokenizer, request["prompt_ids"])
         held, held_ids = "", []  # text not yet sent (a possible stop string's start), and its ids
-        made, finish = 0, "length"
+        made, finish, cut_by_stop = 0, "length", False
         step_s, last = 0.0, time.perf_counter()
         try:
             while True:
@@ -196,7 +211,7 @@ class GenerateTask:
                 if cut >= 0:
                     if held[:cut]:
                         yield {"text": held[:cut], "token_ids": held_ids}
-                    held, held_ids, finish = "", [], "stop"
+                    held, held_ids, finish, cut_by_stop = "", [], "stop", True
                     break
                 keep = held_prefix(held, stops) if stops else 0
                 if len(held) > keep:
@@ -206,6 +221,13 @@ class GenerateTask:
             close = getattr(tokens, "close", None)
             if callable(close):
                 close()  # the engine's generator (and its KV cache) freed now, not at garbage collection
+        if not cut_by_stop:
+            # Ended inside a character (max_tokens, eos, the deadline): its bytes as transformers decodes them.
+            # A stop string the rest completes is still cut.
+            held += decoder.rest()
+            cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                held, finish = held[:cut], "stop"
         if held or held_ids:
             yield {"text": held, "token_ids": held_ids}
         n = len(request["prompt_ids"])
