@@ -11,7 +11,10 @@ Per round and variant (the order rotated round by round, bench/runner.py `order`
 Variants: `ours:NAME=PACK_DIR` (each pack, e.g. float32 and int4) and `transformers` (the source directory,
 float32, torch's intra-op threads set to the count warmstart takes from the same quota). The page cache is warm.
 
-Usage: .venv/bin/python bench/generate/run.py --source DIR --pack fp32=DIR --pack int4=DIR
+The KV budget is derived from AWS_LAMBDA_FUNCTION_MEMORY_SIZE (3,008 MB unless a pack says `NAME=DIR:MB`: a
+float32 0.6B model holds 2.9 GB after loading and does not fit 3,008 MB); the CPU quota is --vcpus either way.
+
+Usage: .venv/bin/python bench/generate/run.py --source DIR --pack fp32=DIR[:MB] --pack int4=DIR
        [--rounds 3] [--vcpus 1.7] [--prompt-tokens 512] [--max-tokens 64]
 """
 
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         raise SystemExit(f"bench/generate/run.py {why}")
     packs = dict(p.split("=", 1) for p in args.pack)
+    memory = {n: (d.rsplit(":", 1)[1] if ":" in d else "3008") for n, d in packs.items()}
+    packs = {n: d.rsplit(":", 1)[0] if ":" in d else d for n, d in packs.items()}
     variants = [*(f"ours-{n}" for n in packs), "transformers"]
     results = Results("generate", vars(args))
     with quotas(*variants) as qs:
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     model = packs[name.removeprefix("ours-")]
                     argv_ = [sys.executable, DRIVER, "serve", "ours", "--model", model]
-                    env = base_env(WARMSTART_MODEL=model, AWS_LAMBDA_FUNCTION_MEMORY_SIZE="3008")
+                    memory_mb = memory[name.removeprefix("ours-")]
+                    env = base_env(WARMSTART_MODEL=model, AWS_LAMBDA_FUNCTION_MEMORY_SIZE=memory_mb)
                 child = Child(qs[name].wrap(argv_), env, MARK)
                 try:
                     request = {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}

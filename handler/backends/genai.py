@@ -96,9 +96,18 @@ class GenaiEngine:
         if limit.source == "fallback":
             return None
         total = limit.mb * 2**20
-        free = total - resident_bytes() - total * MARGIN
+        resident = resident_bytes()
+        free = total - resident - total * MARGIN
         tokens = int(free // per_token) if free > 0 else 0
-        return max(1, min(tokens, context)) if context else max(1, tokens)
+        if tokens < min(MIN_KV_TOKENS, context or MIN_KV_TOKENS):
+            # An instance that could answer nothing fails its init with the figures, not every request after.
+            raise ModelLoadError(
+                f"the model leaves this instance too little memory: the process holds {resident / 2**20:,.0f} MB "
+                f"of {limit.mb:,.0f} MB ({limit.source}) after loading it, and with {MARGIN:.0%} kept free the KV "
+                f"cache has room for {tokens} tokens ({per_token:,} bytes each), fewer than {MIN_KV_TOKENS}: give "
+                "the function more memory, or pack the model smaller (`warmstart pack --quantize int4`)"
+            )
+        return min(tokens, context) if context else tokens
 
     def warm_device(self) -> dict[str, Any]:
         # The task's warm-up (two generated tokens) runs the model for real; nothing to do before it.
@@ -233,6 +242,9 @@ class GenaiEngine:
 
 def create() -> GenaiEngine:
     return GenaiEngine()
+
+
+MIN_KV_TOKENS = 256  # the least KV room an instance must have to be worth starting: a short chat and its answer
 
 
 def _window(config_path: Path) -> int:
