@@ -36,7 +36,10 @@ from handler.tasks.oip_io import BYTES, DATATYPES
 PREFIX = "/v2"
 KNOWN_DATATYPES = (*DATATYPES.values(), "UINT16", "UINT32", "UINT64", "INT16", BYTES)
 PLATFORMS = {"onnx": "onnxruntime_onnx"}  # Triton's name; other backends: warmstart_<backend>
-GET_KINDS = ("server", "live", "ready", "model", "model_ready")
+BINARY_REFUSED = (
+    "the binary tensor extension (Inference-Header-Content-Length) is not served: send JSON tensors "
+    "(tritonclient: set_data_from_numpy(array, binary_data=False))"
+)
 
 
 class ModelNotServedError(RequestError):

@@ -256,6 +256,9 @@ class Routes:
         """The Open Inference Protocol's routes (`handler.api.oip`): its answers, and its `{"error"}` shape."""
         kind, name = oip.match(request.url.path) or ("", None)
         if kind == "infer" and name is not None:
+            if "inference-header-content-length" in request.headers:  # not JSON: refused before its body is read
+                self.host.runtime.count("rejected")
+                return JSONResponse({"error": oip.BINARY_REFUSED}, 400, headers={"connection": "close"})
             answer = await self.infer(oip.Infer(name), request)
             if answer.status_code >= 400 and answer.media_type == "application/json":
                 headers = {k: v for k, v in answer.headers.items() if k not in ("content-length", "content-type")}

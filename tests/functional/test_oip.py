@@ -268,6 +268,11 @@ def test_tritonclient(live_url: str, client: TestClient) -> None:
         native = client.post("/invocations", json={"inputs": TEXTS}).json()["embeddings"]
         assert got.dtype == np.float32 and got.shape == (3, DIM)
         np.testing.assert_array_equal(got, np.asarray(native, np.float32))
+        assert triton.infer(MODEL_ID, [text]).as_numpy("embedding").shape == (3, DIM)  # no outputs named: all
+        binary = http.InferInput("text", [1], "BYTES")
+        binary.set_data_from_numpy(np.array(["a"], dtype=object))  # the client's default: binary data
+        with pytest.raises(InferenceServerException, match=r"binary_data=False"):
+            triton.infer(MODEL_ID, [binary])
         with pytest.raises(InferenceServerException, match="is FP32; the model takes BYTES"):
             wrong = http.InferInput("text", [1], "FP32")
             wrong.set_data_from_numpy(np.zeros(1, np.float32), binary_data=False)
