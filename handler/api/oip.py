@@ -264,19 +264,17 @@ def get(runtime: Any, kind: str, name: str | None, version: str, ready: bool) ->
 
 
 def lambda_answer(runtime: Any, kind: str, name: str | None, method: str, payload: Any, inv: Any) -> tuple[int, Any]:
-    """A Lambda HTTP event on this protocol's path → (status, body); errors in the protocol's shape."""
+    """A Lambda HTTP event on this protocol's path → (status, body); an error is raised (the caller counts,
+    logs and answers it in the protocol's shape). `payload`: a callable giving the event's body."""
     from handler.core.version import VERSION
 
-    try:
-        if method != method_for(kind):
-            from handler.api.sources import MethodNotAllowedError
+    if method != method_for(kind):
+        from handler.api.sources import MethodNotAllowedError
 
-            raise MethodNotAllowedError(f"method {method} is not allowed here; {method_for(kind)} it")
-        if kind != "infer":
-            return get(runtime, kind, name, VERSION, True)
-        assert name is not None
-        route = Infer(name)
-        native = route.request(payload() if callable(payload) else payload, runtime.find)
-        return 200, route.response(runtime.infer(native, inv, route.check, route.run), None)
-    except Exception as e:
-        return error_answer(e)
+        raise MethodNotAllowedError(f"method {method} is not allowed here; {method_for(kind)} it")
+    if kind != "infer":
+        return get(runtime, kind, name, VERSION, True)
+    assert name is not None
+    route = Infer(name)
+    native = route.request(payload(), runtime.find)
+    return 200, route.response(runtime.infer(native, inv, route.check, route.run), None)

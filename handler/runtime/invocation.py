@@ -147,7 +147,11 @@ class Runtime(Instance):
                     inv.kind = "status"
                     self.count("status")
                 method = source.method(event)  # type: ignore[attr-defined]
-                status, body = oip.lambda_answer(self, *oip_route, method, partial(source.payload, event), inv)
+                try:
+                    status, body = oip.lambda_answer(self, *oip_route, method, partial(source.payload, event), inv)
+                except Exception as e:  # counted and logged as any request's; answered in the protocol's shape
+                    status, _ = self._failure(e, source.name)
+                    body = oip.error_answer(e)[1]
                 return source.respond(event, body, status)
             if source.http and source.method(event) == "GET" and source.path(event) == compat.MODELS_PATH:  # type: ignore[attr-defined]
                 inv.kind = "status"
