@@ -19,6 +19,7 @@ Only this module (and `python -m handler` in HTTP mode) imports starlette: it is
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -32,7 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from handler.api import compat, schemas
+from handler.api import compat, oip, schemas
 from handler.api.media import request_kind, response_kind
 from handler.api.sources import MethodNotAllowedError
 from handler.core.errors import (
@@ -251,6 +252,31 @@ class Routes:
         """OpenAI's `GET /v1/models`: the models this instance serves (no model run: on the loop)."""
         return JSONResponse(self.host.runtime.model_list())
 
+    async def oip(self, request: Request) -> Response:
+        """The Open Inference Protocol's routes (`handler.api.oip`): its answers, and its `{"error"}` shape."""
+        kind, name = oip.match(request.url.path) or ("", None)
+        if kind == "infer" and name is not None:
+            if "inference-header-content-length" in request.headers:  # not JSON: refused before its body is read
+                self.host.runtime.count("rejected")
+                return JSONResponse({"error": oip.BINARY_REFUSED}, 400, headers={"connection": "close"})
+            answer = await self.infer(oip.Infer(name), request)
+            if answer.status_code >= 400 and answer.media_type == "application/json":
+                headers = {k: v for k, v in answer.headers.items() if k not in ("content-length", "content-type")}
+                answer = JSONResponse(json.loads(oip.reshape_error(bytes(answer.body))), answer.status_code, headers)
+            return answer
+        try:
+            if request.method != "GET":
+                raise MethodNotAllowedError(f"method {request.method} is not allowed on {request.url.path}; GET it")
+            ready = not self.drain.draining
+            if kind == "model":  # on a thread: an on-demand model loads for its metadata
+                status, body = await asyncio.to_thread(oip.get, self.host.runtime, kind, name, VERSION, ready)
+            else:
+                status, body = oip.get(self.host.runtime, kind, name, VERSION, ready)
+        except RequestError as e:
+            self.host.runtime.count("rejected")
+            status, body = oip.error_answer(e)
+        return JSONResponse(body, status)
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(self.document)
 
@@ -307,6 +333,19 @@ GET_ROUTES: dict[str, tuple[str, str, str | None, str]] = {
 }
 
 
+# The Open Inference Protocol's paths (`handler.api.oip.match` reads them); `versions/{version}` is ignored.
+OIP_PATHS = [
+    oip.PREFIX,
+    f"{oip.PREFIX}/health/live",
+    f"{oip.PREFIX}/health/ready",
+    *(
+        f"{oip.PREFIX}/models/{{name}}{versions}{tail}"
+        for versions in ("", "/versions/{version}")
+        for tail in ("", "/ready", "/infer")
+    ),
+]
+
+
 def document() -> dict[str, Any]:
     """The OpenAPI document, from the schemas the routes validate requests with (`handler.api.schemas`)."""
     paths: dict[str, dict[str, Any]] = {}
@@ -330,6 +369,7 @@ def create_app(host: Host) -> Starlette:
     handlers = Routes(host)
     routes = [Route(path, getattr(handlers, name), methods=["GET"]) for path, (name, *_) in GET_ROUTES.items()]
     routes += [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
+    routes += [Route(path, handlers.oip, methods=ALL_METHODS) for path in OIP_PATHS]
     paths = ", ".join(sorted(r.path for r in routes))
 
     async def http_error(request: Request, exc: Exception) -> Response:

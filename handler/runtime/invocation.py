@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from handler.api import compat
+from handler.api import compat, oip
 from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
 from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
@@ -141,6 +141,18 @@ class Runtime(Instance):
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
         try:
+            oip_route = oip.match(source.path(event)) if source.http else None  # type: ignore[attr-defined]
+            if oip_route is not None:  # the Open Inference Protocol (KServe v2): its own paths, answers, errors
+                if oip_route[0] != "infer":  # answered without a model run, as a status request is
+                    inv.kind = "status"
+                    self.count("status")
+                method = source.method(event)  # type: ignore[attr-defined]
+                try:
+                    status, body = oip.lambda_answer(self, *oip_route, method, partial(source.payload, event), inv)
+                except Exception as e:  # counted and logged as any request's; answered in the protocol's shape
+                    status, _ = self._failure(e, source.name)
+                    body = oip.error_answer(e)[1]
+                return source.respond(event, body, status)
             if source.http and source.method(event) == "GET" and source.path(event) == compat.MODELS_PATH:  # type: ignore[attr-defined]
                 inv.kind = "status"
                 self.count("status")  # answered without a model run, as a status request is

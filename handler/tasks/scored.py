@@ -20,6 +20,7 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
+from handler.tasks import oip_io
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
 from handler.tasks.scoring import rank, sigmoid, softmax
@@ -185,6 +186,7 @@ PREDICTION = {"type": "object", "required": ["label", "score"], "properties": {"
 RERANK = TaskSpec(
     name=RerankTask.name,
     factory=RerankTask,
+    oip=oip_io.QueryToScores(),
     request={
         "title": "rerank",
         "type": "object",
@@ -214,6 +216,7 @@ RERANK = TaskSpec(
 CLASSIFY = TaskSpec(
     name=ClassifyTask.name,
     factory=ClassifyTask,
+    oip=oip_io.TextsToLabelScores(),
     request={
         "title": "classify",
         "type": "object",

@@ -105,6 +105,8 @@ class TaskSpec:
     tei_info_schema: Schema | None = None  # their schema (None: any object)
     npy_input: bool = False  # an `application/x-npy` body is its one input (`handler.api.media`)
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
+    # Its Open Inference Protocol tensors (an adapter of `handler.tasks.oip_io`); None: not served there.
+    oip: Any = None
 
     @property
     def info_kind(self) -> str:

@@ -1,6 +1,7 @@
-"""The Kubernetes, Knative and Cloud Run manifests and the SageMaker serverless template, validated offline with
-schema validators from PyPI: kubernetes-validate's vendored Kubernetes schemas (strict: no unknown fields),
-a Knative Service schema built on those same PodSpec definitions, and cfn-lint. Then the wiring between the
+"""The Kubernetes, Knative, KServe and Cloud Run manifests and the SageMaker serverless template, validated offline
+with schema validators from PyPI: kubernetes-validate's vendored Kubernetes schemas (strict: no unknown fields),
+a Knative Service schema and a KServe InferenceService schema built on those same PodSpec definitions (KServe's
+CRD is not on PyPI: its predictor's fields as KServe documents them), and cfn-lint. Then the wiring between the
 manifests and the handler: probes on real routes, concurrency matched to the pool, grace covering the drain."""
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ DEPLOY = ROOT / "infra" / "deploy"
 K8S = DEPLOY / "k8s" / "warmstart.yaml"
 KNATIVE = DEPLOY / "knative.yaml"
 CLOUD_RUN = DEPLOY / "cloudrun.yaml"
+KSERVE = DEPLOY / "kserve.yaml"
 SAGEMAKER = DEPLOY / "sagemaker-serverless.yaml"
 K8S_VERSION = "1.33"  # the oldest minor still supported upstream; its schema must accept the manifests
-HTTP_ROUTES = {"/ping", "/healthz", "/health", "/info"}
+HTTP_ROUTES = {"/ping", "/healthz", "/health", "/info", "/v2/health/live", "/v2/health/ready"}
 CLOUD_RUN_KILL_S = 10
 
 
@@ -97,6 +99,58 @@ def knative_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
+def kserve_validator() -> jsonschema.Draft202012Validator:
+    """serving.kserve.io/v1beta1 InferenceService with a custom-container predictor: the predictor is a strict
+    Kubernetes PodSpec (inlined, as KServe's PredictorSpec inlines it) plus KServe's ComponentExtensionSpec
+    fields (minReplicas, maxReplicas, scaleTarget, scaleMetric, containerConcurrency, timeout, ...), as
+    KServe's API reference lists them. No offline copy of KServe's CRD exists on PyPI, hence this structure."""
+    definitions = copy.deepcopy(k8s_definitions())
+    pod = definitions["$defs"]["io.k8s.api.core.v1.PodSpec"]
+    pod["properties"] |= {
+        "minReplicas": {"type": "integer", "minimum": 0},
+        "maxReplicas": {"type": "integer", "minimum": 0},
+        "scaleTarget": {"type": "integer", "minimum": 0},
+        "scaleMetric": {"enum": ["concurrency", "rps", "cpu", "memory"]},
+        "containerConcurrency": {"type": "integer", "minimum": 0},
+        "timeout": {"type": "integer", "minimum": 0},
+        "canaryTrafficPercent": {"type": "integer", "minimum": 0, "maximum": 100},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "logger": {"type": "object"},
+        "batcher": {"type": "object"},
+    }
+    pod["required"] = ["containers"]
+    definition = definitions["$defs"]["io.k8s.api.core.v1.HTTPGetAction"]  # a probe's port: the container's
+    definition["required"] = [r for r in definition.get("required", []) if r != "port"]
+    meta = {"$ref": DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://kubernetes.io/api/kserve-inferenceservice-v1beta1.json",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "serving.kserve.io/v1beta1"},
+            "kind": {"const": "InferenceService"},
+            "metadata": meta,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["predictor"],
+                "properties": {"predictor": {"$ref": DEFS + "io.k8s.api.core.v1.PodSpec"}},
+            },
+        },
+    }
+    registry: Registry[Any] = Registry().with_resources(
+        [(schema["$id"], Resource.from_contents(schema)), (definitions["$id"], Resource.from_contents(definitions))]
+    )
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def kserve_errors(doc: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in kserve_validator().iter_errors(doc)]
+
+
 def knative_errors(doc: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in knative_validator().iter_errors(doc)]
 
@@ -140,6 +194,33 @@ def test_knative_schema_does_reject() -> None:
     assert any("containerConcurrency" in e for e in errors) and any("paht" in e for e in errors)
 
 
+def test_kserve_inference_service_valid() -> None:
+    (doc,) = documents(KSERVE)
+    assert kserve_errors(doc) == []
+    annotations, predictor = doc["metadata"]["annotations"], doc["spec"]["predictor"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "Serverless"  # Knative: it scales to zero
+    assert predictor["minReplicas"] == 0
+    # KServe's name for a custom predictor's container; its port is the HTTP host's.
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container" and container["ports"][0]["containerPort"] == 8080
+    # Sized as the Knative Service (docs/deploy.md): the same resources, concurrency and pool.
+    (knative,) = documents(KNATIVE)
+    (kn,) = knative["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == kn["resources"] and env_of(container) == env_of(kn)
+    assert predictor["containerConcurrency"] == knative["spec"]["template"]["spec"]["containerConcurrency"]
+
+
+def test_kserve_schema_does_reject() -> None:
+    (doc,) = documents(KSERVE)
+    bad = copy.deepcopy(doc)
+    bad["spec"]["predictor"]["minReplica"] = 0
+    bad["spec"]["predictor"]["scaleMetric"] = "latency"
+    bad["spec"]["predictor"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/ping"
+    errors = kserve_errors(bad)
+    assert any("minReplica" in e for e in errors) and any("latency" in e for e in errors)
+    assert any("paht" in e for e in errors)
+
+
 def test_sagemaker_template_cfn_lint_clean() -> None:
     assert [str(m) for m in lint_file(SAGEMAKER)] == []
 
@@ -150,10 +231,13 @@ def test_sagemaker_template_cfn_lint_clean() -> None:
 def containers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(file, pod spec, container) for every manifest that runs the HTTP host."""
     out = []
-    for path in (K8S, KNATIVE, CLOUD_RUN):
+    for path in (K8S, KNATIVE, CLOUD_RUN, KSERVE):
         for doc in documents(path):
             if doc["kind"] in ("Deployment", "Service") and "template" in doc["spec"]:
                 spec = doc["spec"]["template"]["spec"]
+                out += [(path.name, spec, c) for c in spec["containers"]]
+            elif doc["kind"] == "InferenceService":  # the predictor is the pod spec (a Knative revision's)
+                spec = doc["spec"]["predictor"]
                 out += [(path.name, spec, c) for c in spec["containers"]]
     return out
 
@@ -184,8 +268,8 @@ def test_probes_hit_real_routes_and_pool_matches_concurrency(
     elif "terminationGracePeriodSeconds" in spec:
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         assert pre_stop + drain + 1 <= spec["terminationGracePeriodSeconds"]
-    else:  # Knative gives a pod timeoutSeconds to terminate
-        assert drain + 1 <= spec["timeoutSeconds"]
+    else:  # Knative gives a pod timeoutSeconds to terminate (KServe's predictor: `timeout`)
+        assert drain + 1 <= spec.get("timeoutSeconds", spec.get("timeout"))
 
 
 def test_default_drain_fits_every_platform() -> None:

@@ -14,7 +14,8 @@ HANDLER = ROOT / "handler"
 # Where the tasks are declared: each built-in's module, and the table naming them.
 DECLARED = {"tasks/catalog.py", "tasks/embedding.py", "tasks/scored.py", "tasks/tensor.py", "tasks/generate.py"}
 # OpenAI's answer names its items `{"object": "embedding", "embedding": [...]}`: that API's words, not our task.
-API_WORDS = {("api/compat.py", "embedding"), ("api/schemas.py", "embedding")}
+# The inference protocol's output tensor of an embedding model is named `embedding` (`handler.tasks.oip_io`).
+API_WORDS = {("api/compat.py", "embedding"), ("api/schemas.py", "embedding"), ("tasks/oip_io.py", "embedding")}
 
 
 def task_names_in(path: Path, names: set[str]) -> list[tuple[int, str]]:
