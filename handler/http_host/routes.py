@@ -330,7 +330,7 @@ def create_app(host: Host) -> Starlette:
     handlers = Routes(host)
     routes = [Route(path, getattr(handlers, name), methods=["GET"]) for path, (name, *_) in GET_ROUTES.items()]
     routes += [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
-    paths = ", ".join(sorted(r.path for r in routes))
+    paths = ", ".join(sorted({r.path for r in routes}))  # once each: `/` has a GET and a POST route
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

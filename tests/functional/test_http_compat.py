@@ -133,6 +133,8 @@ def test_info_health_and_json_404_405(client: TestClient) -> None:
     assert client.get("/health").status_code == 200
     r = client.get("/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError" and "/v1/embeddings" in r.text
+    listed = r.json()["error"]["message"].split("routes: ", 1)[1].split(", ")
+    assert len(listed) == len(set(listed)) and "/" in listed  # each route once (`/` has a GET and a POST)
     r = client.post("/ping")
     assert r.status_code == 405 and r.json()["error"]["type"] == "MethodNotAllowedError"
     r = client.get("/embed")
