@@ -192,6 +192,30 @@ def model_field(body: Any, find: Find) -> dict[str, str]:
     return {}
 
 
+def served_that_can(able: list[str]) -> str:
+    """The end of a refusal for a model of the wrong task: the served models that would answer, and how to
+    reach one (the `"model"` field: cohere's, OpenAI's, huggingface_hub's `model=`)."""
+    if not able:
+        return "; no model served here can"
+    return f'; served here that can: {", ".join(able)} (send "model": "{able[0].split("@", 1)[0]}")'
+
+
+def check_served(check: Callable[[str, str], None], task: str, key: str, served: Callable[[], dict[str, str]]) -> None:
+    """A route's `check` of the model `key` (of `task`) a request reached; its refusal names the models this
+    instance serves (`served()`: key → task, read only then) whose task the route serves."""
+    try:
+        check(task, key)
+    except UnsupportedRequestError as e:
+        able = []
+        for other, other_task in served().items():
+            try:
+                check(other_task, other)
+            except UnsupportedRequestError:
+                continue
+            able.append(other)
+        raise UnsupportedRequestError(f"{e}{served_that_can(able)}") from None
+
+
 def shape_vectors(vectors: list[Any], dimensions: int | None, encoding: str) -> list[Any]:
     """Apply `dimensions` and `encoding_format` to vectors the task returned as floats; a vector the task
     already shaped (a base64 string, or no longer than `dimensions`) is passed through as it is."""
@@ -290,7 +314,10 @@ class TeiEmbed(Vectors):
         return {"inputs": _texts(body["inputs"]), **_given(body, "dimensions", "prompt_name")}
 
     def takes(self, payload: JSON) -> bool:
-        return not self._pair(payload)
+        # `"parameters"` is the Inference API's text-classification shape (InferenceClient sends it, `{}`
+        # included): vectors would crash that client, so `POST /` answers it only as `/predict`.
+        keys = payload if isinstance(payload, dict) else {}
+        return not self._pair(payload) and "parameters" not in keys and "query" not in keys
 
     @staticmethod
     def _pair(payload: JSON) -> bool:
@@ -354,6 +381,9 @@ class TeiRerank(Base):
 
     def native(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"query": body["query"], "documents": body["texts"], "return_documents": _on(body, "return_text", False)}
+
+    def takes(self, payload: JSON) -> bool:
+        return isinstance(payload, dict) and "query" in payload
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
@@ -421,6 +451,9 @@ class TeiPredict(Base):
     def native(self, body: dict[str, Any]) -> dict[str, Any]:
         parameters = body.get("parameters") or {}
         return {"inputs": _texts(body["inputs"]), **_given(parameters, "top_k", "function_to_apply")}
+
+    def takes(self, payload: JSON) -> bool:
+        return not TeiEmbed._pair(payload) and not (isinstance(payload, dict) and "query" in payload)
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         assert isinstance(native, dict)
@@ -518,14 +551,22 @@ class Root(Base):
     media: tuple[Kind, ...] = ("json", "npy")  # the route it picks says, for the model's task (`npy`)
     CHOICES = ("/similarity", "/embed", "/rerank", "/predict")
 
-    def pick(self, payload: JSON, task: str) -> Route:
-        served = catalog.spec(task).routes
-        for path in self.CHOICES:
-            if path in served and ROUTES[path].takes(payload):
-                return ROUTES[path]
+    def pick(self, payload: JSON, task: str, key: str, served: dict[str, str]) -> Route:
+        """The route answering `payload` for the model `key` (of `task`) the request reached; `served`: every
+        model of this instance, key → task, named in the refusal when another one could answer."""
+        route = self.route(payload, task)
+        if route is not None:
+            return route
+        able = [k for k, t in served.items() if k != key and self.route(payload, t) is not None]
+        wanted = " or ".join(p for p in self.CHOICES if ROUTES[p].takes(payload))
         raise UnsupportedRequestError(
-            f"POST / answers as {', '.join(self.CHOICES)} do; a {task} model serves none of them for this body"
+            f"POST / with this body is {wanted}'s request; {key} is {task}{served_that_can(able)}"
         )
+
+    def route(self, payload: JSON, task: str) -> Route | None:
+        """The first of `CHOICES` that a `task` model serves and that takes `payload`, or None."""
+        routes = catalog.spec(task).routes
+        return next((ROUTES[p] for p in self.CHOICES if p in routes and ROUTES[p].takes(payload)), None)
 
 
 # ------------------------------------------------------------------------------------------------- generation
@@ -723,9 +764,9 @@ class Completions(Generation):
         return {"text": text}
 
 
-def model_list(models: list[tuple[str, str | None]], created: int) -> dict[str, Any]:
-    """`GET /v1/models`: OpenAI's list of the served models, from (key `id@version`, task or None when not
-    loaded yet) pairs. `id` is the bare id (what a client sends as `model`, whichever version is served), the
+def model_list(models: list[tuple[str, str]], created: int) -> dict[str, Any]:
+    """`GET /v1/models`: OpenAI's list of the served models, loaded or on demand, from (key `id@version`,
+    task) pairs. `id` is the bare id (what a client sends as `model`, whichever version is served), the
     full key and the task are extra fields (clients keep what they do not know)."""
     data: dict[str, dict[str, Any]] = {}
     for key, task in models:
