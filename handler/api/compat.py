@@ -19,6 +19,7 @@ answer there.
 | `POST /similarity` | TEI | embedding | `{"inputs": [source, *sentences], "prompt_name"?, "model"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents", "model"?}` |
 | `POST /v1/rerank`, `/v2/rerank` | Cohere, Jina | rerank | `{"query", "documents", "top_n"?, "return_documents"?}` |
+| `POST /v2/embed` | Cohere | embedding | `{"inputs", "dimensions"?, "prompt_name"?}` (`input_type`'s prompt) |
 | `POST /predict` | TEI | classify | `{"inputs", "top_k"?, "model"?}` |
 | `POST /tokenize`, `/decode` | TEI | any text model | its tokenizer |
 | `POST /` | TEI | the model's | `/embed` (or `/similarity`), `/rerank` or `/predict`, by the model's task |
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
-from handler.api.refusals import OneText, Refusal, Refuse, TextParts, TokenIds, validate
+from handler.api.refusals import Items, OneText, Refusal, Refuse, TextParts, TokenIds, validate
 from handler.api.sse import DONE, event
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
@@ -429,6 +430,64 @@ class Rerank(Base):
         return {"model": body.get("model"), "results": body["results"], "usage": {"total_tokens": tokens}}
 
 
+# Cohere's `input_type` → the prompt names that serve it in a model's prompts, the first it has wins
+# (sentence-transformers configs say "query" / "document" or "passage"; nomic's say "search_query", ...).
+COHERE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "search_query": ("search_query", "query"),
+    "search_document": ("search_document", "document", "passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+
+
+class CohereEmbed(Base):
+    """`POST /v2/embed` (Cohere's `ClientV2.embed`): `{"texts", "model", "input_type", "embedding_types"?,
+    "output_dimension"?, "truncate"?}` → `{"id", "response_type", "embeddings": {"float"?: [...],
+    "base64"?: [...]}, "texts", "meta"}`. `input_type` becomes the model's prompt of that name where it has one
+    (`COHERE_PROMPTS`; none: the model's default, as sentence-transformers does); base64 is little-endian
+    float32, as OpenAI's. int8/uint8/binary/ubinary are refused: the vectors are float32."""
+
+    path = "/v2/embed"
+    schema = "CohereEmbedRequest"
+    answer = "CohereEmbedResponse"
+    summary = "Cohere's embed v2: float and base64 vectors; input_type as the model's prompt where it has one"
+    refusals = (
+        Items("embedding_types", ("float", "base64"), "the vectors are float32"),
+        Refuse("input_type", '"image" is not served: texts only', values=("image",)),
+        Refuse("truncate", 'only "END" is served (the end of a long text is dropped)', allowed=("END",)),
+        Refuse("max_tokens", "not served: texts are cut at the model's own limit", allowed=()),
+        Refuse("images", "not served: send texts", allowed=()),
+        Refuse("inputs", "not served: send texts", allowed=()),
+    )
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        native = {"inputs": body["texts"], **_given(body, "input_type")}
+        if body.get("output_dimension") is not None:
+            native["dimensions"] = body["output_dimension"]
+        return native
+
+    def run(self, task: Any, native: JSON) -> dict[str, Any]:
+        # The model's prompts are known only here, with its task (EmbeddingTask's public `prompts`).
+        assert isinstance(native, dict)
+        prompts = getattr(task, "prompts", {})
+        wanted = COHERE_PROMPTS.get(native.pop("input_type", None) or "", ())
+        name = next((n for n in wanted if n in prompts), None)
+        return super().run(task, {**native, "prompt_name": name} if name else native)
+
+    def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        assert isinstance(original, dict)
+        types = dict.fromkeys(_on(original, "embedding_types", ["float"]))  # as asked, each once
+        dims = original.get("output_dimension")
+        tokens = int((body.get("usage") or {}).get("tokens", 0))
+        return {
+            "id": str(uuid.uuid4()),
+            "response_type": "embeddings_by_type",
+            "embeddings": {t: shape_vectors(body["embeddings"], dims, t) for t in types},
+            "texts": original["texts"],
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+        }
+
+
 class TeiPredict(Base):
     """`POST /predict`: `{"inputs": "text" | ["text", ...], "raw_scores"?, "truncate"?, "parameters"?,
     "model"?}` → `[{"label", "score"}, ...]` for one text, `[[...], ...]` for a list. Text pairs are not
@@ -792,6 +851,7 @@ ROUTES: dict[str, Route] = {
         TeiDecode(),
         Rerank("/v1/rerank"),
         Rerank("/v2/rerank"),
+        CohereEmbed(),
         ChatCompletions(),
         Completions(),
         ROOT,

@@ -60,6 +60,13 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/v2/rerank": {
         "post": ("rerank", {"query": "q", "documents": [{"text": "a"}], "return_documents": True}, {"documents": "a"})
     },
+    "/v2/embed": {
+        "post": (
+            "embedding",
+            {"texts": TEXTS, "model": "x", "input_type": "search_query", "embedding_types": ["float", "base64"]},
+            {"texts": [], "input_type": "search"},
+        )
+    },
     "/predict": {"post": ("classify", {"inputs": "great", "parameters": {"top_k": 2}}, {"inputs": {}})},
     "/v1/chat/completions": {
         "post": (
