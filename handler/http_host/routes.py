@@ -29,7 +29,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from handler.api import compat, schemas
@@ -55,6 +55,7 @@ from handler.runtime.invocation import HttpCall, batchable
 from handler.tasks import catalog
 from handler.tasks.streaming import streams
 
+DOCS_POLICY = "default-src 'none'; style-src 'unsafe-inline'"  # `GET /docs` loads nothing: the browser is told so
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -138,6 +139,7 @@ class Routes:
         self.host = host
         self.drain = host.drain
         self.document = document()
+        self.docs_html: str | None = None
 
     def inference(self, route: compat.Route) -> Callable[[Request], Awaitable[Response]]:
         """The handler for one inference route (native `/invocations` or a compatible API's path)."""
@@ -254,6 +256,14 @@ class Routes:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(self.document)
 
+    async def docs(self, request: Request) -> Response:
+        """The document as a page to read, written here: it loads nothing from elsewhere (`docs_page`)."""
+        if self.docs_html is None:  # on first use: most instances are never asked
+            from handler.http_host import docs_page  # deferred: only a reader's browser asks for it
+
+            self.docs_html = docs_page.render(self.document)
+        return HTMLResponse(self.docs_html, headers={"content-security-policy": DOCS_POLICY})
+
     async def status(self, request: Request) -> Response:
         runtime = self.host.runtime
         if "tracemalloc" in request.query_params:
@@ -298,6 +308,12 @@ GET_ROUTES: dict[str, tuple[str, str, str | None, str]] = {
     "/status": ("status", "counts and health (WARMSTART_HTTP_STATUS)", "Status", "application/json"),
     "/metrics": ("metrics", "Prometheus exposition", "", CONTENT_TYPE_LATEST),
     "/openapi.json": ("openapi", "this document", None, "application/json"),
+    "/docs": (
+        "docs",
+        "this document as a page to read (plain HTML: no script, nothing from elsewhere)",
+        "",
+        "text/html",
+    ),
     compat.MODELS_PATH: (
         "models",
         "OpenAI's model list: the models this instance serves",
