@@ -3,7 +3,7 @@ Run and Knative, plus `/healthz` and `/status`. A starlette app served by uvicor
 Compatible APIs (`handler.api.compat`): OpenAI `POST /v1/embeddings`, `/v1/chat/completions`, `/v1/completions`,
 `GET /v1/models`; Cohere `POST /v2/embed`, `/v2/rerank`; text-embeddings-inference `POST /embed`,
 `/rerank`, `/predict`, `GET /info`, `/health`. `GET /docs`: the OpenAPI document as a page (`docs_page`).
-Every answer is JSON (or .npy when asked), 404 and 405 too.
+Every answer is JSON (or .npy when asked; `/docs`, `/metrics`: text), 404 and 405 too.
 Graceful shutdown on SIGTERM: `handler.http_host.drain`.
 
 Same runtime as Lambda: `python -m handler` starts it by importing `handler.app`, so the init phase runs once

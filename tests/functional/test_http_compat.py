@@ -247,6 +247,10 @@ def test_function_url_path_routes_to_openai(
     event["rawPath"] = "/embed"  # on Lambda, the native route's path since before TEI's routes
     event["body"] = json.dumps({"inputs": TEXTS})
     assert json.loads(runtime.handle(event, None)["body"]) == native
+    event["rawPath"] = "/v2/embed"  # Cohere's, on a Function URL too
+    event["body"] = json.dumps({"texts": TEXTS, "model": "embed-v4.0", "input_type": "search_query"})
+    reply = runtime.handle(event, None)
+    assert reply["statusCode"] == 200 and json.loads(reply["body"])["embeddings"]["float"] == native["embeddings"]
 
 
 # -- rerank and classify: shapes mapped onto the native tasks (a fake task stands in) ----------------------
