@@ -19,6 +19,7 @@ answer there.
 | `POST /similarity` | TEI | embedding | `{"inputs": [source, *sentences], "prompt_name"?, "model"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents", "model"?}` |
 | `POST /v1/rerank`, `/v2/rerank` | Cohere, Jina | rerank | `{"query", "documents", "top_n"?, "return_documents"?}` |
+| `POST /v2/embed` | Cohere | embedding | `{"inputs", "dimensions"?, "prompt_name"?}` (`input_type`'s prompt) |
 | `POST /predict` | TEI | classify | `{"inputs", "top_k"?, "model"?}` |
 | `POST /tokenize`, `/decode` | TEI | any text model | its tokenizer |
 | `POST /` | TEI | the model's | `/embed` (or `/similarity`), `/rerank` or `/predict`, by the model's task |
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
-from handler.api.refusals import OneText, Refusal, Refuse, TextParts, TokenIds, validate
+from handler.api.refusals import Items, OneText, Refusal, Refuse, TextParts, TokenIds, validate
 from handler.api.sse import DONE, event
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
@@ -192,6 +193,30 @@ def model_field(body: Any, find: Find) -> dict[str, str]:
     return {}
 
 
+def served_that_can(able: list[str]) -> str:
+    """The end of a refusal for a model of the wrong task: the served models that would answer, and how to
+    reach one (the `"model"` field: cohere's, OpenAI's, huggingface_hub's `model=`)."""
+    if not able:
+        return "; no model served here can"
+    return f'; served here that can: {", ".join(able)} (send "model": "{able[0].split("@", 1)[0]}")'
+
+
+def check_served(check: Callable[[str, str], None], task: str, key: str, served: Callable[[], dict[str, str]]) -> None:
+    """A route's `check` of the model `key` (of `task`) a request reached; its refusal names the models this
+    instance serves (`served()`: key → task, read only then) whose task the route serves."""
+    try:
+        check(task, key)
+    except UnsupportedRequestError as e:
+        able = []
+        for other, other_task in served().items():
+            try:
+                check(other_task, other)
+            except UnsupportedRequestError:
+                continue
+            able.append(other)
+        raise UnsupportedRequestError(f"{e}{served_that_can(able)}") from None
+
+
 def shape_vectors(vectors: list[Any], dimensions: int | None, encoding: str) -> list[Any]:
     """Apply `dimensions` and `encoding_format` to vectors the task returned as floats; a vector the task
     already shaped (a base64 string, or no longer than `dimensions`) is passed through as it is."""
@@ -290,7 +315,10 @@ class TeiEmbed(Vectors):
         return {"inputs": _texts(body["inputs"]), **_given(body, "dimensions", "prompt_name")}
 
     def takes(self, payload: JSON) -> bool:
-        return not self._pair(payload)
+        # `"parameters"` is the Inference API's text-classification shape (InferenceClient sends it, `{}`
+        # included): vectors would crash that client, so `POST /` answers it only as `/predict`.
+        keys = payload if isinstance(payload, dict) else {}
+        return not self._pair(payload) and "parameters" not in keys and "query" not in keys
 
     @staticmethod
     def _pair(payload: JSON) -> bool:
@@ -355,6 +383,9 @@ class TeiRerank(Base):
     def native(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"query": body["query"], "documents": body["texts"], "return_documents": _on(body, "return_text", False)}
 
+    def takes(self, payload: JSON) -> bool:
+        return isinstance(payload, dict) and "query" in payload
+
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
         texts, return_text = original["texts"], _on(original, "return_text", False)
@@ -399,6 +430,64 @@ class Rerank(Base):
         return {"model": body.get("model"), "results": body["results"], "usage": {"total_tokens": tokens}}
 
 
+# Cohere's `input_type` → the prompt names that serve it in a model's prompts, the first it has wins
+# (sentence-transformers configs say "query" / "document" or "passage"; nomic's say "search_query", ...).
+COHERE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "search_query": ("search_query", "query"),
+    "search_document": ("search_document", "document", "passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+
+
+class CohereEmbed(Base):
+    """`POST /v2/embed` (Cohere's `ClientV2.embed`): `{"texts", "model", "input_type", "embedding_types"?,
+    "output_dimension"?, "truncate"?}` → `{"id", "response_type", "embeddings": {"float"?: [...],
+    "base64"?: [...]}, "texts", "meta"}`. `input_type` becomes the model's prompt of that name where it has one
+    (`COHERE_PROMPTS`; none: the model's default, as sentence-transformers does); base64 is little-endian
+    float32, as OpenAI's. int8/uint8/binary/ubinary are refused: the vectors are float32."""
+
+    path = "/v2/embed"
+    schema = "CohereEmbedRequest"
+    answer = "CohereEmbedResponse"
+    summary = "Cohere's embed v2: float and base64 vectors; input_type as the model's prompt where it has one"
+    refusals = (
+        Items("embedding_types", ("float", "base64"), "the vectors are float32"),
+        Refuse("input_type", '"image" is not served: texts only', values=("image",)),
+        Refuse("truncate", 'only "END" is served (the end of a long text is dropped)', allowed=("END",)),
+        Refuse("max_tokens", "not served: texts are cut at the model's own limit", allowed=()),
+        Refuse("images", "not served: send texts", allowed=()),
+        Refuse("inputs", "not served: send texts", allowed=()),
+    )
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        native = {"inputs": body["texts"], **_given(body, "input_type")}
+        if body.get("output_dimension") is not None:
+            native["dimensions"] = body["output_dimension"]
+        return native
+
+    def run(self, task: Any, native: JSON) -> dict[str, Any]:
+        # The model's prompts are known only here, with its task (EmbeddingTask's public `prompts`).
+        assert isinstance(native, dict)
+        prompts = getattr(task, "prompts", {})
+        wanted = COHERE_PROMPTS.get(native.pop("input_type", None) or "", ())
+        name = next((n for n in wanted if n in prompts), None)
+        return super().run(task, {**native, "prompt_name": name} if name else native)
+
+    def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        assert isinstance(original, dict)
+        types = dict.fromkeys(_on(original, "embedding_types", ["float"]))  # as asked, each once
+        dims = original.get("output_dimension")
+        tokens = int((body.get("usage") or {}).get("tokens", 0))
+        return {
+            "id": str(uuid.uuid4()),
+            "response_type": "embeddings_by_type",
+            "embeddings": {t: shape_vectors(body["embeddings"], dims, t) for t in types},
+            "texts": original["texts"],
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+        }
+
+
 class TeiPredict(Base):
     """`POST /predict`: `{"inputs": "text" | ["text", ...], "raw_scores"?, "truncate"?, "parameters"?,
     "model"?}` → `[{"label", "score"}, ...]` for one text, `[[...], ...]` for a list. Text pairs are not
@@ -421,6 +510,9 @@ class TeiPredict(Base):
     def native(self, body: dict[str, Any]) -> dict[str, Any]:
         parameters = body.get("parameters") or {}
         return {"inputs": _texts(body["inputs"]), **_given(parameters, "top_k", "function_to_apply")}
+
+    def takes(self, payload: JSON) -> bool:
+        return not TeiEmbed._pair(payload) and not (isinstance(payload, dict) and "query" in payload)
 
     def run(self, task: Any, native: JSON) -> dict[str, Any]:
         assert isinstance(native, dict)
@@ -518,14 +610,22 @@ class Root(Base):
     media: tuple[Kind, ...] = ("json", "npy")  # the route it picks says, for the model's task (`npy`)
     CHOICES = ("/similarity", "/embed", "/rerank", "/predict")
 
-    def pick(self, payload: JSON, task: str) -> Route:
-        served = catalog.spec(task).routes
-        for path in self.CHOICES:
-            if path in served and ROUTES[path].takes(payload):
-                return ROUTES[path]
+    def pick(self, payload: JSON, task: str, key: str, served: dict[str, str]) -> Route:
+        """The route answering `payload` for the model `key` (of `task`) the request reached; `served`: every
+        model of this instance, key → task, named in the refusal when another one could answer."""
+        route = self.route(payload, task)
+        if route is not None:
+            return route
+        able = [k for k, t in served.items() if k != key and self.route(payload, t) is not None]
+        wanted = " or ".join(p for p in self.CHOICES if ROUTES[p].takes(payload))
         raise UnsupportedRequestError(
-            f"POST / answers as {', '.join(self.CHOICES)} do; a {task} model serves none of them for this body"
+            f"POST / with this body is {wanted}'s request; {key} is {task}{served_that_can(able)}"
         )
+
+    def route(self, payload: JSON, task: str) -> Route | None:
+        """The first of `CHOICES` that a `task` model serves and that takes `payload`, or None."""
+        routes = catalog.spec(task).routes
+        return next((ROUTES[p] for p in self.CHOICES if p in routes and ROUTES[p].takes(payload)), None)
 
 
 # ------------------------------------------------------------------------------------------------- generation
@@ -723,9 +823,9 @@ class Completions(Generation):
         return {"text": text}
 
 
-def model_list(models: list[tuple[str, str | None]], created: int) -> dict[str, Any]:
-    """`GET /v1/models`: OpenAI's list of the served models, from (key `id@version`, task or None when not
-    loaded yet) pairs. `id` is the bare id (what a client sends as `model`, whichever version is served), the
+def model_list(models: list[tuple[str, str]], created: int) -> dict[str, Any]:
+    """`GET /v1/models`: OpenAI's list of the served models, loaded or on demand, from (key `id@version`,
+    task) pairs. `id` is the bare id (what a client sends as `model`, whichever version is served), the
     full key and the task are extra fields (clients keep what they do not know)."""
     data: dict[str, dict[str, Any]] = {}
     for key, task in models:
@@ -751,6 +851,7 @@ ROUTES: dict[str, Route] = {
         TeiDecode(),
         Rerank("/v1/rerank"),
         Rerank("/v2/rerank"),
+        CohereEmbed(),
         ChatCompletions(),
         Completions(),
         ROOT,

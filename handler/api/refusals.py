@@ -106,7 +106,24 @@ class OneText:
         return None
 
 
-Refusal = Refuse | TokenIds | TextParts | OneText
+@dataclass(frozen=True)
+class Items:
+    """A list field whose items the API knows more of than are served: an item outside `served` is refused,
+    named with the field and what is served."""
+
+    field: str
+    served: tuple[str, ...]
+    why: str
+
+    def find(self, body: dict[str, Any]) -> str | None:
+        there, value = _at(body, self.field)
+        for item in value if there and isinstance(value, list) else ():
+            if isinstance(item, str) and item not in self.served:
+                return f'"{self.field}": {item!r} is not served ({self.why}); send {" or ".join(self.served)}'
+        return None
+
+
+Refusal = Refuse | TokenIds | TextParts | OneText | Items
 
 
 def validate(payload: JSON, schema: str, refusals: tuple[Refusal, ...]) -> dict[str, Any]:

@@ -340,6 +340,58 @@ SCHEMAS: dict[str, Schema] = {
             },
         },
     },
+    # -- Cohere's embed v2 (`ClientV2.embed`)
+    "CohereEmbedRequest": {
+        "type": "object",
+        "required": ["texts"],
+        "properties": {
+            "texts": {"type": "array", "items": STRING, "minItems": 1},
+            "model": MODEL,
+            "input_type": _nullable(
+                {
+                    "enum": ["search_query", "search_document", "classification", "clustering"],
+                    "description": "the model's prompt of that name (query, document/passage, ...) where it has one",
+                }
+            ),
+            "embedding_types": _nullable(
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"enum": ["float", "base64"]},
+                    "description": "int8, uint8, binary and ubinary are refused",
+                }
+            ),
+            "output_dimension": POSITIVE,
+            "truncate": _nullable({"enum": ["END"], "description": "the end of a long text is dropped"}),
+            "max_tokens": {"type": "null", "description": "refused: texts are cut at the model's limit"},
+            "images": {"type": "null", "description": "refused: texts only"},
+            "inputs": {"type": "null", "description": "refused: send texts"},
+            "priority": _nullable({"type": "integer"}),
+        },
+    },
+    "CohereEmbedResponse": {
+        "type": "object",
+        "required": ["id", "embeddings", "texts", "meta"],
+        "properties": {
+            "id": STRING,
+            "response_type": {"const": "embeddings_by_type"},
+            "embeddings": {
+                "type": "object",
+                "properties": {
+                    "float": {"type": "array", "items": VECTOR},
+                    "base64": {"type": "array", "items": STRING, "description": "little-endian float32"},
+                },
+            },
+            "texts": {"type": "array", "items": STRING},
+            "meta": {
+                "type": "object",
+                "properties": {
+                    "api_version": {"type": "object", "properties": {"version": STRING}},
+                    "billed_units": {"type": "object", "properties": {"input_tokens": {"type": "integer"}}},
+                },
+            },
+        },
+    },
     "RerankResult": {
         "type": "object",
         "required": ["index", "relevance_score"],

@@ -1,8 +1,9 @@
 """The HTTP host: SageMaker's container convention (`POST /invocations`, `GET /ping`), also right for Cloud
 Run and Knative, plus `/healthz` and `/status`. A starlette app served by uvicorn (`python -m handler`).
 Compatible APIs (`handler.api.compat`): OpenAI `POST /v1/embeddings`, `/v1/chat/completions`, `/v1/completions`,
-`GET /v1/models`; text-embeddings-inference `POST /embed`,
-`/rerank`, `/predict`, `GET /info`, `/health`. Every answer is JSON (or .npy when asked), 404 and 405 too.
+`GET /v1/models`; Cohere `POST /v2/embed`, `/v2/rerank`; text-embeddings-inference `POST /embed`,
+`/rerank`, `/predict`, `GET /info`, `/health`. `GET /docs`: the OpenAPI document as a page (`docs_page`).
+Every answer is JSON (or .npy when asked; `/docs`, `/metrics`: text), 404 and 405 too.
 Graceful shutdown on SIGTERM: `handler.http_host.drain`.
 
 Same runtime as Lambda: `python -m handler` starts it by importing `handler.app`, so the init phase runs once
@@ -30,7 +31,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from handler.api import compat, oip, schemas
@@ -56,6 +57,7 @@ from handler.runtime.invocation import HttpCall, batchable
 from handler.tasks import catalog
 from handler.tasks.streaming import streams
 
+DOCS_POLICY = "default-src 'none'; style-src 'unsafe-inline'"  # `GET /docs` loads nothing: the browser is told so
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -139,6 +141,7 @@ class Routes:
         self.host = host
         self.drain = host.drain
         self.document = document()
+        self.docs_html: str | None = None
 
     def inference(self, route: compat.Route) -> Callable[[Request], Awaitable[Response]]:
         """The handler for one inference route (native `/invocations` or a compatible API's path)."""
@@ -280,6 +283,14 @@ class Routes:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(self.document)
 
+    async def docs(self, request: Request) -> Response:
+        """The document as a page to read, written here: it loads nothing from elsewhere (`docs_page`)."""
+        if self.docs_html is None:  # on first use: most instances are never asked
+            from handler.http_host import docs_page  # deferred: only a reader's browser asks for it
+
+            self.docs_html = docs_page.render(self.document)
+        return HTMLResponse(self.docs_html, headers={"content-security-policy": DOCS_POLICY})
+
     async def status(self, request: Request) -> Response:
         runtime = self.host.runtime
         if "tracemalloc" in request.query_params:
@@ -324,6 +335,12 @@ GET_ROUTES: dict[str, tuple[str, str, str | None, str]] = {
     "/status": ("status", "counts and health (WARMSTART_HTTP_STATUS)", "Status", "application/json"),
     "/metrics": ("metrics", "Prometheus exposition", "", CONTENT_TYPE_LATEST),
     "/openapi.json": ("openapi", "this document", None, "application/json"),
+    "/docs": (
+        "docs",
+        "this document as a page to read (plain HTML: no script, nothing from elsewhere)",
+        "",
+        "text/html",
+    ),
     compat.MODELS_PATH: (
         "models",
         "OpenAI's model list: the models this instance serves",
@@ -370,7 +387,7 @@ def create_app(host: Host) -> Starlette:
     routes = [Route(path, getattr(handlers, name), methods=["GET"]) for path, (name, *_) in GET_ROUTES.items()]
     routes += [Route(r.path, handlers.inference(r), methods=ALL_METHODS) for r in compat.ROUTES.values()]
     routes += [Route(path, handlers.oip, methods=ALL_METHODS) for path in OIP_PATHS]
-    paths = ", ".join(sorted(r.path for r in routes))
+    paths = ", ".join(sorted({r.path for r in routes}))  # once each: `/` has a GET and a POST route
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

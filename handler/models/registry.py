@@ -99,6 +99,7 @@ class Available(NamedTuple):
     source: str
     path: Path
     weights_bytes: int
+    task: str  # its manifest's: what `GET /v1/models` and `POST /` say of it before it is loaded
 
 
 class Counters:
@@ -137,7 +138,8 @@ class Registry:
         now = clock()
         path = default.manifest.root
         self._slots: dict[str, Slot] = {default.key: Slot(default, source, path, now)}
-        self._available: dict[str, Available] = {default.key: Available(source, path, default.weights_bytes)}
+        first = Available(source, path, default.weights_bytes, default.manifest.task)
+        self._available: dict[str, Available] = {default.key: first}
         self._retiring: list[Slot] = []
         self._graveyard: list[Slot] = []  # replaced and unleased, not yet freed: `reap` frees them
         self._idle = threading.Condition(self._lock)  # notified when in_flight drops to 0 while a reaper waits
@@ -305,7 +307,7 @@ class Registry:
         with self._lock:
             if key in self._available:
                 raise ConfigError(f"model {key} is configured twice ({self._available[key].source} and {source})")
-            entry = Available(source, path, weights_bytes(manifest, self.backend))
+            entry = Available(source, path, weights_bytes(manifest, self.backend), manifest.task)
             self._available[key] = entry
             fits = not self.budget_bytes or self._resident_locked() + entry.weights_bytes <= self.budget_bytes
         if load_now and fits and self._load is not None:
@@ -332,7 +334,7 @@ class Registry:
                 self._available.pop(replaces, None)
             slot = Slot(loaded, source, path, now)
             self._slots[loaded.key] = slot
-            self._available[loaded.key] = Available(source, path, loaded.weights_bytes)
+            self._available[loaded.key] = Available(source, path, loaded.weights_bytes, loaded.manifest.task)
             if make_default:
                 self._default, self._default_slot = loaded.key, slot
             self.counters.loads += 1
@@ -444,6 +446,11 @@ class Registry:
                 "retiring": len(self._retiring),
                 "in_flight": self.in_flight,
             }
+
+    def tasks(self) -> dict[str, str]:
+        """Every model this instance serves, loaded or on demand: key → its task (from its manifest)."""
+        with self._lock:
+            return {key: entry.task for key, entry in sorted(self._available.items())}
 
     def describe(self) -> dict[str, Any]:
         with self._lock:

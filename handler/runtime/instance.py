@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from handler.api.compat import model_list
+from handler.api.compat import check_served, model_list
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
@@ -222,7 +222,7 @@ class Instance:
         `run`: how the route calls it (`/tokenize` calls its tokenizer)."""
         with self.registry.lease(requested_model(payload)) as model:
             if check is not None:
-                check(model.task.name, model.key)
+                check_served(check, model.task.name, model.key, self.registry.tasks)
             if run is None and streams(model.task):  # one buffered answer (Lambda, or "stream" not asked)
                 return collect(model.task, model.task.stream(payload))  # type: ignore[attr-defined]
             return model.task(payload) if run is None else run(model.task, payload)
@@ -233,7 +233,7 @@ class Instance:
         is found, has the route's task, and streams."""
         with self.registry.lease(requested_model(payload)) as model:
             if check is not None:
-                check(model.task.name, model.key)
+                check_served(check, model.task.name, model.key, self.registry.tasks)
             if not streams(model.task):
                 raise UnsupportedRequestError(f'{model.key} answers one value; "stream": true is for streaming tasks')
             yield from model.task.stream(payload)  # type: ignore[attr-defined]
@@ -255,10 +255,8 @@ class Instance:
 
     def model_list(self) -> JSON:
         """`GET /v1/models`: every model this instance serves (the default first), in OpenAI's list shape."""
-        described = self.registry.describe()
-        loaded = {m["key"]: m["task"] for m in described["loaded"]}
-        pairs = [(key, loaded.get(key)) for key in (*loaded, *described["available"])]
-        pairs.sort(key=lambda pair: pair[0] != described["default"])
+        default = self.registry.default_key
+        pairs = sorted(self.registry.tasks().items(), key=lambda pair: pair[0] != default)
         created = int(time.time() - (time.monotonic() - self.started))  # when this instance started
         return model_list(pairs, created)
 

@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from handler.api import compat, oip
-from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, model_field
+from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, check_served, model_field
 from handler.api.encode import dumps
 from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
@@ -232,7 +232,8 @@ class Runtime(Instance):
         if isinstance(payload, dict) and "warmstart" in payload and admin_action(payload):
             raise AdminNotAllowedError(ADMIN_OVER_HTTP)
         if route is ROOT:  # TEI's default route: the served model's task's route
-            route = ROOT.pick(payload, self.task_name(model_field(payload, self.find)))
+            named = model_field(payload, self.find)
+            route = ROOT.pick(payload, self.task_name(named), self.served_key(named), self.registry.tasks())
         native = route.request(payload, self.find)
         if accept == "npy":
             native = npy_request(native)  # a tensor's outputs as .npy; base64 refused before the model runs
@@ -292,7 +293,7 @@ class Runtime(Instance):
                 for p in pending:
                     logs.enter(p.inv)
                     try:
-                        p.route.check(model.task.name, model.key)
+                        check_served(p.route.check, model.task.name, model.key, self.registry.tasks)
                         if not catalog.spec(model.task.name).batches:  # its own job
                             p.done = True
                             batch.alone(p.index, partial(self._alone, p))

@@ -151,7 +151,7 @@ SPEC = TaskSpec(
         "properties": {"embeddings": {"type": "array", "items": VECTOR_OR_BASE64}, "model": STRING, "usage": USAGE},
     },
     fields=manifest_fields,
-    routes=("/v1/embeddings", "/embed", "/similarity", *TEXT_ROUTES),
+    routes=("/v1/embeddings", "/v2/embed", "/embed", "/similarity", *TEXT_ROUTES),
     batches=True,
     tei_kind="embedding",
     tei_info=lambda manifest: {"pooling": manifest.pooling.get("mode", "mean")},

@@ -133,6 +133,8 @@ def test_info_health_and_json_404_405(client: TestClient) -> None:
     assert client.get("/health").status_code == 200
     r = client.get("/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError" and "/v1/embeddings" in r.text
+    listed = r.json()["error"]["message"].split("routes: ", 1)[1].split(", ")
+    assert len(listed) == len(set(listed)) and "/" in listed  # each route once (`/` has a GET and a POST)
     r = client.post("/ping")
     assert r.status_code == 405 and r.json()["error"]["type"] == "MethodNotAllowedError"
     r = client.get("/embed")
@@ -245,6 +247,10 @@ def test_function_url_path_routes_to_openai(
     event["rawPath"] = "/embed"  # on Lambda, the native route's path since before TEI's routes
     event["body"] = json.dumps({"inputs": TEXTS})
     assert json.loads(runtime.handle(event, None)["body"]) == native
+    event["rawPath"] = "/v2/embed"  # Cohere's, on a Function URL too
+    event["body"] = json.dumps({"texts": TEXTS, "model": "embed-v4.0", "input_type": "search_query"})
+    reply = runtime.handle(event, None)
+    assert reply["statusCode"] == 200 and json.loads(reply["body"])["embeddings"]["float"] == native["embeddings"]
 
 
 # -- rerank and classify: shapes mapped onto the native tasks (a fake task stands in) ----------------------
@@ -428,3 +434,54 @@ def test_function_url_tokenize_route(runtime: Runtime, monkeypatch: pytest.Monke
     assert reply["statusCode"] == 200 and json.loads(reply["body"])[0][1]["text"] == "hello"
     reply = runtime.handle(http_v2_event("/", {"inputs": ["hello"]}), None)  # `/` on Lambda: the native route
     assert "embeddings" in json.loads(reply["body"])
+
+
+# -- Cohere's embed v2 -----------------------------------------------------------------------------------------
+
+
+def test_cohere_v2_embed_float_and_base64_equal_native(client: TestClient, native: tuple[bytes, Any]) -> None:
+    _, vectors = native
+    body = {"texts": TEXTS, "model": "embed-v4.0", "input_type": "search_document"}
+    r = client.post("/v2/embed", json=body | {"embedding_types": ["float", "base64"]})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer.keys() >= {"id", "embeddings", "texts", "meta"} and answer["texts"] == TEXTS
+    assert answer["embeddings"]["float"] == vectors
+    decoded = [np.frombuffer(base64.b64decode(b), "<f4") for b in answer["embeddings"]["base64"]]
+    assert np.array_equal(decoded, np.asarray(vectors, np.float32))  # the same float32 bits
+    assert answer["meta"]["billed_units"]["input_tokens"] > 0
+    only_float = client.post("/v2/embed", json=body).json()["embeddings"]  # float when no type is asked
+    assert only_float == {"float": vectors}
+    cut = client.post("/v2/embed", json=body | {"output_dimension": 64}).json()["embeddings"]["float"]
+    assert len(cut[0]) == 64 and abs(float(np.linalg.norm(cut[0])) - 1) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"embedding_types": ["float", "int8"]}, "\"embedding_types\": 'int8' is not served"),
+        ({"embedding_types": ["ubinary"]}, "\"embedding_types\": 'ubinary'"),
+        ({"input_type": "image"}, '"input_type"'),
+        ({"truncate": "START"}, '"truncate"'),
+        ({"images": ["data:image/png;base64,AAAA"]}, '"images"'),
+    ],
+)
+def test_cohere_v2_embed_refusals_name_the_field(client: TestClient, extra: dict[str, Any], named: str) -> None:
+    r = client.post("/v2/embed", json={"texts": ["a"], "model": "m", "input_type": "search_query", **extra})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "UnsupportedRequestError"
+    assert r.json()["error"]["message"].startswith(named)
+
+
+def test_cohere_v2_embed_input_type_is_the_models_prompt(runtime: Runtime) -> None:
+    def embed(p: dict[str, Any]) -> dict[str, Any]:
+        return {"embeddings": [[1.0, 0.0] for _ in p["inputs"]], "usage": {"tokens": 3}}
+
+    task = FakeTask("embedding", embed)
+    task.prompts = {"query": "query: ", "passage": "passage: "}  # type: ignore[attr-defined]
+    with client_for(fake_runtime(runtime, task)) as c:
+        for input_type, prompt in [("search_query", "query"), ("search_document", "passage"), ("clustering", None)]:
+            r = c.post("/v2/embed", json={"texts": ["x"], "model": "m", "input_type": input_type})
+            assert r.status_code == 200, r.text
+            assert task.seen[-1] == {"inputs": ["x"], **({"prompt_name": prompt} if prompt else {})}
+        r = c.post("/v2/embed", json={"texts": ["x"], "model": "m", "input_type": "questions"})
+        assert r.status_code == 400 and "search_query" in r.json()["error"]["message"]  # the choices, listed

@@ -158,7 +158,7 @@ JSON_ARRAY: dict[str, Callable[[Any], Any]] = {
     "/invocations": lambda a: a["embeddings"],
     "/v1/embeddings": lambda a: [d["embedding"] for d in a["data"]],
 }
-GET_PATHS = [p for p in GET_ROUTES if p != "/metrics"]  # /metrics: Prometheus' text format, by design
+GET_PATHS = [p for p in GET_ROUTES if p not in ("/metrics", "/docs")]  # text by design: Prometheus' format, a page
 ACCEPTS = [
     "application/json",
     "application/x-npy",

@@ -11,6 +11,7 @@ the OpenAI completion routes the real `generate` task over the fake engine (test
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,6 +61,13 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/v2/rerank": {
         "post": ("rerank", {"query": "q", "documents": [{"text": "a"}], "return_documents": True}, {"documents": "a"})
     },
+    "/v2/embed": {
+        "post": (
+            "embedding",
+            {"texts": TEXTS, "model": "x", "input_type": "search_query", "embedding_types": ["float", "base64"]},
+            {"texts": [], "input_type": "search"},
+        )
+    },
     "/predict": {"post": ("classify", {"inputs": "great", "parameters": {"top_k": 2}}, {"inputs": {}})},
     "/v1/chat/completions": {
         "post": (
@@ -77,6 +85,7 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/status": {"get": ("embedding", None, None)},
     "/metrics": {"get": ("embedding", None, None)},
     "/openapi.json": {"get": ("embedding", None, None)},
+    "/docs": {"get": ("embedding", None, None)},
 }
 
 
@@ -119,6 +128,28 @@ def test_the_document_is_valid_openapi_and_names_every_route(document: dict[str,
     assert {p: set(ops) for p, ops in document["paths"].items()} == {p: set(ops) for p, ops in EXAMPLES.items()}
     for schema in document["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_the_docs_page_shows_every_operation_and_loads_nothing(
+    clients: dict[str, TestClient], document: dict[str, Any]
+) -> None:
+    r = clients["embedding"].get("/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    page = r.text
+    for path, ops in document["paths"].items():
+        for method in ops:
+            anchor = f"{method}-{path.strip('/').replace('/', '-') or 'root'}"
+            assert f'<section id="{anchor}"><h2><span class="m">{method}</span> <code>{path}</code></h2>' in page
+            assert f'href="#{anchor}"' in page  # in the list of routes
+    for name in document["components"]["schemas"]:
+        assert f'<section id="schema-{name}">' in page
+    assert 'href="#schema-CohereEmbedRequest"' in page  # a request body links to its schema
+    # Offline: no script, nothing fetched from elsewhere (a CDN's assets), every link on the page itself.
+    assert "<script" not in page.lower() and "src=" not in page.lower() and "<link" not in page.lower()
+    assert set(re.findall(r'href="([^"]*)"', page)) - {"/openapi.json"} <= {
+        f"#{a}" for a in re.findall(r'id="([^"]+)"', page)
+    }
 
 
 @pytest.mark.parametrize(("path", "method"), [(p, m) for p, ops in EXAMPLES.items() for m in ops])

@@ -11,9 +11,12 @@ Lambda (`infra.local`) serving the real `handler.app.lambda_handler`.
   error), `AsyncOpenAI`;
 - langchain-openai: `OpenAIEmbeddings.embed_documents` / `embed_query` / `aembed_documents`, and the typed 400
   its default (token ids) meets;
-- cohere: `ClientV2.rerank` (`/v2/rerank`), `Client.rerank` (`/v1/rerank`);
+- openai: `models.list` (every served model, with its task);
+- cohere: `ClientV2.rerank` (`/v2/rerank`), `Client.rerank` (`/v1/rerank`), `ClientV2.embed` (`/v2/embed`: float,
+  base64, a typed refusal), a rerank at the embedding default naming the served reranker;
 - huggingface_hub: `InferenceClient.feature_extraction`, `sentence_similarity`, `text_classification`,
-  `get_endpoint_info`, `health_check`;
+  `get_endpoint_info`, `health_check`; `text_classification` at an embedding default: a typed 400 naming the
+  served classifier, never vectors;
 - requests: SageMaker's `GET /ping`, `POST /invocations`.
 """
 
@@ -276,6 +279,35 @@ def test_cohere_v2_and_v1_rerank(host: Host, tiny: dict[str, tuple[Path, str]]) 
         cohere.ClientV2(api_key="unused", base_url=host.url).rerank(model="rerank-v3.5", query=QUERY, documents=["a"])
     assert caught.value.status_code == 400
     assert caught.value.body["error"]["type"] == "UnsupportedRequestError"  # type: ignore[index]
+    assert model in caught.value.body["error"]["message"]  # type: ignore[index]  # the reranker served here
+
+
+def test_cohere_v2_embed_float_and_base64(host: Host, native_vectors: list[list[float]]) -> None:
+    import cohere
+
+    client = cohere.ClientV2(api_key="unused", base_url=host.url)
+    got = client.embed(
+        texts=TEXTS, model="embed-v4.0", input_type="search_document", embedding_types=["float", "base64"]
+    )
+    assert got.texts == TEXTS and got.id
+    assert_same_vectors(got.embeddings.float_, native_vectors)
+    assert_same_vectors([np.frombuffer(base64.b64decode(b), "<f4") for b in got.embeddings.base64], native_vectors)
+    with pytest.raises(cohere.core.ApiError) as caught:
+        client.embed(texts=TEXTS, model="embed-v4.0", input_type="search_query", embedding_types=["int8"])
+    assert caught.value.status_code == 400
+    assert caught.value.body["error"]["message"].startswith("\"embedding_types\": 'int8'")  # type: ignore[index]
+
+
+def test_openai_models_list_names_every_served_model_and_task(host: Host, tiny: dict[str, tuple[Path, str]]) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=host.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        models = {m.id: m.model_extra["task"] for m in client.models.list()}  # type: ignore[index]
+    finally:
+        client.close()
+    want = {"all-minilm-l6-v2": "embedding", tiny["cross-encoder"][1]: "rerank", tiny["classifier"][1]: "classify"}
+    assert models == want
 
 
 # -- Hugging Face InferenceClient -----------------------------------------------------------------------------
@@ -321,6 +353,18 @@ def test_inference_client_text_classification(hosts: tuple[Host, Host], hub_clie
     assert [(p.label, p.score) for p in top] == [(native[0]["label"], native[0]["score"])]
     info = hub_client(model=b.url, provider="hf-inference").get_endpoint_info()
     assert info["model_type"]["classifier"]["id2label"] == {str(i): label for i, label in enumerate(LABELS)}
+
+
+def test_inference_client_text_classification_at_an_embedding_default_names_the_classifier(
+    host: Host, tiny: dict[str, tuple[Path, str]], hub_client: Any
+) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    with pytest.raises(HfHubHTTPError) as caught:  # 200 with vectors before: the client crashed reading them
+        hub_client(model=host.url).text_classification(TEXTS[0])
+    assert caught.value.response is not None and caught.value.response.status_code == 400
+    error = caught.value.response.json()["error"]
+    assert error["type"] == "UnsupportedRequestError" and tiny["classifier"][1] in error["message"]
 
 
 def test_tei_routes_follow_the_model_field(host: Host, tiny: dict[str, tuple[Path, str]]) -> None:

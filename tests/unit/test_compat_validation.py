@@ -10,7 +10,7 @@ import pytest
 
 from handler.api import compat
 from handler.api.compat import NATIVE, ROUTES, Base
-from handler.api.refusals import OneText, Refuse, TextParts, TokenIds
+from handler.api.refusals import Items, OneText, Refuse, TextParts, TokenIds
 from handler.core.errors import InvalidInputError, UnsupportedRequestError
 
 
@@ -88,17 +88,32 @@ def test_every_compatible_route_validates_through_the_one_path() -> None:
         if route is NATIVE:
             continue
         assert type(route).request is Base.request, f"{route.path} validates by hand"
-        assert all(isinstance(r, Refuse | TokenIds | TextParts | OneText) for r in getattr(route, "refusals", ()))
+        assert all(
+            isinstance(r, Refuse | TokenIds | TextParts | OneText | Items) for r in getattr(route, "refusals", ())
+        )
     assert not hasattr(compat, "_encoder")  # no route reaches into a task's tokenizer
 
 
 def test_the_root_route_picks_by_the_tasks_own_routes() -> None:
-    assert compat.ROOT.pick({"inputs": "a"}, "embedding").path == "/embed"
-    assert compat.ROOT.pick({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, "embedding").path == "/similarity"
-    assert compat.ROOT.pick({"query": "q", "texts": ["a"]}, "rerank").path == "/rerank"
-    assert compat.ROOT.pick({"inputs": "a"}, "classify").path == "/predict"
-    with pytest.raises(UnsupportedRequestError, match="a tensor model serves none of them"):
-        compat.ROOT.pick({"inputs": {}}, "tensor")
+    served = {"m@1": "tensor", "e@1": "embedding", "c@1": "classify"}
+    pick = compat.ROOT.pick
+    assert pick({"inputs": "a"}, "embedding", "e@1", served).path == "/embed"
+    assert (
+        pick({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, "embedding", "e@1", served).path == "/similarity"
+    )
+    assert pick({"query": "q", "texts": ["a"]}, "rerank", "r@1", served).path == "/rerank"
+    assert pick({"inputs": "a"}, "classify", "c@1", served).path == "/predict"
+    with pytest.raises(
+        UnsupportedRequestError, match=r"m@1 is tensor; served here that can: e@1 \(send \"model\": \"e\"\)"
+    ):
+        pick({"inputs": {}}, "tensor", "m@1", served)
+    # The Inference API's text-classification body (`parameters`, `{}` included) is never answered with vectors.
+    with pytest.raises(
+        UnsupportedRequestError, match="/predict's request; e@1 is embedding; served here that can: c@1"
+    ):
+        pick({"inputs": "a", "parameters": {}}, "embedding", "e@1", served)
+    with pytest.raises(UnsupportedRequestError, match="/rerank's request; e@1 is embedding; no model served here can"):
+        pick({"query": "q", "texts": ["a"]}, "embedding", "e@1", served)
 
 
 def test_a_route_the_task_does_not_serve_names_the_tasks_that_do() -> None:

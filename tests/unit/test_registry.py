@@ -261,3 +261,12 @@ def test_a_load_that_loses_the_race_with_a_reload_is_not_published(tmp_path: Pat
     assert "dropped m@1 loaded on demand" in described["events"][-1]
     with registry.lease("m") as model:
         assert model.key == "m@2"
+
+
+def test_every_served_model_has_its_task_loaded_or_on_demand(tmp_path: Path, clock: Clock) -> None:
+    """`GET /v1/models` and `POST /` name each served model's task, one not loaded yet too (from its manifest)."""
+    registry, loads = make(tmp_path, clock, budget_mb=10)
+    registry.add("later", fake_model(tmp_path, "later", "1", 10))  # over the budget: on demand
+    assert registry.describe()["available"] == ["later@1"] and "later-1" not in loads
+    tasks = registry.tasks()
+    assert set(tasks) == {"base@1", "later@1"} and tasks["later@1"] == tasks["base@1"] and tasks["later@1"]
