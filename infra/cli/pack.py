@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         type=Path,
         metavar="DIR",
         help="a local Hugging Face / sentence-transformers model directory (nothing is downloaded: "
-        "fetch it first, e.g. with `huggingface-cli download`)",
+        "fetch it first, e.g. with `hf download ORG/NAME --local-dir DIR`)",
     )
     src.add_argument("--onnx", type=Path, metavar="FILE", help="any ONNX model, served by the generic tensor task")
     p.add_argument(
@@ -49,9 +49,18 @@ def register(sub: Any) -> None:
         default=None,
         help="onnx, torch or both, comma-separated (default onnx,torch; for --from, those the model's family supports)",
     )
-    p.add_argument("--id", dest="model_id", help="model id (for --from default: the directory's name)")
     p.add_argument(
-        "--version", default=None, help="model version (--onnx: default 1; --from: the directory's name + content hash)"
+        "--id",
+        dest="model_id",
+        help="model id (--default: all-minilm-l6-v2; --from: the model's own name: sentence-transformers' model "
+        "card, the hub cache's repo, the directory's name unless generic, config.json's _name_or_path)",
+    )
+    p.add_argument(
+        "--version",
+        default=None,
+        help="model version (--onnx: 1; --default: the package's version, -int8 etc. appended for a reduced "
+        "precision; --from: 12 hex digits of a hash over the weights, the task and the precision, -int8 etc. "
+        "appended for a reduced precision: two precisions of one model are two id@versions)",
     )
     p.add_argument(
         "--task",
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     # function.
     from handler.core.manifest import load_manifest
     from infra.pack import pack_default, pack_onnx
-    from infra.pack.publish import check_model_id
+    from infra.pack.publish import OutputExistsError, check_model_id
 
     try:
         if args.model_id is not None:  # before it names a directory (models/ID): a name, never a path
@@ -136,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
                         force=args.force,
                         fuse=not args.no_fuse,
                         precision=precision,
+                        model_id=args.model_id,
+                        version=args.version,
                     )
                 else:
                     out = pack_from(
@@ -170,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
             except onnx.checker.ValidationError as e:  # a graph ONNX's checker refuses: its message, no traceback
                 print(f"warmstart pack: {args.onnx}: not a valid ONNX graph: {e}", file=sys.stderr)
                 return 1
+    except OutputExistsError as e:  # its message names the Python argument; a CLI user passes the flag
+        print(f"warmstart pack: {e.out} exists; add --force to replace it (a packed model only)", file=sys.stderr)
+        return 1
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"warmstart pack: {e}", file=sys.stderr)
         return 1

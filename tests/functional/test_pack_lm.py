@@ -170,8 +170,11 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     from handler.core.manifest import load_manifest
 
     pack = pack_tiny_lm(tmp_path, "qwen3", quantize="int4")
-    precision = load_manifest(pack).raw["precision"]
+    manifest = load_manifest(pack)
+    precision = manifest.raw["precision"]
     assert precision["quantization"] == "int4" and precision["backend"] == "genai"
+    float_pack = load_manifest(pack_tiny_lm(tmp_path, "qwen3"))  # one model, two precisions: two id@versions
+    assert manifest.id == float_pack.id and manifest.version.endswith("-int4") and manifest.key != float_pack.key
     quality = precision["quality"]
     assert 0.0 <= quality["figure"] < 1.0  # the tiny random model quantizes badly (infra.pack.lm_quality)
     assert quality["figure"] == quality["greedy_agreement"]
@@ -207,6 +210,11 @@ def test_cli_packs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["pack", "--from", str(source_dir("llama")), "--task", "generate", "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["task"] == "generate" and printed["backends"] == ["genai"]
+    from handler.core.manifest import load_manifest
+    from infra.pack.publish import default_version
+
+    sha = load_manifest(out).raw["source"]["content_sha256"]  # the version: the weights, task and precision hashed
+    assert printed["model"].split("@")[1] == default_version(sha, "generate") != default_version(sha, "embedding")
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out)]) == 1  # exists, no --force
     assert "exists" in capsys.readouterr().err
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out), "--force"]) == 0

@@ -147,6 +147,30 @@ def test_the_init_report_and_status_show_precision(packed: Callable[..., Path]) 
     assert lines[-1]["precision"] == {"dtype": "float32", "quantization": None}
 
 
+def test_two_precisions_of_one_model_are_served_side_by_side_and_chosen_by_name(
+    packed: Callable[..., Path],
+) -> None:
+    """The float32 and int8 packs of one directory are two id@versions (they were one, and init refused the
+    pair as "configured twice"): one function serves both, each request choosing by name."""
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    float_pack, int8_pack = (
+        packed("sentence-transformers"),
+        packed("sentence-transformers", quantize="int8", min_quality=0.9),
+    )
+    full, small = load_manifest(float_pack), load_manifest(int8_pack)
+    assert full.id == small.id and small.version.endswith("-int8") and full.key != small.key
+    env = {"WARMSTART_MODEL": str(float_pack), "WARMSTART_MODELS": str(int8_pack), "WARMSTART_WARMUP": "0"}
+    runtime = Runtime.start(Config.from_environ(env), environ=env, emit=None)
+    default = runtime.handle({"inputs": TEXTS})
+    chosen = runtime.handle({"inputs": TEXTS, "model": small.key})
+    named = runtime.handle({"inputs": TEXTS, "model": full.key})
+    assert (default["model"], chosen["model"], named["model"]) == (full.key, small.key, full.key)
+    sims = cosine(np.asarray(chosen["embeddings"], np.float32), np.asarray(default["embeddings"], np.float32))
+    assert sims.min() >= 0.9
+
+
 def test_the_gate_refuses_below_min_quality_with_the_figure_and_writes_nothing(
     sources: Callable[[str], Path], tmp_path: Path
 ) -> None:
