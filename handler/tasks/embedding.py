@@ -142,6 +142,7 @@ SPEC = TaskSpec(
             "prompt": nullable(STRING),
         },
     },
+    example={"inputs": "hello"},
     answer={
         "title": "embedding",
         "type": "object",

@@ -105,6 +105,9 @@ class TaskSpec:
     tei_info_schema: Schema | None = None  # their schema (None: any object)
     npy_input: bool = False  # an `application/x-npy` body is its one input (`handler.api.media`)
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
+    # A valid native request, for what `warmstart local` suggests and `invoke` sends by default (None: the
+    # request depends on the model, as a tensor model's input names do).
+    example: dict[str, Any] | None = None
 
     @property
     def info_kind(self) -> str:
