@@ -153,3 +153,11 @@ def test_a_bad_setting_says_so_without_a_traceback(model_dir: Path) -> None:
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 3 and "Traceback" not in stderr
     assert stderr.splitlines()[0] == "warmstart: the HTTP host cannot start: PORT=0 is outside [1, 65535]"
+
+
+def test_a_model_configured_twice_says_so_without_a_traceback(model_dir: Path) -> None:
+    proc = host(model_dir, WARMSTART_MODELS=str(model_dir))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr
+    assert "Traceback" not in stdout + stderr
+    assert stderr.splitlines()[0].startswith("warmstart: the HTTP host cannot start: model all-minilm-l6-v2@0.1.0 is")

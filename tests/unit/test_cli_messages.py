@@ -107,3 +107,13 @@ def test_readme_says_to_activate_the_venv_before_warmstart_local() -> None:
     readme = (ROOT / "README.md").read_text()
     line = readme[readme.index("Then try it by hand") :].split("\n\n")[0]
     assert ". .venv/bin/activate" in line and "warmstart local" in line
+
+
+def test_every_task_example_is_a_valid_request() -> None:
+    from handler.api import schemas
+    from handler.tasks import catalog
+
+    for spec in catalog.specs():
+        if spec.example is not None:
+            assert schemas.errors(spec.example, spec.request) == [], spec.name
+    assert {s.name for s in catalog.specs() if s.example is None} <= {"tensor"}  # its inputs are the model's
