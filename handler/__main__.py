@@ -26,6 +26,8 @@ Serve a packed model on whichever host started this process:
                           stream (WARMSTART_LAMBDA_LOOP=auto|awslambdaric|streaming)
   serve, or no runtime API: the HTTP host on $PORT (default 8080): POST /invocations, /v1/embeddings,
                           /embed, /rerank, /predict; GET /ping, /health, /info, /metrics
+Exit status (HTTP host): SIGTERM's own (143) after its drain; 130 on Ctrl-C (SIGINT), after the same
+                          drain, with one line; 3 when it cannot start (stderr's first line says why and the fix).
 Settings are environment variables (WARMSTART_MODEL, WARMSTART_BACKEND, ...): docs/configuration.md."""
 
 

@@ -35,6 +35,7 @@ class Host:
         self.drain = Drain(self.settings.drain_s)
         self.bodies = BodyBudget(self.settings.body_budget)
         self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
+        self.init_error: BaseException | None = None  # why init failed, for the startup failure's plain line
 
     def start(self) -> Runtime:
         """The runtime, its worker pool and the Prometheus registry: made on the first call, then the same."""
@@ -42,7 +43,11 @@ class Host:
             if self._workers is None:
                 cpus = cpu_budget(os.environ).cpus
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
-            runtime = self._make_runtime()
+            try:
+                runtime = self._make_runtime()
+            except BaseException as e:
+                self.init_error = e
+                raise
             # The pool was sized before the model loaded: it groups requests by the model's derived batch tokens.
             tokens = runtime.init_report.get("limits", {}).get("batch_tokens")
             if tokens:
@@ -53,6 +58,15 @@ class Host:
             runtime.metrics = self.prometheus
             self._runtime = runtime
         return self._runtime
+
+    def models(self) -> list[str]:
+        """The keys (`id@version`) of the models this instance serves, the default first; [] before init."""
+        if self._runtime is None:
+            return []
+        return [m["key"] for m in self._runtime.model_list()["data"]]
+
+    def default_model(self) -> str | None:
+        return None if self._runtime is None else self._runtime.manifest.key
 
     @property
     def runtime(self) -> Runtime:

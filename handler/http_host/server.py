@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import uvicorn
 
 from handler.core.cpu import cpu_budget
+from handler.core.errors import WarmstartError
+from handler.http_host.access import AccessLog, PlainStartupFailure
 from handler.http_host.drain import CloseWhileDraining, Drain
 from handler.http_host.host import Host
 from handler.http_host.protocol import HostProtocol
@@ -42,7 +45,13 @@ class DrainingServer(uvicorn.Server):
         self.drain = drain
         self.host = host
         self.accepting: set[asyncio.Task[object]] = set()
+        self.sagemaker = False  # started as `serve` (SageMaker's command): said in the startup line
         drain.on_begin.append(self.stop_listening)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.host is not None:
+            listening(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.drain.begin_threadsafe()
@@ -97,7 +106,9 @@ def server(
     level = logs.LEVELS[logs.threshold(env)] if env.get("WARMSTART_LOG_LEVEL", "").strip() else logging.WARNING
     route_uvicorn_logs(level)
     config = uvicorn.Config(
-        CloseWhileDraining(create_app(host), host.drain),
+        PlainStartupFailure(
+            AccessLog(CloseWhileDraining(create_app(host), host.drain), host.default_model), lambda: host.init_error
+        ),
         # All interfaces by default, on purpose: in a container (SageMaker, Cloud Run, Knative) requests arrive
         # on the container's own interface, never on its loopback. HOST=127.0.0.1 keeps it to this machine.
         host=env.get("HOST", "0.0.0.0"),
@@ -115,11 +126,47 @@ def server(
         # A backstop only: the drain answers every request by drain_s, so uvicorn never has to cancel one.
         timeout_graceful_shutdown=settings.drain_s + 1,
     )
-    return DrainingServer(config, host.drain, host)
+    uvicorn_server = DrainingServer(config, host.drain, host)
+    uvicorn_server.sagemaker = sagemaker
+    return uvicorn_server
+
+
+def listening(server: DrainingServer) -> None:
+    """The startup line: where the host listens, what it serves, which host kind (a JSON log record at INFO)."""
+    assert server.host is not None
+    ports = [s.getsockname()[:2] for srv in getattr(server, "servers", []) for s in srv.sockets]
+    address, port = ports[0] if ports else (server.config.host, server.config.port)
+    models = server.host.models()
+    kind = "sagemaker (serve)" if server.sagemaker else "http"
+    fields = {"address": address, "port": port, "models": models, "host": kind}
+    message = f"listening on http://{address}:{port}: {', '.join(models) or 'no model'} (host {kind}); Ctrl-C stops"
+    logging.getLogger(logs.LOGGER).info(message, extra={"fields": fields})
+
+
+# Exit codes of `python -m handler` in HTTP mode (its --help lists them).
+EXIT_STARTUP_FAILURE = 3  # uvicorn's: init failed (the first stderr line says why and what fixes it)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): requests in flight were answered first (the drain), as for SIGTERM
 
 
 def serve_http(start: Callable[[], Runtime], environ: Mapping[str, str] | None = None, sagemaker: bool = False) -> None:
-    server(start, environ, sagemaker).run()
+    try:
+        host_server = server(start, environ, sagemaker)
+    except WarmstartError as e:  # a setting out of range (PORT=0): the sentence names it
+        print(f"warmstart: the HTTP host cannot start: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_STARTUP_FAILURE)
+    try:
+        host_server.run()
+    except KeyboardInterrupt:
+        # uvicorn raises the SIGINT again once its shutdown (our drain) is done, so that the process "dies of
+        # it": asyncio then answers with a CancelledError and KeyboardInterrupt traceback. Ctrl-C is no error.
+        print("warmstart: stopped (Ctrl-C); requests in flight were answered first", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except SystemExit:
+        error = host_server.host.init_error if host_server.host is not None else None
+        if isinstance(error, WarmstartError):  # expected (no model, unpacked, configured twice): its sentence
+            print(f"warmstart: the HTTP host cannot start: {error}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_STARTUP_FAILURE)
+        raise
 
 
 def pool_plan(workers: WorkerPool) -> dict[str, Any]:

@@ -110,6 +110,8 @@ class JsonFormatter(logging.Formatter):
         inv = current()
         if inv is not None:
             out.update(inv.fields())
+        # A record's own keys (`extra={"fields": {...}}`): the HTTP host's access line (route, status, ms).
+        out.update(getattr(record, "fields", None) or {})
         if record.exc_info and record.exc_info[0] is not None:
             out["exception_name"] = record.exc_info[0].__name__
             out["exception"] = self.formatException(record.exc_info)

@@ -144,6 +144,7 @@ SPEC = TaskSpec(
             "prompt": nullable(STRING),
         },
     },
+    example={"inputs": "hello"},
     answer={
         "title": "embedding",
         "type": "object",

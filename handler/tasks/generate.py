@@ -351,6 +351,7 @@ SPEC = TaskSpec(
     factory=GenerateTask,
     request=REQUEST,
     answer=ANSWER,
+    example={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16},
     fields=fields,
     routes=("/v1/chat/completions", "/v1/completions"),
     streams=True,

@@ -199,6 +199,7 @@ RERANK = TaskSpec(
             "model": MODEL,
         },
     },
+    example={"query": "what is a cold start?", "documents": ["the first request of a new instance", "a warm call"]},
     answer={
         "title": "rerank",
         "type": "object",
@@ -223,6 +224,7 @@ CLASSIFY = TaskSpec(
         "required": ["inputs"],
         "properties": {"inputs": TEXTS, "top_k": POSITIVE, "model": MODEL},
     },
+    example={"inputs": "hello"},
     answer={
         "title": "classify",
         "type": "object",

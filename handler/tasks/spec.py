@@ -107,6 +107,9 @@ class TaskSpec:
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
     # Its Open Inference Protocol tensors (an adapter of `handler.tasks.oip_io`); None: not served there.
     oip: Any = None
+    # A valid native request, for what `warmstart local` suggests and `invoke` sends by default (None: the
+    # request depends on the model, as a tensor model's input names do).
+    example: dict[str, Any] | None = None
 
     @property
     def info_kind(self) -> str:

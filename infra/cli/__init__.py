@@ -59,8 +59,18 @@ def command_in(argv: Sequence[str]) -> str:
     return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
+# Commands people try that are another program's: what to run instead (not argparse's "invalid choice").
+ELSEWHERE = {
+    "serve": "the HTTP host is `python -m handler` (`python -m handler serve` for SageMaker's command): "
+    "WARMSTART_MODEL=DIR PORT=8080 python -m handler; `warmstart local` runs the local Lambda",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if command_in(argv) in ELSEWHERE:
+        print(f"warmstart {command_in(argv)}: not a warmstart command; {ELSEWHERE[command_in(argv)]}", file=sys.stderr)
+        return 2
     try:
         args = build_parser(command_in(argv)).parse_args(argv)
         rc: int = args.func(args)

@@ -10,11 +10,15 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from infra.local.config import CGROUP_WANTS, DEFAULT_MEMORY_MB, INIT_TYPES, INVOKE_MODES, JITTERS, LocalLambdaConfig
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
+# What `invoke` sends when given no event: the default model's (an embedding model) example request.
+DEFAULT_EVENT = {"inputs": "hello"}
+SUMMARY_NUMBERS = 4  # a list of numbers longer than this prints as its first few and its length (--full: all)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,13 +30,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     local.set_defaults(func=run_local)
 
     invoke = sub.add_parser("invoke", help="send one event to a running local Lambda and show the REPORT line")
-    invoke.add_argument("payload", nargs="?", help="JSON event, @file, or - for stdin (default: {})")
+    invoke.add_argument(
+        "payload", nargs="?", help=f"JSON event, @file, or - for stdin (default: {json.dumps(DEFAULT_EVENT)})"
+    )
     invoke.add_argument("--payload-file", help="read the event from this file")
     invoke.add_argument("--endpoint-url", default=os.environ.get("WARMSTART_ENDPOINT", DEFAULT_ENDPOINT))
     invoke.add_argument("--function", default="warmstart", help="function name or ARN (default: %(default)s)")
     invoke.add_argument("--qualifier", help="version or alias")
     invoke.add_argument("--invocation-type", choices=("RequestResponse", "Event", "DryRun"), default="RequestResponse")
     invoke.add_argument("--logs", action="store_true", help="print the whole log tail, not just REPORT")
+    shown = invoke.add_mutually_exclusive_group()
+    shown.add_argument("--full", action="store_true", help="print the whole answer (default: long vectors cut)")
+    shown.add_argument("--json", action="store_true", help="print the answer as it came, one JSON line")
     invoke.set_defaults(func=run_invoke)
 
 
@@ -128,10 +137,62 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> LocalLambdaC
     return LocalLambdaConfig(**settings)
 
 
+def model_dir(args: argparse.Namespace) -> Path | None:
+    """The packed model directory the instances will serve: --model, WARMSTART_MODEL, else the handler's
+    default; None when it is a remote source (s3://...) read only by the instance."""
+    from handler.core.config import DEFAULT_MODEL_DIRS
+
+    chosen = args.model or os.environ.get("WARMSTART_MODEL", "").strip()
+    if "://" in chosen:
+        return None
+    if chosen:
+        return Path(chosen)
+    return next((p for p in DEFAULT_MODEL_DIRS if p.is_dir()), DEFAULT_MODEL_DIRS[0])
+
+
+def unpacked(path: Path) -> str | None:
+    """Why `path` cannot be served (with the command that fixes it), or None when it is a packed model."""
+    if (path / "manifest.json").is_file():
+        return None
+    if not path.exists():
+        return f"{path} does not exist; pack a model first: `warmstart pack --default` (or --from DIR)"
+    out = f"models/{path.resolve().name}"
+    return (
+        f"{path} is not a packed model (no manifest.json); pack it first: `warmstart pack --from {path} "
+        f"--out {out}`, then `warmstart local --model {out}`"
+    )
+
+
+def served(path: Path | None) -> tuple[str, dict[str, Any] | None]:
+    """The served model as the banner names it (`id@version (task)`), and its task's example request."""
+    if path is None:
+        return "the model at WARMSTART_MODEL", None
+    try:
+        with open(path / "manifest.json", encoding="utf-8") as f:
+            manifest = json.load(f)
+        key, task = f"{manifest['id']}@{manifest['version']}", str(manifest.get("task", "embedding"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"the model at {path}", None
+    from handler.core.errors import ConfigError
+    from handler.tasks import catalog  # deferred: the task modules, only to name the example request
+
+    try:
+        example = catalog.spec(task).example
+    except ConfigError:  # a plugin's task this environment does not have
+        example = None
+    return f"{key} ({task}) from {path}", example
+
+
 def run_local(args: argparse.Namespace) -> int:
     from infra.local.destination import DestinationError
     from infra.local.server import LocalLambda
 
+    path = model_dir(args)
+    wrong = unpacked(path) if args.model and path is not None else None
+    if wrong:  # refused now, not at the first invoke's init
+        print(f"warmstart local: --model {wrong}", file=sys.stderr)
+        return 2
+    model, example = served(path)
     config = config_from_args(args, host=args.host, port=args.port, echo_logs=not args.quiet)
     local = LocalLambda(config)
     stop = threading.Event()
@@ -144,8 +205,13 @@ def run_local(args: argparse.Namespace) -> int:
         return 1
     name = config.function_name
     print(f"warmstart local: function {name!r} ({config.handler}) at {endpoint}", flush=True)
+    print(f"  model:  {model}")
+    event = shlex.quote(json.dumps(example)) if example is not None else "'{\"inputs\": {NAME: [...]}}'"
+    print(
+        f"  try:    warmstart invoke {event}" + (" --endpoint-url " + endpoint if endpoint != DEFAULT_ENDPOINT else "")
+    )
     print(f"  boto3:  boto3.client('lambda', endpoint_url='{endpoint}').invoke(FunctionName='{name}', ...)")
-    print(f"  curl:   curl -d '{{}}' {endpoint}/2015-03-31/functions/function/invocations")
+    print(f"  curl:   curl -d {event} {endpoint}/2015-03-31/functions/function/invocations")
     print(f"  URL:    {endpoint}/lambda-url/{name}/ (invoke mode {config.invoke_mode})")
     print(f"  max concurrency {config.max_concurrency}, keep-alive {config.keep_alive_s:g} s; Ctrl-C stops", flush=True)
     print(f"  {local.pool.cgroups.describe(config.memory_mb)}", flush=True)
@@ -168,7 +234,7 @@ def read_payload(args: argparse.Namespace) -> bytes:
     if args.payload and args.payload.startswith("@"):
         with open(args.payload[1:], "rb") as f:
             return f.read()
-    return (args.payload or "{}").encode()
+    return args.payload.encode() if args.payload else json.dumps(DEFAULT_EVENT).encode()
 
 
 def lambda_client(endpoint_url: str, *, read_timeout: float = 905.0) -> Any:
@@ -185,9 +251,51 @@ def lambda_client(endpoint_url: str, *, read_timeout: float = 905.0) -> Any:
     )
 
 
+def shorten(value: Any) -> Any:
+    """The answer with every long list of numbers cut to its first few and its length (one embedding is 384
+    numbers: a screenful each)."""
+    if isinstance(value, dict):
+        return {k: shorten(v) for k, v in value.items()}
+    if isinstance(value, list):
+        numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+        if numbers and len(value) > SUMMARY_NUMBERS:
+            head = ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in value[:SUMMARY_NUMBERS])
+            return f"[{head}, ...] ({len(value)} numbers; --full for all)"
+        return [shorten(x) for x in value]
+    return value
+
+
+def show(body: bytes, args: argparse.Namespace) -> None:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        sys.stdout.buffer.write(body + b"\n")
+        return
+    if args.json:
+        print(json.dumps(answer, separators=(",", ":")))
+    else:
+        print(json.dumps(answer if args.full else shorten(answer), indent=2))
+
+
 def run_invoke(args: argparse.Namespace) -> int:
+    from botocore.exceptions import EndpointConnectionError  # type: ignore[import-untyped]
+
     payload = read_payload(args)
     client = lambda_client(args.endpoint_url)
+    try:
+        return invoke_once(client, payload, args)
+    except EndpointConnectionError:
+        print(
+            f"warmstart invoke: nothing answers at {args.endpoint_url}; start the local Lambda first: "
+            "`warmstart local` (in another terminal), or pass --endpoint-url",
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        client.close()
+
+
+def invoke_once(client: Any, payload: bytes, args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(FunctionName=args.function, Payload=payload, InvocationType=args.invocation_type)
     if args.qualifier:
         kwargs["Qualifier"] = args.qualifier
@@ -200,10 +308,7 @@ def run_invoke(args: argparse.Namespace) -> int:
         return 2
     body = result["Payload"].read()
     if body:
-        try:
-            print(json.dumps(json.loads(body), indent=2))
-        except ValueError:
-            sys.stdout.buffer.write(body + b"\n")
+        show(body, args)
     log = base64.b64decode(result.get("LogResult", "")).decode("utf-8", "replace")
     if args.logs:
         sys.stderr.write(log)
