@@ -19,6 +19,7 @@ TASK_CHOICES = (
 )  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
 QUANTIZE_CHOICES = ("int8", "int8-dynamic", "int4")  # infra.pack.precision.QUANTIZATIONS
+POOLING_CHOICES = ("mean", "cls", "lasttoken")  # infra.pack.hf_source.BARE_POOLING_MODES
 
 
 def register(sub: Any) -> None:
@@ -59,6 +60,14 @@ def register(sub: Any) -> None:
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
         "another sequence classifier -> classify; a *ForCausalLM chat model -> generate) or the task to pack",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=POOLING_CHOICES,
+        default=None,
+        help="for --from with --task embedding: how a bare encoder directory (a Hugging Face BertModel & co. "
+        "without modules.json) pools its token states into one vector, L2-normalized (as TEI's /embed); "
+        "a sentence-transformers directory names its own pooling",
     )
     p.add_argument(
         "--no-fuse",
@@ -111,6 +120,13 @@ def run(args: argparse.Namespace) -> int:
     from infra.pack import pack_default, pack_onnx
     from infra.pack.publish import check_model_id
 
+    if args.pooling is not None and (args.source_dir is None or args.task != "embedding"):
+        print(
+            f"warmstart pack: --pooling is for a bare encoder directory: use it with --from DIR --task embedding "
+            f"(got {'--task ' + args.task if args.source_dir is not None else 'no --from'})",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.model_id is not None:  # before it names a directory (models/ID): a name, never a path
             check_model_id(args.model_id)
@@ -148,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                         fuse=not args.no_fuse,
                         force=args.force,
                         precision=precision,
+                        pooling=args.pooling,
                     )
             except ExportError as e:
                 print(f"warmstart pack: {e}", file=sys.stderr)

@@ -73,6 +73,7 @@ def pack_from(
     force: bool = False,
     source_info: dict[str, str] | None = None,
     precision: Precision | None = None,
+    pooling: str | None = None,
 ) -> Path:
     """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
 
@@ -85,7 +86,7 @@ def pack_from(
     if task == "generate" or (task == "auto" and is_causal_lm(Path(source_dir))):
         return _pack_generate(source_dir, out, model_id, version, backends, force, source_info, precision)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
-    source = read_source(Path(source_dir), task)
+    source = read_source(Path(source_dir), task, pooling)
     chosen, unsupported = choose_backends(backends), dict[str, str]()
     precision = precision or Precision()
     if precision.reduced:
