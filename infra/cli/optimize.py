@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                 else f"warmstart optimize: {what} {args.model}"
             )
             return 0
-        with Progress("warmstart optimize") as progress:
+        with Progress("warmstart optimize", plain=not args.json) as progress:
             entry = optimize(args.model)
     except (OptimizeError, ModelLoadError, FileNotFoundError) as e:
         print(f"warmstart optimize: {e}", file=sys.stderr)

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    with Progress("warmstart pack") as progress:
+    with Progress("warmstart pack", plain=not args.json) as progress:
         out = _pack(args)
         if isinstance(out, int):
             progress.failed()

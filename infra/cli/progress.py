@@ -1,6 +1,6 @@
-"""What a waiting user sees on stderr while pack, optimize and quantize run: on a terminal one tqdm line that
+"""What a waiting user sees while pack, optimize and quantize run: on a terminal one tqdm line on stderr that
 names the phase and ticks its elapsed time, cleared at the end; otherwise (a log, CI, a pipe) one plain line
-per phase as it ends, with its seconds. The summary a command ends with is its own (`summary_lines`)."""
+per phase on stdout as it ends, with its seconds. The summary a command ends with is its own (`summary_lines`)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ from infra.pack.progress import listening
 class Progress:
     """A listener for infra.pack.progress: `with Progress("warmstart pack"): ...`."""
 
-    def __init__(self, command: str, stream: TextIO | None = None) -> None:
+    def __init__(self, command: str, stream: TextIO | None = None, plain: bool = True) -> None:
+        """On a terminal (`stream`, default stderr): the tqdm line there. Otherwise, unless `plain` is false
+        (--json: stdout is the one object), plain lines on stdout, before the summary: a refusal's message stays
+        the only line on stderr."""
         self.command = command
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.plain = plain
         self.start = time.monotonic()
         self._bar: Any = None
         self._stop = threading.Event()
@@ -29,9 +33,9 @@ class Progress:
     def _ended(self) -> None:
         """A plain line for the phase that just ended, printed at its end: a refusal during the checks (the first
         phase) is then the only line a user reads."""
-        if self._phase is not None:
+        if self._phase is not None and self.plain:
             text, began = self._phase
-            print(f"{self.command}: {text}: {time.monotonic() - began:.1f} s", file=self.stream, flush=True)
+            print(f"{self.command}: {text}: {time.monotonic() - began:.1f} s", flush=True)
 
     def __call__(self, text: str) -> None:
         if not self.tty:

@@ -355,7 +355,9 @@ def test_pack_from_as_documented(tmp_path: Path) -> None:
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    summary = out.stdout.splitlines()  # what a user reads: what was written, its size, the next command
+    # What a user reads: the phases as they end, then what was written, its size, the next command.
+    lines = out.stdout.splitlines()
+    summary = lines[next(i for i, line in enumerate(lines) if line.startswith("warmstart pack: wrote ")) :]
     assert re.match(rf"warmstart pack: wrote \S*{argv[argv.index('--out') + 1]} in \d+ s", summary[0]), summary
     assert summary[0].endswith(": bge-small@1, task embedding, backends onnx, torch"), summary
     assert re.fullmatch(r"  \d+ files, [\d.]+ [KM]B: model\.\S+ [\d.]+ [KM]B, .*", summary[1]), summary
