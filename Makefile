@@ -4,12 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 MODEL := models/default/manifest.json
 
-.PHONY: setup run test lint bench bench-quota gpu-check clean
+.PHONY: setup run test test-fast lint bench bench-quota gpu-check clean
 
+# Two install sets in one venv: `make run` installs what packing the default model and serving the demo need
+# (the `demo` extra: the runtime, torch + transformers for the export, the local Lambda); `make test` and
+# `make lint` add the dev set (test tools, clients, linters, every other extra). Sizes and times: README.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extras: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+$(BIN)/.dev-installed: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# --no-deps: its wheel requires the CPU `onnxruntime`, which would overwrite onnxruntime-gpu's files; it
 	# runs on the onnxruntime already installed (the GPU image installs onnxruntime-genai-cuda instead).
@@ -31,10 +38,17 @@ setup: $(MODEL)
 run: setup
 	$(BIN)/warmstart demo
 
-test: setup
+# Everything, as CI runs it (.ci/run): about 20 minutes on 16 cores.
+test: setup $(BIN)/.dev-installed
+	@echo "make test: the whole suite, about 20 minutes; make test-fast runs unit + functional"
 	$(BIN)/python -m pytest
 
-lint: $(BIN)/.installed
+# While working: the unit and functional tiers only (no real processes, deploy or docs tiers).
+test-fast: setup $(BIN)/.dev-installed
+	@echo "make test-fast: the unit and functional tiers only; make test runs everything (CI)"
+	$(BIN)/python -m pytest tests/unit tests/functional
+
+lint: $(BIN)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -15,20 +15,31 @@ def register(sub: Any) -> None:
     p = sub.add_parser("optimize", help="pre-optimize a packed ONNX model (prepacked weights) for this machine")
     p.add_argument("model", type=Path, nargs="?", default=Path("models/default"), help="packed model directory")
     p.add_argument("--remove", action="store_true", help="remove the optimized model instead")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object (the manifest's entry) instead of the summary"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx) load only here, never in the function.
     from handler.core.errors import ModelLoadError
+    from infra.cli.progress import Progress, human_size
     from infra.pack.optimize import OptimizeError, optimize, remove
     from infra.pack.wordpiece import NotPlainBert, prove
 
     try:
         if args.remove:
-            print(json.dumps({"model": str(args.model), "removed": remove(args.model)}))
+            removed = remove(args.model)
+            what = "removed the optimized model from" if removed else "no optimized model in"
+            print(
+                json.dumps({"model": str(args.model), "removed": removed})
+                if args.json
+                else f"warmstart optimize: {what} {args.model}"
+            )
             return 0
-        entry = optimize(args.model)
+        with Progress("warmstart optimize", plain=not args.json) as progress:
+            entry = optimize(args.model)
     except (OptimizeError, ModelLoadError, FileNotFoundError) as e:
         print(f"warmstart optimize: {e}", file=sys.stderr)
         return 1
@@ -36,5 +47,19 @@ def run(args: argparse.Namespace) -> int:
         tokenizer: Any = prove(args.model)
     except NotPlainBert as e:  # not an error: init parses tokenizer.json as before
         tokenizer = {"shortcut": None, "reason": str(e)}
-    print(json.dumps({"model": str(args.model), "optimized": entry, "tokenizer": tokenizer}))
+    if args.json:
+        print(json.dumps({"model": str(args.model), "optimized": entry, "tokenizer": tokenizer}))
+        return 0
+    size = sum((args.model / name).stat().st_size for name in entry["files"])
+    shortcut = (
+        f"not used ({tokenizer['reason']})"
+        if "reason" in tokenizer
+        else f"{tokenizer.get('kind')}, proved on {tokenizer.get('proof', {}).get('cases')} cases"
+    )
+    print(
+        f"warmstart optimize: wrote {', '.join(entry['files'])} into {args.model} in {progress.elapsed:.0f} s "
+        f"({human_size(size)}), bit-identical to the portable model on {entry['bit_identical_probes']} probes\n"
+        f"  tokenizer shortcut: {shortcut}\n"
+        f"next: warmstart local --model {args.model}   (init takes the optimized model on this machine)"
+    )
     return 0

@@ -19,6 +19,7 @@ TASK_CHOICES = (
 )  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
 QUANTIZE_CHOICES = ("int8", "int8-dynamic", "int4")  # infra.pack.precision.QUANTIZATIONS
+POOLING_CHOICES = ("mean", "cls", "lasttoken")  # infra.pack.hf_source.BARE_POOLING_MODES
 
 
 def register(sub: Any) -> None:
@@ -70,6 +71,14 @@ def register(sub: Any) -> None:
         "another sequence classifier -> classify; a *ForCausalLM chat model -> generate) or the task to pack",
     )
     p.add_argument(
+        "--pooling",
+        choices=POOLING_CHOICES,
+        default=None,
+        help="for --from with --task embedding: how a bare encoder directory (a Hugging Face BertModel & co. "
+        "without modules.json) pools its token states into one vector, L2-normalized (as TEI's /embed); "
+        "a sentence-transformers directory names its own pooling",
+    )
+    p.add_argument(
         "--no-fuse",
         action="store_true",
         help="for --default and --from: skip ONNX Runtime's transformer fusions on the exported graph",
@@ -106,6 +115,7 @@ def register(sub: Any) -> None:
         "label agreement (classify) vs float32; default 0.99 / 0.9 / 0.95",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object (what was packed) instead of the summary")
     p.set_defaults(func=run)
 
 
@@ -117,6 +127,62 @@ def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx, safetensors, torch, transformers, the model package) load only here, never in the
     # function.
     from handler.core.manifest import load_manifest
+    from infra.cli.progress import Progress
+
+    if args.pooling is not None and (args.source_dir is None or args.task != "embedding"):
+        print(
+            f"warmstart pack: --pooling is for a bare encoder directory: use it with --from DIR --task embedding "
+            f"(got {'--task ' + args.task if args.source_dir is not None else 'no --from'})",
+            file=sys.stderr,
+        )
+        return 2
+    with Progress("warmstart pack", plain=not args.json) as progress:
+        out = _pack(args)
+        if isinstance(out, int):
+            progress.failed()
+    if isinstance(out, int):
+        return out
+    manifest = load_manifest(out)
+    sizes = {name: entry.size for name, entry in manifest.files.items()}
+    packed = {
+        "packed": str(out),
+        "model": manifest.key,
+        "task": manifest.task,
+        "backends": sorted(manifest.backends),
+        "files": sizes,
+        **({"precision": manifest.raw["precision"]} if "precision" in manifest.raw else {}),
+    }
+    if args.json:
+        print(json.dumps(packed))
+    else:
+        print("\n".join(summary_lines(packed, progress.elapsed)))
+    return 0
+
+
+def summary_lines(packed: dict[str, Any], seconds: float) -> list[str]:
+    """What a person reads when the pack ends: what was written, its size, the quality gate's figure, and the
+    command to run next."""
+    from infra.cli.progress import human_size
+
+    out, files = packed["packed"], packed["files"]
+    lines = [
+        f"warmstart pack: wrote {out} in {seconds:.0f} s: {packed['model']}, task {packed['task']}, "
+        f"backends {', '.join(packed['backends'])}",
+        f"  {len(files)} files, {human_size(sum(files.values()))}: "
+        + ", ".join(f"{name} {human_size(size)}" for name, size in sorted(files.items(), key=lambda f: -f[1])[:3])
+        + (", ..." if len(files) > 3 else ""),
+    ]
+    quality = (packed.get("precision") or {}).get("quality")
+    if quality:
+        lines.append(f"  quality: {quality['figure']:.6f} ({quality['metric']}), the gate: {quality['min_quality']}")
+    if "onnx" in packed["backends"]:
+        lines.append(f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)")
+    lines.append(f"next: warmstart local --model {out}   (serve it on the local Lambda)")
+    return lines
+
+
+def _pack(args: argparse.Namespace) -> Path | int:
+    """The pack itself: its output directory, or the exit code of a refusal (its message already printed)."""
     from infra.pack import pack_default, pack_onnx
     from infra.pack.publish import OutputExistsError, check_model_id
 
@@ -159,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
                         fuse=not args.no_fuse,
                         force=args.force,
                         precision=precision,
+                        pooling=args.pooling,
                     )
             except ExportError as e:
                 print(f"warmstart pack: {e}", file=sys.stderr)
@@ -187,18 +254,4 @@ def run(args: argparse.Namespace) -> int:
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"warmstart pack: {e}", file=sys.stderr)
         return 1
-    manifest = load_manifest(out)
-    sizes = {name: entry.size for name, entry in manifest.files.items()}
-    print(
-        json.dumps(
-            {
-                "packed": str(out),
-                "model": manifest.key,
-                "task": manifest.task,
-                "backends": sorted(manifest.backends),
-                "files": sizes,
-                **({"precision": manifest.raw["precision"]} if "precision" in manifest.raw else {}),
-            }
-        )
-    )
-    return 0
+    return out

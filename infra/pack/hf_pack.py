@@ -24,6 +24,7 @@ from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safete
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
 from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE
 from infra.pack.precision import Precision, PrecisionError
+from infra.pack.progress import phase
 from infra.pack.publish import check_model_id, check_output, default_id, default_version, publish
 
 # The backends `pack --from` writes an artifact for (the ONNX graph; torch.export's program), in default order.
@@ -69,6 +70,7 @@ def pack_from(
     force: bool = False,
     source_info: dict[str, str] | None = None,
     precision: Precision | None = None,
+    pooling: str | None = None,
 ) -> Path:
     """Pack the model directory `source_dir` into `out`. Refusals (`SourceError`) come before any write.
 
@@ -81,7 +83,8 @@ def pack_from(
     if task == "generate" or (task == "auto" and is_causal_lm(Path(source_dir))):
         return _pack_generate(source_dir, out, model_id, version, backends, force, source_info, precision)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
-    source = read_source(Path(source_dir), task)
+    phase("reading the model directory")
+    source = read_source(Path(source_dir), task, pooling)
     chosen, unsupported = choose_backends(backends), dict[str, str]()
     precision = precision or Precision()
     if precision.reduced:
@@ -107,12 +110,14 @@ def pack_from(
         # Pack memory: the model is loaded once, for the refusal check, and shared by both exports;
         # its outputs on the probe batches are computed once; the ONNX graph goes to disk a tensor at a time; the
         # model is freed before ORT's fusions load the graph.
+        phase("loading the weights")
         model = check_weights(source, staged)
         from infra.pack.hf_export import free_memory, reference_outputs
 
         reference = reference_outputs(source, model)
         program = None
         if "torch" in chosen:
+            phase("exporting the torch program")
             program, chosen, unsupported = export_torch(
                 source, staged, chosen, unsupported, backends, model, reference, precision, calibration
             )
@@ -124,6 +129,7 @@ def pack_from(
         if "onnx" in chosen:
             from infra.pack.hf_export import check_graph, export_graph, fuse_graph
 
+            phase("exporting the ONNX graph")
             export_graph(source, model, reference, staged / "onnx")
             del model
             free_memory()
@@ -133,12 +139,15 @@ def pack_from(
                 from infra.pack.quantize import Int8Options
 
                 fuse_attention = Int8Options(method=precision.quantize).fuse_attention
+            phase("fusing the ONNX graph" if fuse else "checking the ONNX graph")
             exported = fuse_graph(source, staged / "onnx", reference, diff, unfused, fuse, fuse_attention)
         else:
             del model
             free_memory()
 
         def build(tmp: Path) -> dict[str, Any]:
+            quantizing = exported is not None and precision.quantize is not None
+            phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}

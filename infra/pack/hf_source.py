@@ -59,6 +59,10 @@ POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2}
 TOKEN_TYPE_FAMILIES = frozenset({"bert", *(f.name for f in NEW_FAMILIES.values() if f.token_types)})
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+# `--pooling` for a bare encoder directory (no modules.json): TEI's token poolings that need no extra weights
+# (splade needs the MLM head). Its embeddings are L2-normalized, as TEI's /embed returns them by default.
+BARE_POOLING_MODES = ("mean", "cls", "lasttoken")
+_BARE_FIX = "add --task embedding --pooling mean (or cls)"
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_mean_tokens": "mean",
@@ -275,10 +279,15 @@ def _check_architectures(path: Path, config: dict[str, Any], family: str) -> Non
             )
 
 
-def read_source(root: Path, task: str = "auto") -> HFSource:
-    """Read and check the model directory `root`; `task` is "auto" or one of embedding, rerank, classify."""
+def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> HFSource:
+    """Read and check the model directory `root`; `task` is "auto" or one of embedding, rerank, classify.
+    `pooling` (with task embedding): a bare encoder directory's pooling, one of BARE_POOLING_MODES."""
     if task not in TASK_CHOICES:
         raise SourceError(f"task {task!r}; valid: {', '.join(TASK_CHOICES)}")
+    if pooling is not None and pooling not in BARE_POOLING_MODES:
+        raise SourceError(f"pooling {pooling!r}; valid: {', '.join(BARE_POOLING_MODES)}")
+    if pooling is not None and task != "embedding":
+        raise SourceError(f"--pooling {pooling} is for --task embedding (a bare encoder directory); {_BARE_FIX}")
     root = Path(root)
     if not root.is_dir():
         raise MissingFileError(f"{root}: not a directory (pass a local model directory; nothing is downloaded)")
@@ -330,6 +339,12 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         or architecture.endswith("ForSequenceClassification")
     )
     has_pooling = any(k == "Pooling" for k, _ in kinds)
+    if pooling is not None and (has_pooling or is_cross_encoder):
+        what = "sets its pooling in modules.json" if has_pooling else f"is a {architecture}"
+        raise UnsupportedModelError(
+            f"{root}: --pooling is for a bare encoder directory (no modules.json); this one {what}: leave --pooling out"
+        )
+    has_pooling = has_pooling or pooling is not None
     detected = _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
     chosen: Task = detected if task == "auto" else task  # type: ignore[assignment]
     _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
@@ -352,7 +367,10 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
     max_seq = _max_seq_length(model_root, config, family, st_config)
     fields: dict[str, Any] = {}
     if chosen == "embedding":
-        fields.update(_embedding_fields(root, kinds, config, st_meta))
+        if kinds:
+            fields.update(_embedding_fields(root, kinds, config, st_meta))
+        else:  # a bare encoder with --pooling: that pooling, unit-length vectors (TEI's default)
+            fields.update(pooling=pooling, normalize=True)
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
     else:
         labels = _labels(model_root, config)
@@ -375,7 +393,8 @@ def read_source(root: Path, task: str = "auto") -> HFSource:
         weights=weights,
         tokenizer_json=tokenizer_json,
         max_seq_length=max_seq,
-        content_sha256=content_hash(root, hashed),
+        # A bare encoder's pooling is chosen on the command line, not read from a file: part of the version too.
+        content_sha256=content_hash(root, hashed, b"" if pooling is None else f"pooling={pooling}".encode()),
         **fields,
     )
 
@@ -389,7 +408,8 @@ def _detect_task(
         return "rerank" if int(config.get("num_labels") or len(config.get("id2label") or {}) or 1) == 1 else "classify"
     raise UnsupportedModelError(
         f"{root}: {architecture} is neither a sentence-transformers embedder (modules.json with a Pooling module) "
-        "nor a *ForSequenceClassification model, so the task and pooling are unknown; supported: a "
+        f"nor a *ForSequenceClassification model, so the task and pooling are unknown; for embeddings, {_BARE_FIX}; "
+        "supported: a "
         "sentence-transformers model directory (embedding), a cross-encoder (rerank), a sequence classifier (classify)"
     )
 
@@ -397,10 +417,16 @@ def _detect_task(
 def _check_task(
     root: Path, task: Task, has_pooling: bool, is_cross_encoder: bool, config: dict[str, Any], architecture: str
 ) -> None:
-    if task == "embedding" and not has_pooling:
+    if task == "embedding" and not has_pooling and is_cross_encoder:
         raise UnsupportedModelError(
             f"{root}: --task embedding needs a sentence-transformers directory (modules.json with a Pooling "
-            f"module, 1_Pooling/config.json); this one has none (architecture {architecture})"
+            f"module, 1_Pooling/config.json) or a bare encoder; this one is {architecture}"
+        )
+    if task == "embedding" and not has_pooling:
+        raise UnsupportedModelError(
+            f"{root}: --task embedding needs a pooling: this directory has no modules.json (architecture "
+            f"{architecture}); {_BARE_FIX}, or use a sentence-transformers directory (modules.json with a Pooling "
+            "module)"
         )
     if task in ("rerank", "classify") and not is_cross_encoder:
         raise UnsupportedModelError(
@@ -626,9 +652,10 @@ def _problem_type(model_root: Path, config: dict[str, Any], num_labels: int) -> 
     return str(problem)
 
 
-def content_hash(root: Path, files: list[Path]) -> str:
-    """SHA-256 over the files the pack reads (relative names and bytes): the same model gives the same version."""
-    digest = hashlib.sha256()
+def content_hash(root: Path, files: list[Path], extra: bytes = b"") -> str:
+    """SHA-256 over the files the pack reads (relative names and bytes) and `extra` (choices made outside the
+    files): the same model gives the same version."""
+    digest = hashlib.sha256(extra)
     for path in sorted(set(files)):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         with open_source(path) as f:

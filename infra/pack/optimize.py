@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from handler.backends.fingerprint import cpu_fingerprint
 from handler.core.manifest import MANIFEST_NAME, load_manifest, parse_json, sha256_file
+from infra.pack.progress import phase
 
 OPT_FILE, OPT_DATA = "model.opt.onnx", "model.opt.onnx.data"
 PAGE = 4096
@@ -99,10 +100,12 @@ def optimize(model_dir: Path) -> dict[str, Any]:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", OPT_DATA)
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "4096")
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        phase("optimizing the graph for this CPU (prepacked weights)")
         reference = ort.InferenceSession(str(portable), options, providers=["CPUExecutionProvider"])
         candidate = ort.InferenceSession(
             str(work / OPT_FILE), _options(ort, preoptimized=True), providers=["CPUExecutionProvider"]
         )
+        phase("proving the optimized model bit-identical")
         feeds = probe_feeds(manifest, reference)
         outputs = [o.name for o in reference.get_outputs()]
         for n, feed in enumerate(feeds):
@@ -112,6 +115,7 @@ def optimize(model_dir: Path) -> dict[str, Any]:
                     raise OptimizeError(f"output {name!r} of probe {n} differs from the portable model's (max {diff})")
         del reference, candidate
         unaligned = _unaligned(work / OPT_FILE)
+        phase("recording the byte ranges a start reads")
         touched = touched_ranges(work / OPT_FILE)
         # A model whose initializers are all small has no data file: everything is inline.
         files = [name for name in (OPT_FILE, OPT_DATA) if (work / name).exists()]

@@ -355,8 +355,13 @@ def test_pack_from_as_documented(tmp_path: Path) -> None:
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    printed = json.loads(out.stdout)
-    assert (printed["model"], printed["task"]) == ("bge-small@1", "embedding")
+    # What a user reads: the phases as they end, then what was written, its size, the next command.
+    lines = out.stdout.splitlines()
+    summary = lines[next(i for i, line in enumerate(lines) if line.startswith("warmstart pack: wrote ")) :]
+    assert re.match(rf"warmstart pack: wrote \S*{argv[argv.index('--out') + 1]} in \d+ s", summary[0]), summary
+    assert summary[0].endswith(": bge-small@1, task embedding, backends onnx, torch"), summary
+    assert re.fullmatch(r"  \d+ files, [\d.]+ [KM]B: model\.\S+ [\d.]+ [KM]B, .*", summary[1]), summary
+    assert re.match(rf"next: warmstart local --model \S*{argv[argv.index('--out') + 1]} ", summary[-1]), summary
     manifest = json.loads((tmp_path / argv[argv.index("--out") + 1] / "manifest.json").read_text())
     assert (manifest["id"], manifest["version"], manifest["task"]) == ("bge-small", "1", "embedding")
     assert manifest["pooling"]["mode"] == "cls" and manifest["pooling"]["normalize"] is True

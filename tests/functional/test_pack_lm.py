@@ -207,7 +207,7 @@ def test_cli_packs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     from infra.cli import main
 
     out = tmp_path / "cli"
-    assert main(["pack", "--from", str(source_dir("llama")), "--task", "generate", "--out", str(out)]) == 0
+    assert main(["pack", "--from", str(source_dir("llama")), "--task", "generate", "--out", str(out), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["task"] == "generate" and printed["backends"] == ["genai"]
     from handler.core.manifest import load_manifest

@@ -893,7 +893,21 @@ def test_cli_pack_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
     src = make_model_dir(tmp_path, "distilbert", "cross-encoder")
     out = tmp_path / "packed"
-    rc = main(["pack", "--from", str(src), "--out", str(out), "--id", "my-reranker", "--no-fuse", "--backends", "onnx"])
+    rc = main(
+        [
+            "pack",
+            "--from",
+            str(src),
+            "--out",
+            str(out),
+            "--id",
+            "my-reranker",
+            "--no-fuse",
+            "--backends",
+            "onnx",
+            "--json",
+        ]
+    )
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["task"] == "rerank" and printed["backends"] == ["onnx"]
