@@ -35,7 +35,10 @@ class Progress:
         phase) is then the only line a user reads."""
         if self._phase is not None and self.plain:
             text, began = self._phase
-            print(f"{self.command}: {text}: {time.monotonic() - began:.1f} s", flush=True)
+            try:
+                print(f"{self.command}: {text}: {time.monotonic() - began:.1f} s", flush=True)
+            except BrokenPipeError:  # `warmstart pack ... | head -1`: nobody reads on; the work itself goes on
+                self.plain = False
 
     def __call__(self, text: str) -> None:
         if not self.tty:
