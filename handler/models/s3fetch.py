@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -58,6 +59,10 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # itself, not a body that breaks off half-way). Matched by name: botocore is not imported here.
 _TRANSIENT = {"ResponseStreamingError", "IncompleteReadError", "ReadTimeoutError", "ConnectionClosedError"}
 _PART_ATTEMPTS = 3
+# A fetch that takes longer says how far it is, every this many seconds (an init log line): a user watching a big
+# model's cold start in CloudWatch sees bytes move, not silence. Log lines, not a bar: the fetch runs in init.
+PROGRESS_S = 5.0
+log = logging.getLogger("warmstart")
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -460,6 +465,9 @@ class _Fetch:
         """Every missing part of every file on one pool; a file is verified as soon as its last part lands."""
         pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="s3fetch")
         pending: set[Future[None]] = set()
+        total = sum(f.remaining() for f in files)
+        self.fetched, self.fetched_lock = 0, threading.Lock()
+        started = last = time.monotonic()
         try:
             for f in files:
                 f.fd = os.open(f.part, os.O_RDWR | os.O_CREAT, 0o644)
@@ -469,9 +477,13 @@ class _Fetch:
                     pending.add(pool.submit(self._finish, f))
                 pending |= {pool.submit(self._part, f, i) for i in range(f.nparts) if i not in f.done}
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                finished, pending = wait(pending, timeout=PROGRESS_S, return_when=FIRST_COMPLETED)
                 for future in finished:
                     future.result()  # the first failure stops the fetch; pending parts are cancelled
+                now = time.monotonic()
+                if now - last >= PROGRESS_S and pending:
+                    last = now
+                    self._progress(total, now - started)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -512,6 +524,17 @@ class _Fetch:
                 view, offset = view[written:], offset + written
         if offset != end:
             raise ModelFetchError(f"{f.url}: bytes {start}-{end - 1}: the response ended at byte {offset}")
+        with self.fetched_lock:
+            self.fetched += end - start
+
+    def _progress(self, total: int, elapsed: float) -> None:
+        done = self.fetched
+        mb = 2**20
+        log.info(
+            f"fetching s3://{self.bucket}/{self.prefix}: {done / mb:,.0f} of {total / mb:,.0f} MB "
+            f"({100 * done / max(total, 1):.0f}%) in {elapsed:.0f} s",
+            extra={"fields": {"fetched_bytes": done, "total_bytes": total, "elapsed_s": round(elapsed, 1)}},
+        )
 
     def _finish(self, f: _File) -> None:
         """Size and SHA-256 against the manifest, then fsync and rename; a mismatch discards the file."""

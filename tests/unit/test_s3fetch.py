@@ -568,3 +568,29 @@ def test_a_download_that_would_not_fit_prunes_what_nothing_holds_first(
     out = fetch(s3, cache, keep=lambda: [])
     assert not stale.exists() and published(cache) == [out]
     assert fetch(s3, cache, keep=lambda: [out]) == out  # reused, and what is held stays
+
+
+def test_a_long_fetch_says_how_far_it_is(
+    tiny: Model, s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 37 item 11: a big model's fetch was silent until it ended. Parts slowed so the fetch outlasts the
+    # progress interval: init log lines with the bytes so far, never more than the total, ending below it.
+    import logging
+    import time
+
+    from handler.models import s3fetch
+
+    monkeypatch.setattr(s3fetch, "PROGRESS_S", 0.05)
+
+    def slow(n: int, response: Any) -> Any:
+        time.sleep(0.03)
+        return response
+
+    with caplog.at_level(logging.INFO, logger="warmstart"):
+        fetch(Recorder(s3, on_range=slow), tmp_path / "cache", workers=1)
+    lines = [r for r in caplog.records if r.getMessage().startswith("fetching s3://")]
+    assert len(lines) >= 2
+    done = [r.fields["fetched_bytes"] for r in lines]  # type: ignore[attr-defined]
+    total = lines[0].fields["total_bytes"]  # type: ignore[attr-defined]
+    assert done == sorted(done) and 0 < done[-1] <= total == sum(SIZES.values())
+    assert " MB (" in lines[0].getMessage() and "%) in " in lines[0].getMessage()
