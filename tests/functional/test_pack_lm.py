@@ -40,16 +40,9 @@ def _transformers(family: str) -> tuple[Any, Any]:
 def _og_greedy(pack: Path, ids: list[int], new: int) -> list[int]:
     import onnxruntime_genai as og
 
-    model = og.Model(str(pack))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(ids) + new)
-    generator = og.Generator(model, params)
-    generator.append_tokens(ids)
-    out: list[int] = []
-    while len(out) < new and not generator.is_done():
-        generator.generate_next_token()
-        out.append(int(generator.get_next_tokens()[0]))
-    return out
+    from infra.pack.lm_quality import graph_greedy
+
+    return graph_greedy(og, og.Model(str(pack)), ids, new)
 
 
 def _hf_greedy(model: Any, ids: list[int], new: int) -> list[int]:

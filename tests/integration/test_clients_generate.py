@@ -7,23 +7,21 @@ text and usage, streamed or not.
   json_schema; a typed 400), `completions.create` (stream off and on), `models.list()`;
 - huggingface_hub: `InferenceClient(base_url).chat_completion` (stream off and on);
 - langchain-openai: `ChatOpenAI(base_url).invoke` and `.stream`;
-- openai again, through a Function URL in front of the local Lambda (`infra.local`) serving the same pack: the
+- openai again, through the local Lambda's own Function URL (`infra.local`, BUFFERED) serving the same pack: the
   chat answer, a stream (buffered: the whole stream's events in one body) and the model list.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fixtures.genai_pack import cached_genai_pack
-from tests.integration.test_clients import FunctionURL, Host, hub_client, start_host, stop, wait_ready
+from tests.integration.test_clients import Host, hub_client, start_host, stop, wait_ready
 
 __all__ = ["hub_client"]  # a fixture, imported for the tests here
 
@@ -169,44 +167,17 @@ def test_langchain_chat_openai(host: Host, chat_native: dict[str, Any]) -> None:
     assert streamed == chat_native["text"]
 
 
-class FunctionURLWithGet(FunctionURL):
-    """A Function URL that also passes GETs on (the model list)."""
-
-    def do_GET(self) -> None:
-        event = json.loads(json.dumps(self.template))
-        path = self.path.split("?", 1)[0]
-        event.update(rawPath=path, isBase64Encoded=False)
-        event.pop("body", None)
-        event["requestContext"]["http"].update(method="GET", path=path)
-        answer = self.invoke(event)
-        data = answer["body"].encode()
-        self.send_response(answer["statusCode"])
-        for name, value in (answer.get("headers") or {}).items():
-            self.send_header(name, value)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def test_openai_chat_through_a_function_url_on_the_local_lambda(
-    pack: Path, chat_native: dict[str, Any], load_event: Any
-) -> None:
+def test_openai_chat_through_a_function_url_on_the_local_lambda(pack: Path, chat_native: dict[str, Any]) -> None:
+    """The local Lambda's own Function URL (BUFFERED, awslambdaric's handler): a stream there is the whole stream's
+    events in one body."""
     import openai
 
-    from tests.fixtures.local_support import invoke, running
+    from tests.fixtures.local_support import running
 
     env = {"WARMSTART_MODEL": str(pack), "WARMSTART_WARMUP": "0"}
-    with running(handler="handler.app.lambda_handler", environment=env) as (_local, lam):
-        handler = type(
-            "Bound",
-            (FunctionURLWithGet,),
-            {"invoke": staticmethod(lambda event: invoke(lam, event)[1]), "template": load_event("function_url.json")},
-        )
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    with running(handler="handler.app.lambda_handler", environment=env) as (local, _lam):
+        client = openai.OpenAI(base_url=f"{local.endpoint}/lambda-url/warmstart/v1", api_key="unused", max_retries=0)
         try:
-            url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-            client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
             answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
             assert answer.choices[0].message.content == chat_native["text"] and answer.model == KEY
             chunks = list(
@@ -220,8 +191,7 @@ def test_openai_chat_through_a_function_url_on_the_local_lambda(
             with pytest.raises(openai.BadRequestError, match='"echo"'):
                 client.completions.create(model=MODEL, prompt="x", echo=True)
         finally:
-            server.shutdown()
-            server.server_close()
+            client.close()
 
 
 def test_streamed_generation_on_the_local_lambda(pack: Path, chat_native: dict[str, Any]) -> None:
