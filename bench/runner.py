@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CGROUP = Path("/sys/fs/cgroup/cpu")
 MODEL = ROOT / "models" / "default"  # what `make setup` packs
 OPTIMIZED = ROOT / "build" / "bench" / "model-optimized"  # the default model + `warmstart optimize`
+FLOOR = ROOT / "build" / "bench" / "floor-ort"  # the tuned floor's build step on the default model
 RESULTS = ROOT / "bench-results"
 LAMBDA_MB_PER_VCPU = 1769
 # Lambda's memory sizes for the vCPU shares the benches use.
@@ -442,6 +443,23 @@ def prepare_optimized(portable: Path = MODEL, model: Path = OPTIMIZED) -> Path:
     prove(model)
     stamp.write_text(json.dumps(raw))
     return model
+
+
+def prepare_floor(packed: Path = MODEL, out: Path = FLOOR) -> Path:
+    """The tuned floor's files (bench/handlers/floor_ort_build.py) for the packed model at `packed`: built once,
+    kept while the source manifest and this ORT version are unchanged."""
+    import onnxruntime as ort  # deferred: pulls onnxruntime into this process
+
+    sys.path.insert(0, str(ROOT))
+    from bench.handlers.floor_ort_build import build
+
+    want = json.dumps({"manifest": (packed / "manifest.json").read_text(), "onnxruntime": ort.__version__})
+    stamp = out / ".source.json"
+    if stamp.is_file() and stamp.read_text() == want:
+        return out
+    build(packed, out)
+    stamp.write_text(want)
+    return out
 
 
 @contextlib.contextmanager
