@@ -446,18 +446,17 @@ def prepare_optimized(portable: Path = MODEL, model: Path = OPTIMIZED) -> Path:
 
 
 def prepare_floor(packed: Path = MODEL, out: Path = FLOOR) -> Path:
-    """The tuned floor's files (bench/handlers/floor_ort_build.py) for the packed model at `packed`: built once,
-    kept while the source manifest and this ORT version are unchanged."""
-    import onnxruntime as ort  # deferred: pulls onnxruntime into this process
-
-    sys.path.insert(0, str(ROOT))
-    from bench.handlers.floor_ort_build import build
-
-    want = json.dumps({"manifest": (packed / "manifest.json").read_text(), "onnxruntime": ort.__version__})
+    """The tuned floor's files for the packed model at `packed`, made by its own build script
+    (bench/handlers/floor_ort_build.py, run as a script: the harness imports no bench module), once: kept while
+    the source manifest and the installed onnxruntime are unchanged."""
+    probe = [sys.executable, "-c", "import onnxruntime; print(onnxruntime.__version__)"]
+    ort_version = subprocess.run(probe, check=True, capture_output=True, text=True).stdout.strip()
+    want = json.dumps({"manifest": (packed / "manifest.json").read_text(), "onnxruntime": ort_version})
     stamp = out / ".source.json"
     if stamp.is_file() and stamp.read_text() == want:
         return out
-    build(packed, out)
+    script = ROOT / "bench" / "handlers" / "floor_ort_build.py"
+    subprocess.run([sys.executable, str(script), str(packed), str(out)], check=True, stdout=subprocess.DEVNULL)
     stamp.write_text(want)
     return out
 
