@@ -46,7 +46,7 @@ FLOOR = ROOT / "build" / "bench" / "floor-ort"  # the tuned floor's build step o
 RESULTS = ROOT / "bench-results"
 LAMBDA_MB_PER_VCPU = 1769
 # Lambda's memory sizes for the vCPU shares the benches use.
-LAMBDA_MB = {0.29: 512, 0.58: 1024, 1.0: 1769, 1.7: 3008, 2.0: 3538}
+LAMBDA_MB = {0.29: 512, 0.5: 884, 0.58: 1024, 1.0: 1769, 1.7: 3008, 2.0: 3538}
 EVENT = {"inputs": ["A cold start is the time from nothing to the first answer."]}
 _OURS = ("AWS_", "WARMSTART_", "OPENBLAS_", "OMP_")
 

@@ -1,7 +1,7 @@
 """Instruction counts of a start (callgrind): steady under load, where wall times on a shared host are not.
 
     .venv/bin/python bench/coldstart/instr.py [--variants ours,floor_ort,main] [--ref main] [--vcpus 1.0]
-        [--imports-only]
+        [--imports-only] [--keep DIR]
 
 Each variant (bench/coldstart/run.py's VARIANTS, its environment) runs under `valgrind --tool=callgrind
 --separate-threads=yes` as `python -c` of what `python -m awslambdaric HANDLER` does up to the first answer:
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,8 +37,11 @@ if {call}:
 """
 
 
-def count(name: str, vcpus: float, ref_root: Path | None = None, imports_only: bool = False) -> dict[str, float]:
-    """Millions of instructions of a variant's start: the main thread's and the other threads' together."""
+def count(
+    name: str, vcpus: float, ref_root: Path | None = None, imports_only: bool = False, keep: Path | None = None
+) -> dict[str, float]:
+    """Millions of instructions of a variant's start: the main thread's and the other threads' together (`keep`:
+    a folder the callgrind files are copied to, for callgrind_annotate)."""
     _, env, cwd = run.command(name, vcpus, ref_root, runner.OPTIMIZED)
     code = DRIVER.format(call=not imports_only, handler=run.VARIANTS[name][1], event=runner.EVENT)
     with tempfile.TemporaryDirectory(prefix="callgrind-") as tmp:
@@ -49,6 +53,9 @@ def count(name: str, vcpus: float, ref_root: Path | None = None, imports_only: b
             for line in f.read_text(errors="replace").splitlines():
                 if line.startswith("totals:"):
                     totals[f.name] = int(line.split()[1])
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, keep / f.name.replace("cg.out", f"{name}.callgrind"))
     # The first thread callgrind names (-01) is the main thread.
     main = next((v for k, v in totals.items() if k.endswith("-01")), max(totals.values()))
     return {"main_M": main / 1e6, "others_M": (sum(totals.values()) - main) / 1e6, "threads": len(totals)}
@@ -60,6 +67,7 @@ def main() -> int:
     ap.add_argument("--vcpus", type=float, default=1.0, help="the Lambda memory size's vCPUs (thread counts)")
     ap.add_argument("--ref", default="main", help="git ref of the `main` variants")
     ap.add_argument("--imports-only", action="store_true")
+    ap.add_argument("--keep", type=Path, default=None, help="copy the callgrind files here")
     args = ap.parse_args()
     names = runner.csv(args.variants, run.VARIANTS)
     runner.prepare_optimized()
@@ -70,7 +78,7 @@ def main() -> int:
     for tree in trees:  # bytecode compiled up front, as run.py does
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True)
     for n in names:
-        print(json.dumps({"variant": n, **count(n, args.vcpus, ref_root, args.imports_only)}), flush=True)
+        print(json.dumps({"variant": n, **count(n, args.vcpus, ref_root, args.imports_only, args.keep)}), flush=True)
     return 0
 
 
