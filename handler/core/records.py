@@ -1,10 +1,9 @@
 """`record`: the part of `dataclasses.dataclass` this package uses, for the classes on the Lambda init path.
 
-Why not `dataclass`: it writes each method as source text and compiles it (`exec`) per class, and importing
-`dataclasses` pulls in `inspect` and its `ast`/`dis`; 21 classes on the init chain spent most of our own
-modules' import instructions there (docs/benchmarks.md, "Against a tuned floor", callgrind counts). Here one
-set of methods is written once, in this module, and each class gets them with its field names bound: no
-compile per class, no `inspect`.
+Why not `dataclass`: it writes each class's methods as source text and compiles them (`exec`); for the 21
+classes on the init chain, the parser and compiler that ran were ~18 M instructions of a start (callgrind,
+docs/benchmarks.md, "Against a tuned floor"). Here one set of methods is written once, in this module, and each
+class gets them with its field names bound: nothing is compiled per class.
 
 What a class gets, as `@dataclass` gives it (tests/unit/test_records.py holds each one):
 - `__init__(self, *fields)`: positional or keyword, in annotation order; defaults (a value, or
