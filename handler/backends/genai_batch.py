@@ -352,7 +352,11 @@ class BatchEngine:
                 if row.pending:
                     continue
             if not row.gone:
-                self._emit(row, logits[i, len(feed) - 1])
+                try:
+                    self._emit(row, logits[i, len(feed) - 1])
+                except Exception as e:  # this row's own failure (its constraint): it ends, the others go on
+                    row.out.put(e)
+                    row.done = True
 
     def _emit(self, row: _Row, logits: Any) -> None:
         if row.matcher is not None:
