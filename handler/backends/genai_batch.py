@@ -38,6 +38,7 @@ import numpy as np
 import onnxruntime as ort
 
 from handler.backends.contract import BackendSettings
+from handler.backends.lastlogits import ROWS, last_logits_model
 from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError, ServiceBusyError
 from handler.core.manifest import Manifest
@@ -46,6 +47,7 @@ from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
 PREFILL_TOKENS = 256  # padded prompt tokens of one step: more makes the decoding rows' next token later
+EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
 CANDIDATES = 1024  # tokens a top_p cut looks among first
@@ -131,10 +133,21 @@ class BatchEngine:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
+            # The head over each row's last token only (handler.backends.lastlogits); the graph as packed if the
+            # rewrite does not apply (then every position's logits are computed, and the last ones read).
+            source: str | bytes = str(model)
             try:
-                self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+                source = last_logits_model(model.read_bytes())
+                options.add_session_config_entry(
+                    "session.model_external_initializers_file_folder_path", str(model.parent)
+                )
+            except ValueError:
+                pass
+            try:
+                self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
             except Exception as e:  # the library's own error: the model's fault
                 raise ModelLoadError(f"{manifest.root}: ONNX Runtime cannot load the model: {e}") from None
+        self.last_only = not isinstance(source, str)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith("past_key_values.") and n.endswith(".key"))
         if not self.layers or "attention_mask" not in inputs:
@@ -144,7 +157,7 @@ class BatchEngine:
             raise ModelLoadError(f"{manifest.root}: the manifest's generation.kv (the KV shape) is needed to batch")
         self.kv_heads, self.head_dim = int(kv["kv_heads"]), int(kv["head_dim"])
         self.dtype = DTYPES[past.type]
-        self.vocab = int(self.session.get_outputs()[0].shape[-1])
+        self.vocab = int(next(o for o in self.session.get_outputs() if o.name == "logits").shape[-1])
         context = int(manifest.options.get("context_length") or 0)
         per_token = 2 * self.layers * self.kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
         budget = self.kv_setting or self.outer._kv_budget(0)  # None: the memory is not known
@@ -325,10 +338,15 @@ class BatchEngine:
         mask = np.zeros((count, total), np.int64)
         for i, row in enumerate(rows):
             mask[i, : row.length + width] = 1  # padded positions count: GQA writes them, later tokens overwrite
-        logits = np.empty((count, width, self.vocab), np.float32)
         binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
+        if self.last_only:  # one row of logits each: its last real token's
+            logits = np.empty((count, 1, self.vocab), np.float32)
+            last = np.array([[len(feed) - 1] for feed in feeds], np.int64)
+            binding.bind_cpu_input(ROWS, last)
+        else:
+            logits = np.empty((count, width, self.vocab), np.float32)
         shape = [count, self.kv_heads, self.capacity, self.head_dim]
         for layer in range(self.layers):
             for name, arrays in (("key", self.keys), ("value", self.values)):
@@ -336,7 +354,8 @@ class BatchEngine:
                 ptr = view.ctypes.data
                 binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
                 binding.bind_output(f"present.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        shown = [count, self.vocab] if self.last_only else list(logits.shape)
+        binding.bind_output("logits", "cpu", 0, np.float32, shown, logits.ctypes.data)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as e:  # the run's rows end with the error; the engine and the other rows go on
@@ -353,7 +372,7 @@ class BatchEngine:
                     continue
             if not row.gone:
                 try:
-                    self._emit(row, logits[i, len(feed) - 1])
+                    self._emit(row, logits[i, 0 if self.last_only else len(feed) - 1])
                 except Exception as e:  # this row's own failure (its constraint): it ends, the others go on
                     row.out.put(e)
                     row.done = True

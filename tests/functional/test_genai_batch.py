@@ -88,6 +88,7 @@ def test_greedy_alone_batched_and_single_stream_are_the_same_tokens(pack: Path, 
     assert engine(batched).largest >= 2
     facts = batched.backend.describe()["batch"]
     assert facts["rows"] == 4 and facts["kv_block_tokens"] == 64
+    assert engine(batched).last_only  # the head ran over each row's last token only (handler.backends.lastlogits)
 
 
 def test_a_request_joins_a_running_batch_and_leaves_when_its_reader_closes(batched: Runtime) -> None:
