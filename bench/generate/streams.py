@@ -14,7 +14,7 @@ Variants, each one long-lived host started once (rounds interleaved, order rotat
   when /work/cache/llama-server/READY exists (else the table says it was not run).
 
 Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
-       [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768]
+       [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8]
 """
 
 from __future__ import annotations
@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=32, help="WARMSTART_GENAI_BATCH of the batch variant")
     ap.add_argument("--kv-tokens", type=int, default=32768)
     ap.add_argument("--variants", default="batch,single,llama")
+    ap.add_argument(
+        "--single-up-to",
+        type=int,
+        default=0,
+        help="run `single` only at levels up to this (0: all); its workers "
+        "run 2 streams at a time, so more clients only queue",
+    )
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (default: under LLAMA)")
     args = ap.parse_args(argv)
     why = need_root()
@@ -191,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(args.rounds):
                 for clients in levels:
                     for name in order(variants, rnd):
+                        if name == "single" and args.single_up_to and clients > args.single_up_to:
+                            continue
                         got = level(servers[name], clients, args.requests, args.max_tokens)
                         results.add(round=rnd, variant=name, clients=clients, load=os.getloadavg()[0], **got)
         finally:

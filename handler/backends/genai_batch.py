@@ -46,7 +46,7 @@ from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
-PREFILL_TOKENS = 256  # padded prompt tokens of one step: more makes the decoding rows' next token later
+PREFILL_TOKENS = 128  # padded prompt tokens of one step: more makes the decoding rows' next token later
 EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
