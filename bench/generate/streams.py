@@ -4,8 +4,8 @@ The real host process (`python -m handler`, HTTP mode) serves a packed Qwen3-sha
 (a cgroup of its own, --vcpus); 1, 8 and 32 closed-loop clients each stream --requests completions
 (`/invocations`, `"stream": true`, greedy, --max-tokens tokens, a short distinct prompt each) and time every
 server-sent event. Per level: aggregate generated tokens/s (all tokens over the wall time of the level), p50 and
-p99 time between tokens (gaps between a stream's events after its first), time to the first token, and the count
-of answers other than 200.
+p99 time between tokens (the gaps between a stream's events after its first, each shared by the tokens its event
+carries), time to the first token, and the count of answers other than 200.
 
 Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
 - `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
@@ -91,8 +91,10 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
     resp = conn.getresponse()
     if resp.status != 200:
         resp.read()
-        return {"status": resp.status, "times": [], "tokens": 0, "started": started}
-    times, tokens = [], 0
+        return {"status": resp.status, "times": [], "counts": [], "tokens": 0, "started": started}
+    times: list[float] = []
+    counts: list[int] = []  # tokens per event: the detokenizer holds a partial character's tokens for one event
+    tokens = 0
     while True:
         line = resp.readline()
         if not line:
@@ -107,11 +109,12 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
         n = len(piece.get("token_ids") or []) if server.kind != "llama" else (1 if piece.get("content") else 0)
         if n:
             times.append(time.perf_counter())
+            counts.append(n)
             tokens += n
         if server.kind == "llama" and piece.get("stop"):
             break
     conn.close()
-    return {"status": 200, "times": times, "tokens": tokens, "started": started}
+    return {"status": 200, "times": times, "counts": counts, "tokens": tokens, "started": started}
 
 
 def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
@@ -132,7 +135,14 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    gaps = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
+    # Time between tokens: an event's gap shared by the tokens it carries (a held partial character's tokens
+    # arrive together), each counted once.
+    gaps = [
+        (b - a) / n
+        for r in results
+        for a, b, n in zip(r["times"], r["times"][1:], r["counts"][1:], strict=False)
+        for _ in range(n)
+    ]
     firsts = [r["times"][0] - r["started"] for r in results if r["times"]]
     q = statistics.quantiles(gaps, n=100) if len(gaps) >= 2 else [float("nan")] * 99
     return {

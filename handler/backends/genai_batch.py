@@ -9,7 +9,8 @@ four ...`), and its Generator is one request's static batch. WARMSTART_GENAI_BAT
 
 - Rows: a request joins between steps and leaves when done; no request waits for another's whole answer. Each
   step runs the joining rows' prompts together (right-padded to the longest, at most PREFILL_TOKENS padded
-  tokens; a longer prompt runs alone in chunks) and then one decode token for every decoding row.
+  tokens, PREFILL_TOKENS_DECODING while rows decode; a longer prompt runs alone in chunks) and then one decode
+  token for every decoding row.
 - The KV cache: per layer one [rows, kv_heads, capacity, head_dim] array for keys and one for values, bound as
   both the past input and the present output (GQA writes the new tokens in place: no copy per step). Rows run
   as one contiguous slot range, so a row that leaves is replaced by the last one (its tokens copied).
@@ -46,7 +47,9 @@ from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
-PREFILL_TOKENS = 128  # padded prompt tokens of one step: more makes the decoding rows' next token later
+PREFILL_TOKENS = 128  # padded prompt tokens of one step with no row decoding
+# ... and with rows decoding: each step's prompt work delays every decoding row's next token (chunked prefill)
+PREFILL_TOKENS_DECODING = 32
 EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
@@ -277,12 +280,15 @@ class BatchEngine:
             longest = max([len(r.pending) for r in group] + [len(row.pending)])
             if len(self._rows) >= self.max_rows or row.blocks > self._free_blocks:
                 return
-            if group and longest * (len(group) + 1) > PREFILL_TOKENS:
+            if group and longest * (len(group) + 1) > self._prefill_budget():
                 return
             self._waiting.popleft()
             self._free_blocks -= row.blocks
             self._rows.append(row)
             self.largest = max(self.largest, len(self._rows))
+
+    def _prefill_budget(self) -> int:
+        return PREFILL_TOKENS_DECODING if self._decoding else PREFILL_TOKENS
 
     def _drop_gone_locked(self) -> None:
         for row in [r for r in self._rows if r.gone or r.done]:
@@ -325,7 +331,7 @@ class BatchEngine:
         """One model run over slots [first, first + len(rows)): each prefill row's next prompt chunk, or each
         decode row's last token; then the next token of every row whose prompt is in."""
         if prefill:
-            width = min(max(len(r.pending) for r in rows), PREFILL_TOKENS)
+            width = min(max(len(r.pending) for r in rows), self._prefill_budget())
             feeds = [r.pending[:width] for r in rows]
         else:
             width = 1
