@@ -3,6 +3,7 @@ request (needs "request"). Stdlib only: the prefetch reads it before numpy is im
 
 from __future__ import annotations
 
+from handler.backends.genai_load import GenaiSettings, start_files
 from handler.backends.registry import BackendSpec
 
 SPEC = BackendSpec(
@@ -18,4 +19,8 @@ SPEC = BackendSpec(
         ),
         ("onnxruntime", ("onnxruntime/capi/libonnxruntime.so*",)),
     ),
+    # WARMSTART_GENAI_OPTIMIZED, and the pack's files a start reads (the optimized decoder's where it will be
+    # opened, the ranges of its data a session reads): handler.backends.genai_load.
+    settings=GenaiSettings.from_environ,
+    start_files=start_files,
 )
