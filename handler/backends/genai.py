@@ -51,7 +51,7 @@ class GenaiEngine:
         self.kv: dict[str, Any] = {}
         # Whether the pre-optimized decoder was opened, or why not: describe() and the init report's "coldstart".
         self.optimized: dict[str, Any] = {"used": False, "reason": "not packed (warmstart optimize)"}
-        self._tokenizer_json = ""
+        self._tokenizer_json: Path | None = None
         self._eos: list[int] = []
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
@@ -82,8 +82,9 @@ class GenaiEngine:
                 self.model = _model(manifest, settings.threads, cuda, None)
         self.threads = settings.threads
         tokenizer = manifest.tokenizer.get("file")
-        if tokenizer:  # kept for a JSON constraint's token table, built at the first constrained request
-            self._tokenizer_json = (manifest.root / tokenizer).read_text()
+        if tokenizer:  # for a JSON constraint's token table, built at the first constrained request: read then,
+            # not held from init (Qwen3's tokenizer.json is 9.5 MB of text, ~19 MB as a str, read after the weights)
+            self._tokenizer_json = manifest.root / tokenizer
         self.kv = dict(options.get("kv") or {})
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
@@ -236,7 +237,7 @@ class GenaiEngine:
                 if not self._tokenizer_json:
                     raise InvalidInputError('"response_format": this model has no tokenizer for a JSON constraint')
                 self._ll_tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size or None, eos_token=self._eos or None
+                    self._tokenizer_json.read_text(), n_vocab=self.vocab_size or None, eos_token=self._eos or None
                 )
             return self._ll_tokenizer
 
