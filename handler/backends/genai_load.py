@@ -31,7 +31,7 @@ class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's pat
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> GenaiSettings:
-        raw = (env.get(ENV) or "auto").strip().lower()
+        raw = (env.get("WARMSTART_GENAI_OPTIMIZED") or "auto").strip().lower()
         if raw not in MODES:
             raise ConfigError(f"{ENV}={raw!r}; valid values: {', '.join(MODES)}")
         return cls(optimized=raw)
