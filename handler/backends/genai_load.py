@@ -1,10 +1,10 @@
 """Which of a generate pack's decoders onnxruntime-genai opens, and what the start prefetches of it. Stdlib only:
 the prefetch (handler.backends.genai_spec.start_files) reads it before numpy is imported.
 
-A pack laid out by infra.pack.lm_layout has every weight at a 4096-byte offset of model.onnx.data (ONNX Runtime
-maps such a tensor in place instead of reading it into a buffer: no second copy) and the byte ranges a session
-reads recorded (`backends.genai.layout`). `warmstart optimize` may add model.opt.onnx: the graph optimized and
-its MatMul weights prepacked in MLAS's layout, mapped as they are at load (`backends.genai.optimized`). That
+A pack laid out by infra.pack.lm_layout has every weight at a 4096-byte offset of model.onnx.data and the byte
+ranges a session reads recorded (`backends.genai.layout`). `warmstart optimize` may add model.opt.onnx: the graph
+optimized and its MatMul weights prepacked in MLAS's layout, mapped as they are at load instead of packed into a
+second copy (`backends.genai.optimized`; docs/benchmarks.md, "Loading big generative packs"). That
 layout belongs to one ONNX Runtime version and one CPU's kernels: anything else would read the weights wrongly,
 so it is opened only where both match (never a wrong answer), else the portable model.onnx, with the reason in
 the init report. WARMSTART_GENAI_OPTIMIZED = auto (default: when it fits) | off.

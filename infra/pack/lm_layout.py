@@ -7,7 +7,8 @@ its own (a second copy, and the reads one tensor at a time). Here every tensor i
 session reads are recorded (`backends.genai.layout`): the start's prefetch (handler.backends.genai_spec) asks
 the kernel for them while the imports run, in large sequential requests, and the session then maps pages that
 are already cached. An embedding table (a Gather's input) is left out of the ranges: it is read a few rows at a
-time.
+time. Alone it changes neither time nor memory (measured: ORT prepacks every MatMul weight of the builder's graph
+into a copy anyway); it is what lets the prepacked copies below, and the tensors no kernel prepacks, map in place.
 
 `prepack(dir)` (`warmstart optimize DIR` on a generate pack): an ONNX Runtime session over the aligned model
 saves model.opt.onnx + model.opt.onnx.data, its graph optimized (ORT_ENABLE_ALL, what onnxruntime-genai's
