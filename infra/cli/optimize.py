@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def _task(model: Path) -> str | None:
     try:
         return str(json.loads((model / "manifest.json").read_text()).get("task"))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested past the parser
         return None  # optimize() reports the unreadable manifest
 
 
