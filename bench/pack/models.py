@@ -12,6 +12,8 @@ config classes (never downloaded) and cached under build/bench-models/ so reruns
   tokenizer's 151,669 ids, 40,960 positions, tied embeddings; QWEN3_06B otherwise) with random weights, as the
   hub's directory: config.json, model.safetensors, generation_config.json (its eos ids and sampling defaults),
   tokenizer.json + tokenizer_config.json with a ChatML chat template: what `pack --from` packs as task generate.
+- `qwen3-1.7b` (`cached` only): `qwen3_chat` with Qwen3-1.7B's sizes (QWEN3_CHAT_17B: hidden 2048, intermediate
+  6144), for the loading bench (bench/generate/load.py).
 - `bert_base(out)`: bench_pack_memory's BERT-base (hidden 768, 12 layers; 438 MB of float32).
 
 `cached(name)` builds a model once into build/bench-models/NAME (a `.done` marker written last, so a build that
@@ -185,6 +187,9 @@ QWEN3_CHAT_06B: dict[str, Any] = {
     "eos_token_id": 151_645,
     "pad_token_id": None,
 }
+# Qwen3-1.7B's config.json where it differs from the 0.6B chat model (hidden 2048, intermediate 6144; 28 layers,
+# 16/8 heads of 128 as the 0.6B): 1.72B parameters, 6.9 GB of float32.
+QWEN3_CHAT_17B: dict[str, Any] = {**QWEN3_CHAT_06B, "hidden_size": 2048, "intermediate_size": 6144}
 QWEN3_CHAT_GENERATION = {
     "bos_token_id": 151_643,
     "eos_token_id": [151_645, 151_643],
@@ -290,6 +295,7 @@ build_model_dir = bert_base  # the name pack/quantize.py and older notes use
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "qwen3-embedding-0.6b": qwen3_embedder,
     "qwen3-0.6b": qwen3_chat,
+    "qwen3-1.7b": lambda out: qwen3_chat(out, **QWEN3_CHAT_17B),
     "bert-base": bert_base,
 }
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; imported only when chosen
 
 from handler.backends.contract import BackendSettings
+from handler.backends.genai_load import choose
 from handler.core.errors import InvalidInputError, ModelLoadError
 from handler.core.manifest import Manifest
 from handler.core.memory import MARGIN, memory_limit, resident_bytes
@@ -48,7 +49,9 @@ class GenaiEngine:
         self.vocab_size = 0
         self.max_total_tokens: int | None = None
         self.kv: dict[str, Any] = {}
-        self._tokenizer_json = ""
+        # Whether the pre-optimized decoder was opened, or why not: describe() and the init report's "coldstart".
+        self.optimized: dict[str, Any] = {"used": False, "reason": "not packed (warmstart optimize)"}
+        self._tokenizer_json: Path | None = None
         self._eos: list[int] = []
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
@@ -65,8 +68,9 @@ class GenaiEngine:
         self.vocab_size = int(options.get("vocab_size") or 0)
         self._eos = list(options.get("eos_token_ids") or [])
         tokenizer = manifest.tokenizer.get("file")
-        if tokenizer:  # kept for a JSON constraint's token table, built at the first constrained request
-            self._tokenizer_json = (manifest.root / tokenizer).read_text()
+        if tokenizer:  # for a JSON constraint's token table, built at the first constrained request: read then,
+            # not held from init (Qwen3's tokenizer.json is 9.5 MB of text, ~19 MB as a str, read after the weights)
+            self._tokenizer_json = manifest.root / tokenizer
         self.kv = dict(options.get("kv") or {})
         rows = getattr(settings.own, "batch", 1)
         if rows > 1:  # many streams share each decode step (WARMSTART_GENAI_BATCH): our own loop, not a generator
@@ -79,17 +83,19 @@ class GenaiEngine:
             self.device_reason = "ONNX Runtime on the CPU, the rows of many requests in each step"
             return
         with timer.phase("load"):
-            config = og.Config(str(manifest.root))
-            session = {"intra_op_num_threads": settings.threads, "inter_op_num_threads": 1}
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
-            config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
-            if settings.cuda.usable and og.is_cuda_available():
-                config.append_provider("cuda")
+            cuda = settings.cuda.usable and og.is_cuda_available()
+            if cuda:
                 self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
-            try:
-                self.model = og.Model(config)
-            except Exception as e:  # the library's own error (a missing or bad file): the model's fault
-                raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
+            # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose);
+            # never a failed start over a speed-up: the portable model follows.
+            optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
+            if optimized is not None:
+                try:
+                    self.model = _model(manifest, settings.threads, cuda, optimized)
+                except ModelLoadError as e:
+                    self.optimized = {"used": False, "reason": f"load failed: {e}"}
+            if self.model is None:
+                self.model = _model(manifest, settings.threads, cuda, None)
         self.threads = settings.threads
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
@@ -120,6 +126,11 @@ class GenaiEngine:
             )
         return min(tokens, context) if context else tokens
 
+    @property
+    def coldstart(self) -> dict[str, Any]:
+        """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
+        return {"genai_optimized": self.optimized}
+
     def warm_device(self) -> dict[str, Any]:
         # The task's warm-up (two generated tokens) runs the model for real; nothing to do before it.
         return {"cuda": self.device == "cuda", "reason": self.device_reason}
@@ -137,6 +148,7 @@ class GenaiEngine:
             "device_reason": self.device_reason,
             "threads": self.threads,
             "onnxruntime_genai": og.__version__,
+            "optimized": self.optimized,
         }
         if self.batch is not None:
             out["batch"] = self.batch.describe()
@@ -240,7 +252,7 @@ class GenaiEngine:
                 if not self._tokenizer_json:
                     raise InvalidInputError('"response_format": this model has no tokenizer for a JSON constraint')
                 self._ll_tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size or None, eos_token=self._eos or None
+                    self._tokenizer_json.read_text(), n_vocab=self.vocab_size or None, eos_token=self._eos or None
                 )
             return self._ll_tokenizer
 
@@ -253,6 +265,25 @@ class GenaiEngine:
         llnp.fill_next_token_bitmask(matcher, mask)
         llnp.apply_token_bitmask_inplace(flat, mask)
         generator.set_logits(flat.reshape(logits.shape))
+
+
+def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) -> Any:
+    """onnxruntime-genai's model over the pack; `decoder`: the pre-optimized graph instead of the config's, opened
+    with ORT's graph passes off (they ran when it was saved: running them again finds nothing, costs time)."""
+    config = og.Config(str(manifest.root))
+    session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    overlay: dict[str, Any] = {"session_options": session}
+    if decoder is not None:
+        overlay["filename"] = decoder
+        session["graph_optimization_level"] = "ORT_DISABLE_ALL"
+    config.overlay(json.dumps({"model": {"decoder": overlay}}))
+    config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
+    if cuda:
+        config.append_provider("cuda")
+    try:
+        return og.Model(config)
+    except Exception as e:  # the library's own error (a missing or bad file): the model's fault
+        raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
 
 
 def create() -> GenaiEngine:

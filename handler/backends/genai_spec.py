@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from handler.backends.genai_load import optimized_mode, start_files
 from handler.backends.registry import BackendSpec
 from handler.core.config import env_int
 
@@ -19,18 +20,20 @@ class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's pat
     batch: int = 1
     kv_tokens: int = 0
     queue: int = 0
+    optimized: str = "auto"  # WARMSTART_GENAI_OPTIMIZED: the pack's prepacked decoder where it fits (genai_load)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> GenaiSettings:
         """WARMSTART_GENAI_BATCH (rows, 1..256; 1: one generator per request, as before), WARMSTART_GENAI_KV_TOKENS
         (the KV pool, tokens; 0 or unset: the memory left after the model), WARMSTART_GENAI_QUEUE (requests
-        waiting for a row; default: as many as the rows). On Lambda one instance serves one request: batch 1."""
+        waiting for a row; default: as many as the rows), WARMSTART_GENAI_OPTIMIZED (auto | off: genai_load). On
+        Lambda one instance serves one request: batch 1."""
         batch = env_int(env, "WARMSTART_GENAI_BATCH", 1, 1, MAX_ROWS)
         if "AWS_LAMBDA_FUNCTION_NAME" in env:
             batch = 1
         kv_tokens = env_int(env, "WARMSTART_GENAI_KV_TOKENS", 0, 0, 1 << 24)
         queue = env_int(env, "WARMSTART_GENAI_QUEUE", batch, 0, 100_000)
-        return cls(batch, kv_tokens, queue)
+        return cls(batch, kv_tokens, queue, optimized_mode(env))
 
 
 SPEC = BackendSpec(
@@ -46,5 +49,8 @@ SPEC = BackendSpec(
         ),
         ("onnxruntime", ("onnxruntime/capi/libonnxruntime.so*",)),
     ),
+    # WARMSTART_GENAI_OPTIMIZED, and the pack's files a start reads (the optimized decoder's where it will be
+    # opened, the ranges of its data a session reads): handler.backends.genai_load.
     settings=GenaiSettings.from_environ,
+    start_files=start_files,
 )

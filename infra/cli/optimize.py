@@ -1,6 +1,6 @@
 """`warmstart optimize DIR`: save a packed model's ONNX graph pre-optimized, with prepacked weights, for this
-machine's ONNX Runtime and CPU (infra.pack.optimize), and prove the tokenizer shortcut where it holds
-(infra.pack.wordpiece). `--remove` takes the optimized model out again."""
+machine's ONNX Runtime and CPU (infra.pack.optimize; a generate pack's decoder: infra.pack.lm_layout), and prove
+the tokenizer shortcut where it holds (infra.pack.wordpiece). `--remove` takes the optimized model out again."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from infra.pack.optimize import OptimizeError, optimize, remove
     from infra.pack.wordpiece import NotPlainBert, prove
 
+    if _task(args.model) == "generate":
+        return _generate(args)
     try:
         if args.remove:
             removed = remove(args.model)
@@ -62,4 +64,37 @@ def run(args: argparse.Namespace) -> int:
         f"  tokenizer shortcut: {shortcut}\n"
         f"next: warmstart local --model {args.model}   (init takes the optimized model on this machine)"
     )
+    return 0
+
+
+def _task(model: Path) -> str | None:
+    try:
+        return str(json.loads((model / "manifest.json").read_text()).get("task"))
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested past the parser
+        return None  # optimize() reports the unreadable manifest
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """A generate pack: its decoder saved with prepacked weights, kept only when it answers exactly as the portable
+    one (infra.pack.lm_layout); `--remove` keeps the page-aligned layout and drops the prepacked copy."""
+    from handler.core.errors import ModelLoadError
+    from infra.cli.progress import Progress
+    from infra.pack.lm_layout import LayoutError, relayout
+
+    try:
+        with Progress("warmstart optimize", plain=not args.json):
+            result = relayout(args.model, optimize=not args.remove)
+    except (LayoutError, ModelLoadError, FileNotFoundError) as e:
+        print(f"warmstart optimize: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"model": str(args.model), **result}))
+    elif result["optimized"] is None:
+        print(f"warmstart optimize: no prepacked decoder in {args.model} ({result['optimized_reason']})")
+    else:
+        print(
+            f"warmstart optimize: wrote {', '.join(result['optimized']['files'])} into {args.model}: "
+            f"{result['optimized_reason']}\n"
+            f"next: warmstart local --model {args.model}   (init opens the prepacked decoder on this machine)"
+        )
     return 0

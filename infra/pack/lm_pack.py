@@ -92,7 +92,11 @@ def pack_lm(
             for name in (GENAI_CONFIG, MODEL_FILE, MODEL_DATA):
                 shutil.move(built / name, tmp / name)
             shutil.copyfile(source.tokenizer_json, tmp / TOKENIZER_FILE)
+            from infra.pack.lm_layout import align
+
+            layout = align(tmp)  # the weights at page offsets, mapped in place (infra/pack/lm_layout.py)
             manifest = manifest_for(source, model_id, str(version), generation)
+            manifest["backends"][BACKEND]["layout"] = layout
             manifest["precision"] = precision.entry(quality, backend=BACKEND)
             manifest["source"].update(source_info or {})
             return manifest

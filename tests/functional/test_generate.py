@@ -34,7 +34,9 @@ GREEDY = {"messages": HELLO, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cached_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3")  # shared with test_genai_batch.py
+    return cached_genai_pack(
+        tmp_path_factory.mktemp("genai"), "qwen3"
+    )  # shared with test_genai_batch, test_lm_layout, the clients
 
 
 def start(model: Path, **settings: Any) -> Runtime:

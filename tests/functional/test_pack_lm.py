@@ -107,11 +107,13 @@ def test_generation_fields_are_what_transformers_reads(packs: dict[str, Path], f
     verify_sha256(manifest)
     raw = manifest.raw
     assert raw["task"] == "generate" and raw["family"] == family and raw["default_backend"] == "genai"
+    layout = raw["backends"]["genai"].pop("layout")  # the weights at page offsets (infra/pack/lm_layout.py)
     assert raw["backends"]["genai"] == {
         "config": "genai_config.json",
         "model": "model.onnx",
         "files": ["genai_config.json", "model.onnx", "model.onnx.data"],
     }
+    assert layout["page"] == 4096 and layout["ranges"]["model.onnx.data"][0][0] % 4096 == 0
     assert sorted(p.name for p in pack.iterdir()) == sorted([*raw["files"], "manifest.json"])
     assert (pack / "tokenizer.json").read_bytes() == (source_dir(family) / "tokenizer.json").read_bytes()
     gen = raw["generation"]
