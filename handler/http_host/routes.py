@@ -159,6 +159,8 @@ class Routes:
             if request.method != "POST":
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
+            if host.standby is not None:
+                host.standby.touch()  # the idle time counts from this arrival (the engine wakes as it starts it)
             content = request_kind(request.headers.get("content-type"))
             # A model whose task streams also takes SSE clients' `Accept: text/event-stream`; so does a route
             # whose answer streams in its API's chunks, whichever model the request names (`compat.chunks`).
@@ -315,7 +317,10 @@ class Routes:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.host.start()  # init now, before the port serves requests
         self.drain.bind(asyncio.get_running_loop(), self.host.workers)
+        standby = asyncio.create_task(self.host.standby.run()) if self.host.standby is not None else None
         yield
+        if standby is not None:
+            standby.cancel()
         self.host.close()
 
 
