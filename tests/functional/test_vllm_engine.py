@@ -33,10 +33,7 @@ GPU = CudaProbe(True, "1 CUDA device(s)", ["Fake H100"])
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from infra.pack.lm_vllm import pack_vllm
-    from tests.fixtures.lm_pack import source_dir
-
-    return pack_vllm(source_dir("qwen3"), tmp_path_factory.mktemp("vllm") / "packed", model_id="tiny-vllm")
+    return fake_vllm.vllm_pack(tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture
