@@ -306,7 +306,10 @@ class Routes:
             )
         runtime.count("status")
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
-        return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
+        body = runtime.status() if runtime.config.http_status == "full" else runtime.health()
+        if self.host.standby is not None:
+            body["standby"] = self.host.standby.describe()
+        return JSONResponse(body)
 
     async def metrics(self, request: Request) -> Response:
         self.host.start()  # the registry is made with the runtime

@@ -70,6 +70,16 @@ class Standby:
         """A request arrived: the idle time counts from now."""
         self.last = self.clock()
 
+    def describe(self) -> dict[str, Any]:
+        """For /status: the setting, the engine's state, and its sleeps and wakes (counts, the last of each)."""
+        return {
+            "after_s": self.after_s,
+            "sleeping": self.engine.sleeping,
+            "idle_s": round(self.idle_s(), 3),
+            **dict(getattr(self.engine, "standby", {})),
+            "error": self.error,
+        }
+
     def idle_s(self) -> float:
         return self.clock() - max(self.last, self.engine.last_used)
 

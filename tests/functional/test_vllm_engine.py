@@ -205,8 +205,9 @@ def test_the_standby_sleeps_the_idle_engine_and_a_request_wakes_it(start: Any) -
         asked = len(llm().requests)
         assert client.post("/v1/chat/completions", json={**body, "stream": True}).status_code == 200
         assert llm().calls[:2] == ["sleep(1)", "wake_up"] and len(llm().requests) == asked + 1  # woken first
-        standby = client.get("/info")  # the host still answers; the engine's figures are in describe()
-        assert standby.status_code == 200
+        standby = client.get("/status").json()["standby"]
+        assert standby["after_s"] == 0.2 and standby["sleeping"] is False and standby["error"] is None
+        assert standby["sleeps"] == 1 and standby["wakes"] == 1 and standby["last_wake_ms"] is not None
     facts = runtime.backend.describe()  # type: ignore[attr-defined]
     assert facts["sleep_mode"] and facts["standby"]["sleeps"] >= 1 and facts["standby"]["wakes"] == 1
     assert facts["standby"]["last_wake_ms"] is not None
