@@ -110,14 +110,16 @@ class VllmEngine:
             generation_config="vllm",  # the request carries every sampling option; nothing from the checkpoint
             disable_log_stats=True,
         )
-        with timer.phase("load"):  # weights to the GPU, the KV cache sized, the CUDA graphs captured
-            try:
-                self.engine = vllm.AsyncLLMEngine.from_engine_args(args)
-            except Exception as e:  # vLLM's own refusal (an architecture it lacks, too little GPU memory)
-                raise ModelLoadError(f"{root}: vLLM cannot load the model: {type(e).__name__}: {e}") from None
-        # Its output handler starts on the loop of the first request (vLLM's design): this one, for every request.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=_run_loop, args=(self._loop,), name="warmstart-vllm", daemon=True).start()
+        with timer.phase("load"):  # weights to the GPU, the KV cache sized, the CUDA graphs captured
+            try:
+                # Made on the loop every request runs on: vLLM then starts its output handlers there at once (made
+                # outside a running loop, they start at the first request, and an engine failure before it is missed).
+                self.engine = self._call(_construct(vllm.AsyncLLMEngine, args))
+            except Exception as e:  # vLLM's own refusal (an architecture it lacks, too little GPU memory)
+                self.close()
+                raise ModelLoadError(f"{root}: vLLM cannot load the model: {type(e).__name__}: {e}") from None
 
     def warm_device(self) -> dict[str, Any]:
         # The context, the weights and the CUDA graphs were made by the engine's construction; the task's warm-up
@@ -258,6 +260,10 @@ class VllmEngine:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+
+async def _construct(engine_class: Any, args: Any) -> Any:
+    return engine_class.from_engine_args(args)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -236,3 +236,9 @@ def test_without_a_gpu_vllm_is_refused_before_its_import(pack: Path, monkeypatch
     with pytest.raises(ModelLoadError, match=r"runs on a CUDA GPU .*no NVIDIA driver.*WARMSTART_BACKEND=genai"):
         Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
     assert len(fake_vllm.ENGINES) == before
+
+
+def test_vllms_refusal_at_load_is_a_model_load_error(start: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fake_vllm.FakeLLM, "refuse", "Model architectures ['Qwen3ForCausalLM'] failed to be inspected")
+    with pytest.raises(ModelLoadError, match=r"hf: vLLM cannot load the model: ValueError: Model architectures"):
+        start()  # and its loop thread stopped and closed (an unclosed loop fails the run: filterwarnings=error)
