@@ -84,6 +84,26 @@ def test_pack_refusals_name_what_is_valid(tmp_path: Path) -> None:
         check_precision(Precision(quantize="int4"))
 
 
+def test_the_cli_packs_vllm_alone_and_genai_with_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra.cli import main
+    from infra.pack import hf_pack, lm_pack, lm_vllm
+    from tests.fixtures.lm_pack import source_dir
+
+    src = source_dir("qwen3")
+    assert main(["pack", "--from", str(src), "--backends", "vllm", "--out", str(tmp_path / "v"), "--json"]) == 0
+    packed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert packed["backends"] == ["vllm"] and "hf/model.safetensors" in packed["files"]
+    # genai,vllm: genai's pack (its builder and gate: test_pack_lm) with vllm's hf/ copy added by lm_vllm.more
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(lm_pack, "pack_lm", lambda *a, **kw: seen.update(kw) or tmp_path / "both")
+    assert hf_pack.pack_from(src, tmp_path / "both", backends=["genai", "vllm"]) == tmp_path / "both"
+    assert seen["more"] is lm_vllm.more
+    hf_pack.pack_from(src, tmp_path / "both", backends=["genai"])
+    assert seen["more"] is None
+
+
 def test_streamed_chat_is_vllms_tokens_detokenized(start: Any, pack: Path) -> None:
     runtime = start()
     with client_for(runtime) as client:
