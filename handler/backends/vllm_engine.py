@@ -100,7 +100,7 @@ class VllmEngine:
         args = vllm.AsyncEngineArgs(
             model=str(root),
             tokenizer=str(root),
-            dtype="auto",  # the checkpoint's torch_dtype (float32 checkpoints: float16 on the GPU, vLLM's rule)
+            dtype="auto",  # the checkpoint's dtype; a float32 one runs in the GPU's preferred half type (vLLM's rule)
             seed=0,
             max_model_len=int(manifest.options["context_length"]),
             gpu_memory_utilization=self.own.gpu_memory_utilization,

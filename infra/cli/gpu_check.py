@@ -17,7 +17,8 @@ with `warmstart pack --from DIR --backends vllm` or `genai,vllm`), each in its o
 - init (the `load` phase: weights to the GPU, the KV cache sized, the CUDA graphs captured) and vLLM's import;
 - the first request's time to its first token vs the steady one's (median), on one 512-token prompt;
 - decode tokens/s of one stream (128 greedy tokens), and of LM_STREAMS streams at once (aggregate);
-- a restore from the warm standby: sleep (level 1) ms, wake ms, the first token after the wake, and that it serves.
+- a restore from the warm standby: sleep (level 1) ms, wake ms, the first token after the wake, and that it serves;
+- greedy agreement with the genai engine on the CPU (float32), where the pack has both (`--backends genai,vllm`).
 Without vllm installed (the GPU image's vllm stage has it) or without such a pack, the table says why they did
 not run.
 
@@ -62,6 +63,7 @@ LM_PROMPT_TOKENS = 512
 LM_DECODE_TOKENS = 128
 LM_STREAMS = 8
 LM_TEXT = "Serverless inference keeps the model warm between requests. "
+LM_CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
 
 
 def model_dir(dtype: str) -> tuple[Path | None, str]:
@@ -222,7 +224,35 @@ def run_lm_row(directory: Path, calls: int, environ: dict[str, str] | None = Non
     row["restored"] = bool(slept and woke and decode()[0] > 0)
     row["sleep_ms"], row["wake_ms"] = round(row["sleep_ms"], 1), round(row["wake_ms"], 1)
     row["device"], row["reason"] = engine.describe().get("device"), engine.describe().get("device_reason")
+    row["greedy_vs_genai"] = greedy_agreement(directory, rt, n_decode)
     return row
+
+
+def greedy_agreement(directory: Path, rt: Any, tokens: int) -> float | str:
+    """How far vLLM's greedy tokens follow the genai engine's on the CPU (the pack's float32 reference, where the
+    pack has both): the mean over LM_CHECK_PROMPTS of the common prefix over the longer answer. vLLM runs a float32
+    checkpoint in half precision, so 1.0 is not a given; a low figure is the thing to look into."""
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    if "genai" not in json.loads((directory / "manifest.json").read_text()).get("backends", {}):
+        return "no genai backend in the pack to compare with"
+    settings: dict[str, Any] = {"model_dir": directory, "backend": "genai", "device": "cpu", "warmup": False}
+    cpu = Runtime.start(Config(**settings), environ={"WARMSTART_DEVICE": "cpu"}, emit=None)
+
+    def ids(runtime: Any, prompt: str) -> list[int]:
+        pieces = runtime.task.stream({"prompt": prompt, "temperature": 0, "max_tokens": tokens})
+        return [t for piece in pieces for t in piece["token_ids"]]
+
+    return round(statistics.mean(prefix_share(ids(rt, p), ids(cpu, p)) for p in LM_CHECK_PROMPTS), 4)
+
+
+def prefix_share(a: list[int], b: list[int]) -> float:
+    """The tokens two greedy answers share before they first differ, over the longer answer's length."""
+    if not a and not b:
+        return 1.0  # both stopped at once: the same answer
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return same / max(len(a), len(b))
 
 
 def lm_row_in_child(directory: Path, calls: int) -> dict[str, Any]:
@@ -252,6 +282,7 @@ LM_COLUMNS = [
     ("wake_ms", "wake ms"),
     ("after_wake_first_token_ms", "first token after wake ms"),
     ("restored", "serves after wake"),
+    ("greedy_vs_genai", "greedy agreement vs genai f32 (CPU)"),
 ]
 
 

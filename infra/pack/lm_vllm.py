@@ -4,8 +4,9 @@ safetensors weights and their index), and the manifest's `backends.vllm` entry n
 
 vLLM loads a Hugging Face directory with its own model code (handler.backends.vllm_engine), so the copy is the
 source's bytes: nothing is converted, and there is nothing for a quality gate to compare. A pack for vllm alone
-therefore runs no builder and no gate; it refuses --dtype and --quantize (vLLM runs the checkpoint's dtype; a
-reduced precision is the genai backend's, behind its gate). The copy is a copy, not a link: a pack is
+therefore runs no builder and no gate; it refuses --dtype and --quantize (a reduced precision is the genai
+backend's, behind its gate). vLLM picks the dtype it runs at load: the checkpoint's, a float32 one in the GPU's half
+type; what that changes can only be measured on a GPU (make gpu-check). The copy is a copy, not a link: a pack is
 self-contained (an image layer, an S3 upload), and the SHA-256 of each file is in the manifest like any other.
 """
 

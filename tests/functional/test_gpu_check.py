@@ -97,3 +97,11 @@ def test_a_generation_row_runs_first_token_tokens_per_s_and_a_restore(
     assert row["device"] == "cuda" and 0 < row["prompt_tokens"] <= gpu_check.LM_PROMPT_TOKENS
     assert len(llm.requests) >= 3 + gpu_check.LM_STREAMS + 3  # warm-up, first tokens, decodes, after the wake
     assert "| cuda |" in gpu_check.lm_table(row)
+    assert row["greedy_vs_genai"] == "no genai backend in the pack to compare with"
+
+
+def test_prefix_share_counts_until_the_first_difference(gpu_check: ModuleType) -> None:
+    assert gpu_check.prefix_share([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert gpu_check.prefix_share([1, 2, 9, 4], [1, 2, 3, 4]) == 0.5  # the same 4th token after a miss: no credit
+    assert gpu_check.prefix_share([1, 2], [1, 2, 3, 4]) == 0.5  # an answer that stopped early: over the longer
+    assert gpu_check.prefix_share([], []) == 1.0 and gpu_check.prefix_share([], [5]) == 0.0
