@@ -6,9 +6,16 @@ model is loaded and warmed here, once per instance.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-from handler.runtime import prefetch
+# The cyclic GC paused while init runs: the imports and the model load allocate hundreds of thousands of
+# objects and free few, so each collection they would set off walks a growing heap to find almost nothing.
+# What init made is then frozen (later collections skip it) and the GC is back on before the first request.
+_gc_was_on = gc.isenabled()
+gc.disable()
+
+from handler.runtime import prefetch  # noqa: E402
 
 # First, before the imports below take the CPU: the kernel reads the libraries and model files meanwhile.
 prefetch.start()
@@ -17,13 +24,18 @@ from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch 
 from handler.core.types import Event  # noqa: E402
 from handler.runtime.invocation import Runtime  # noqa: E402
 
-runtime = Runtime.start()
-if snapshot_mode() is not None:
-    # SnapStart (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start): awslambdaric runs these around the snapshot.
-    # Deferred: an on-demand start never imports the hooks (snapshot_restore_py, uuid, random).
-    from handler.runtime import snapshot
+try:
+    runtime = Runtime.start()
+    if snapshot_mode() is not None:
+        # SnapStart (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start): awslambdaric runs these around the snapshot.
+        # Deferred: an on-demand start never imports the hooks (snapshot_restore_py, uuid, random).
+        from handler.runtime import snapshot
 
-    snapshot.register(runtime)
+        snapshot.register(runtime)
+    gc.freeze()
+finally:
+    if _gc_was_on:  # a failed init too: whatever runs next in this process gets its GC back
+        gc.enable()
 
 
 def lambda_handler(event: Event, context: Any) -> bytes:

@@ -6,10 +6,10 @@ check before the native task's own (its texts: length, count, encoding)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from handler.core.errors import UnsupportedRequestError
+from handler.core.records import record
 from handler.core.types import JSON
 
 
@@ -31,7 +31,7 @@ def _at(body: dict[str, Any], field: str) -> tuple[bool, Any]:
     return True, value
 
 
-@dataclass(frozen=True)
+@record
 class Refuse:
     """`field` refused when it holds one of `values` (by type too: `0` is not `false`), or, with `allowed`,
     anything but those (null is never refused: it means "not set")."""
@@ -52,7 +52,7 @@ class Refuse:
         return f'"{self.field}": {self.message}' if refused else None
 
 
-@dataclass(frozen=True)
+@record
 class TokenIds:
     """Token ids (an int, a list of ints) and text pairs in a texts field, refused with what to send.
     `lists_only`: only items of a list are read (`/predict`'s single int is a type error, not token ids)."""
@@ -72,7 +72,7 @@ class TokenIds:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class TextParts:
     """Chat messages' content parts other than text (images, audio, files), refused naming the message and
     part: the generation models served here read text only."""
@@ -92,7 +92,7 @@ class TextParts:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class OneText:
     """A texts field that may hold one text only (a completion's `prompt`): a list of more is refused."""
 
@@ -106,7 +106,7 @@ class OneText:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class Items:
     """A list field whose items the API knows more of than are served: an item outside `served` is refused,
     named with the field and what is served."""

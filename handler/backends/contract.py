@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from handler.backends.device import CudaProbe
 from handler.backends.registry import BUILTIN_BACKENDS, NEEDS, BackendSpec, Needs
 from handler.core.errors import ConfigError
 from handler.core.manifest import Manifest
+from handler.core.records import record
 from handler.core.types import JSON, Arrays
 from handler.observability.report import PhaseTimer
 
 Own = TypeVar("Own")
 
 
-@dataclass(frozen=True)
+@record
 class BackendSettings(Generic[Own]):
     """What every backend gets, and its own settings (`BackendSpec.settings`' reading of the environment)."""
 

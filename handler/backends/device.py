@@ -7,10 +7,11 @@ falls back; asking torch imports and initializes a lot. The driver API via ctype
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+
+from handler.core.records import field, record
 
 
-@dataclass(frozen=True)
+@record
 class CudaProbe:
     usable: bool
     reason: str

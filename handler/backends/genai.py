@@ -52,6 +52,7 @@ class GenaiEngine:
         self._eos: list[int] = []
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
+        self.batch: Any = None  # handler.backends.genai_batch.BatchEngine when requests share the steps
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         entry = manifest.backends[NAME]
@@ -63,6 +64,20 @@ class GenaiEngine:
         self.window = _window(config_path)
         self.vocab_size = int(options.get("vocab_size") or 0)
         self._eos = list(options.get("eos_token_ids") or [])
+        tokenizer = manifest.tokenizer.get("file")
+        if tokenizer:  # kept for a JSON constraint's token table, built at the first constrained request
+            self._tokenizer_json = (manifest.root / tokenizer).read_text()
+        self.kv = dict(options.get("kv") or {})
+        rows = getattr(settings.own, "batch", 1)
+        if rows > 1:  # many streams share each decode step (WARMSTART_GENAI_BATCH): our own loop, not a generator
+            from handler.backends.genai_batch import BatchEngine  # deferred: only a batching host runs it
+
+            self.batch = BatchEngine(self, rows, settings.own.kv_tokens, settings.own.queue)
+            self.batch.initialize(manifest, settings, timer)
+            self.threads, self.max_total_tokens = self.batch.threads, self.batch.max_total_tokens
+            self.concurrent_streams = self.batch.concurrent_streams
+            self.device_reason = "ONNX Runtime on the CPU, the rows of many requests in each step"
+            return
         with timer.phase("load"):
             config = og.Config(str(manifest.root))
             session = {"intra_op_num_threads": settings.threads, "inter_op_num_threads": 1}
@@ -76,10 +91,6 @@ class GenaiEngine:
             except Exception as e:  # the library's own error (a missing or bad file): the model's fault
                 raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
         self.threads = settings.threads
-        tokenizer = manifest.tokenizer.get("file")
-        if tokenizer:  # kept for a JSON constraint's token table, built at the first constrained request
-            self._tokenizer_json = (manifest.root / tokenizer).read_text()
-        self.kv = dict(options.get("kv") or {})
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
     def _kv_budget(self, context: int) -> int | None:
@@ -127,6 +138,8 @@ class GenaiEngine:
             "threads": self.threads,
             "onnxruntime_genai": og.__version__,
         }
+        if self.batch is not None:
+            out["batch"] = self.batch.describe()
         if self.kv:  # the tokens one request may hold (None: the context length only, memory not known)
             out["kv_budget"] = {
                 "max_total_tokens": self.max_total_tokens,
@@ -147,6 +160,8 @@ class GenaiEngine:
                 f"exceeds the {self.max_total_tokens} tokens one request may hold in this instance's memory"
             )
         matcher = self._matcher(request.get("response_format"))
+        if self.batch is not None:
+            return self.batch.submit(request, matcher)  # type: ignore[no-any-return]
         return self._run(request, matcher)
 
     def _params(self, request: dict[str, Any]) -> Any:

@@ -19,18 +19,20 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
+
+    Buffer = npt.NDArray[np.uint8]
+    Allocator = Callable[[int], Buffer]
 
 # One page: smaller requests round up, so a batch of one and a batch of a few share a class.
 MIN_CLASS = 4096
 DEFAULT_MAX_BYTES = 64 * 2**20
 DEFAULT_MAX_PER_CLASS = 16
-
-Buffer = npt.NDArray[np.uint8]
-Allocator = Callable[[int], Buffer]
 
 _current: contextvars.ContextVar[Arena | None] = contextvars.ContextVar("warmstart_arena", default=None)
 

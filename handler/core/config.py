@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from handler.core.errors import ConfigError
+from handler.core.records import record
 
 # Lambda's synchronous invoke limit, request and response alike.
 LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
@@ -101,7 +101,7 @@ def is_s3(source: str) -> bool:
     return source.startswith("s3://")
 
 
-@dataclass(frozen=True)
+@record
 class Config:
     model_dir: Path
     # None: the manifest's default backend. A name, checked where backends are known (handler.backends.registry)

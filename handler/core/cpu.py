@@ -9,14 +9,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+from handler.core.records import record
 
 # Lambda allocates one vCPU per 1,769 MB of configured memory.
 LAMBDA_MB_PER_VCPU = 1769
 
 
-@dataclass(frozen=True)
+@record
 class CpuBudget:
     cpus: int
     source: str  # which bound decided: affinity, cgroup-v2, cgroup-v1, lambda-memory
@@ -84,7 +85,7 @@ def cpu_budget(
     )
 
 
-@dataclass(frozen=True)
+@record
 class ThreadPlan:
     """Intra-op threads per model run, for a process running `runs` model runs at once on `cpus` CPUs."""
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from handler.core.config import Config
 from handler.core.cpu import own_cgroup
 from handler.core.manifest import Manifest
+from handler.core.records import record
 
 # No Lambda setting and no cgroup limit (a laptop, a host without limits): size for the deploy manifests'
 # `limits.memory: 1Gi` (infra/deploy/k8s/warmstart.yaml, infra/deploy/knative.yaml).
@@ -39,7 +39,7 @@ ATTENTION_BYTES_PER_HIDDEN = 34
 SCORE_BYTES = 4  # float32 attention scores: one per head per pair of tokens
 
 
-@dataclass(frozen=True)
+@record
 class MemoryLimit:
     mb: int
     source: str  # lambda (AWS_LAMBDA_FUNCTION_MEMORY_SIZE), cgroup-v2, cgroup-v1, fallback
@@ -103,7 +103,7 @@ def bytes_per_token(manifest: Manifest) -> tuple[int, str]:
     return max(ffn, attention), source
 
 
-@dataclass(frozen=True)
+@record
 class Budget:
     """What one model run may hold, and the figures it came from (the init report's `limits`)."""
 

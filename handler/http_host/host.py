@@ -55,6 +55,10 @@ class Host:
             tokens = runtime.init_report.get("limits", {}).get("batch_tokens")
             if tokens:
                 self._workers.sizing = replace(self._workers.sizing, batch_tokens=tokens)
+            # An engine whose own thread runs every stream's steps: a worker per stream it takes, each only waiting.
+            streams = getattr(runtime.backend, "concurrent_streams", 0)
+            if isinstance(streams, int) and streams > 0:
+                self._workers.reserve(streams + self._workers.sizing.max_workers)
             runtime.workers = self._workers
             self.prometheus = Prometheus(runtime.backend.name)
             self.prometheus.init_report(runtime.init_report)

@@ -121,6 +121,8 @@ async def answer(stream: Stream, receive: Receive, headers: Mapping[str, str], d
     first = await first_item(reader, receive)
     if isinstance(first, tuple):
         status, body, media = first
+        if status == 503:  # at capacity (a full queue): the client may retry, as for any other 503
+            headers = {**headers, "retry-after": "1"}
         return Response(body, status, headers=headers, media_type=media)
     return EventStreamResponse(reader, first, headers)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,13 @@ from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
 from handler.core.manifest import Manifest, open_regular, verify_sha256
 from handler.core.memory import Budget, batch_budget
+from handler.core.records import field, record, replace
 from handler.observability.report import PhaseTimer
 from handler.tasks import catalog
 from handler.tasks.catalog import Task
 
 
-@dataclass
+@record(frozen=False)
 class Loaded:
     """A model ready to serve: what a request needs (task), and the facts status and reports show."""
 
@@ -80,7 +80,7 @@ def max_concurrency(env: Mapping[str, str]) -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
-@dataclass(frozen=True)
+@record
 class HostRuns:
     """What a host that runs several model runs at once (the HTTP host's worker pool) tells init before it
     starts: how many runs share the CPUs, and its choices for the init report (`http_workers`)."""

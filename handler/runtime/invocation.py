@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +33,7 @@ from handler.api.sources import decode_body, infer_source
 from handler.core import deadline
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.errors import Abandoned, RequestError, internal_error_body
+from handler.core.records import record
 from handler.core.types import JSON, Event
 from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
@@ -438,7 +438,7 @@ def _deadline_ms(context: Any) -> float | None:
     return time.time() * 1000 + left
 
 
-@dataclass(frozen=True)
+@record
 class HttpCall:
     """One POSTed body as the HTTP host queues it for `Runtime.handle_http_batch`."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from handler.api import prelude, sse
@@ -29,6 +28,7 @@ from handler.api.encode import dumps
 from handler.api.ping import is_ping
 from handler.api.sources import EventSource, infer_source
 from handler.core.errors import Abandoned, RequestError
+from handler.core.records import record
 from handler.core.types import Event
 from handler.observability import trace
 from handler.tasks import catalog
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # for type checkers only (a Protocol class costs init time); 
         def served_key(self, payload: JSON) -> str: ...
 
 
-@dataclass(frozen=True)
+@record
 class Buffered:
     """One whole answer, posted as it is."""
 
@@ -67,7 +67,7 @@ class Buffered:
     content_type: str = "application/json"
 
 
-@dataclass(frozen=True)
+@record
 class Streamed:
     """A response stream of this content type: the generator's next items are its chunks (bytes)."""
 

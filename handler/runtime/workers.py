@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -240,6 +240,16 @@ class WorkerPool:
             with self._lock:
                 self.dropped += 1
         return True
+
+    def reserve(self, workers: int) -> None:
+        """Keep at least `workers` workers, started now: for jobs that mostly wait (streams from an engine that
+        runs their steps on its own thread), so the CPU check that bounds growth must not hold them back."""
+        with self._lock:
+            if workers <= self.sizing.min_workers:
+                return
+            self.sizing = replace(self.sizing, min_workers=workers, max_workers=max(workers, self.sizing.max_workers))
+        while self._workers < workers:
+            self._spawn()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` on a worker and wait for it (the synchronous callers: Lambda mode)."""

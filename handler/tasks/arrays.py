@@ -16,13 +16,15 @@ from __future__ import annotations
 import ast
 import math
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from handler.core.errors import InvalidInputError, ModelOutputError
 from handler.core.types import JSON
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 NPY_MAGIC = b"\x93NUMPY"
 MAX_NPY_HEADER = 10_000  # numpy's own limit for headers it parses without `allow_pickle`

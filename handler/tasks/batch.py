@@ -14,17 +14,19 @@ error.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
 from handler.tasks.text import chunks
 from handler.tasks.tokens import TextEncoder
 
-Finish = Callable[[npt.NDArray[Any], int], dict[str, Any]]
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
+
+    Finish = Callable[[npt.NDArray[Any], int], dict[str, Any]]
 
 
 class Prepared:

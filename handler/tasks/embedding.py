@@ -4,10 +4,9 @@ float32 array in the answer, written as JSON once, at the edge (`handler.api.enc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
@@ -30,6 +29,9 @@ from handler.tasks.text import (
     prompt_for,
     require_object,
 )
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 
 class EmbeddingTask(TextModel):

@@ -3,8 +3,12 @@ them (float64 from float32 logits, max-shifted), and ranking (highest first, tie
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 
 def softmax(logits: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:

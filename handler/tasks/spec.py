@@ -13,7 +13,6 @@ module is on Lambda's init path and the schemas module (with its validator) is n
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handler.backends.contract import Backend
@@ -21,6 +20,7 @@ from handler.backends.pool import BufferPool
 from handler.backends.registry import Needs
 from handler.core.config import Config
 from handler.core.manifest import Manifest
+from handler.core.records import record
 from handler.core.types import JSON
 
 Schema = dict[str, Any]
@@ -83,7 +83,7 @@ def no_info(manifest: Manifest) -> dict[str, Any]:
     return {}
 
 
-@dataclass(frozen=True)
+@record
 class TaskSpec:
     """One task, as the rest of the program sees it."""
 

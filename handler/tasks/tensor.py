@@ -6,10 +6,9 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
@@ -21,6 +20,9 @@ from handler.tasks import oip_io
 from handler.tasks.arrays import finite, from_list, from_npy
 from handler.tasks.spec import MODEL, STRING, TaskSpec, nullable
 from handler.tasks.text import require_object
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 OUTPUT_FORMATS = ("list", "npy")
 _NPY_HINT = '; ask for "output_format": "npy", which does'

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
@@ -17,6 +16,9 @@ from handler.core.errors import InputTooLongError, InvalidEncodingError, Invalid
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.tokens import TextEncoder, shared_encoder, usable_shortcut
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 ENCODING_FORMATS = ("float", "base64")
 TEXT_ROUTES = ("/tokenize", "/decode")  # compatible routes every text task serves (TEI's): its tokenizer

@@ -11,13 +11,15 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from handler.core.manifest import read_regular, regular_path
+
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy.typing as npt
 
 
 def bert_wordpiece(vocab: Path, settings: Mapping[str, Any]) -> Tokenizer:

@@ -27,6 +27,7 @@ from tests.deploy.sam import ROOT
 DEPLOY = ROOT / "infra" / "deploy"
 K8S = DEPLOY / "k8s" / "warmstart.yaml"
 KNATIVE = DEPLOY / "knative.yaml"
+KNATIVE_GENERATE = DEPLOY / "knative-generate.yaml"
 CLOUD_RUN = DEPLOY / "cloudrun.yaml"
 KSERVE = DEPLOY / "kserve.yaml"
 SAGEMAKER = DEPLOY / "sagemaker-serverless.yaml"
@@ -179,7 +180,7 @@ def test_kubernetes_validator_does_reject() -> None:
         kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("path", [KNATIVE, CLOUD_RUN], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [KNATIVE, KNATIVE_GENERATE, CLOUD_RUN], ids=lambda p: p.name)
 def test_knative_services_valid(path: Path) -> None:
     (doc,) = documents(path)
     assert knative_errors(doc) == []
@@ -322,3 +323,17 @@ def test_closed_loop_at_the_files_concurrency_gets_no_503(
     assert not errors, errors[:3]
     assert stats["rejected"] == 0 and stats["completed"] == 20 * spec["containerConcurrency"]
     assert stats["largest_batch"] > 1  # the load was absorbed by batching, not by luck
+
+
+def test_the_generate_service_sends_what_its_rows_and_queue_absorb() -> None:
+    """containerConcurrency = WARMSTART_GENAI_BATCH + WARMSTART_GENAI_QUEUE: every stream the platform sends gets
+    a row or a place in the engine's queue (no 503); the settings parse as the handler parses them."""
+    from handler.backends.genai_spec import GenaiSettings
+
+    (doc,) = documents(KNATIVE_GENERATE)
+    spec = doc["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    own = GenaiSettings.from_environ(env_of(container))
+    assert own.batch > 1 and spec["containerConcurrency"] == own.batch + own.queue
+    assert container["startupProbe"]["httpGet"]["path"] == "/ping"
+    assert HostSettings.from_environ(env_of(container)).drain_s + 1 <= spec["timeoutSeconds"]

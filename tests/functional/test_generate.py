@@ -26,7 +26,7 @@ from handler.runtime.workers import Sizing, WorkerPool
 from handler.tasks import chat
 from handler.tasks.generate import PIECE
 from tests.conftest import FakeContext
-from tests.fixtures.genai_pack import tiny_genai_pack
+from tests.fixtures.genai_pack import cached_genai_pack, tiny_genai_pack
 
 HELLO = [{"role": "user", "content": "what is the capital of france ?"}]
 GREEDY = {"messages": HELLO, "temperature": 0}
@@ -34,7 +34,7 @@ GREEDY = {"messages": HELLO, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3")
+    return cached_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3")  # shared with test_genai_batch.py
 
 
 def start(model: Path, **settings: Any) -> Runtime:

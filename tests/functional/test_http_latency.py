@@ -6,7 +6,6 @@ faults 6, 7)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 from starlette.applications import Starlette
 
 from handler.api import compat
+from handler.core.records import replace
 from handler.http_host.host import Host
 from handler.http_host.routes import create_app
 from handler.runtime.invocation import HttpCall, Runtime
@@ -239,7 +239,7 @@ def test_requests_of_a_task_that_does_not_batch_are_handed_back_and_answered_one
     done. Before, they ran inline, one after another, and all were answered when the last had run."""
     assert runtime.workers is None or runtime.workers.stats()["busy"] == 0
     name = runtime.task.name
-    monkeypatch.setitem(catalog._specs, name, dataclasses.replace(catalog.spec(name), batches=False))
+    monkeypatch.setitem(catalog._specs, name, replace(catalog.spec(name), batches=False))
     monkeypatch.delattr(type(runtime.task), "prepare")  # never reached: the spec decides
     real = type(runtime.task).__call__
 

@@ -1,0 +1,256 @@
+"""Issue 35 item 1: many streams on the HTTP host sharing the decode steps (handler.backends.genai_batch).
+
+The real host process (`python -m handler`, HTTP mode) serves a packed Qwen3-shaped chat model under a CPU quota
+(a cgroup of its own, --vcpus); 1, 8 and 32 closed-loop clients each stream --requests completions
+(`/invocations`, `"stream": true`, greedy, --max-tokens tokens, a short distinct prompt each) and time every
+server-sent event. Per level: aggregate generated tokens/s (all tokens over the wall time of the level), p50 and
+p99 time between tokens (the gaps between a stream's events after its first, each shared by the tokens its event
+carries), time to the first token, and the count of answers other than 200.
+
+Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
+- `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
+- `single`: WARMSTART_GENAI_BATCH=1, onnxruntime-genai's one generator per request (today's engine);
+- `llama`: llama-server with --parallel = the clients' count, on the GGUF gen-peers made from the same directory,
+  when /work/cache/llama-server/READY exists (else the table says it was not run).
+
+Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
+       [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8]
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `bench.runner`
+
+from bench.runner import ROOT, Results, Stat, base_env, fmt_ratio, need_root, order, parser, quotas, ratios, table
+
+LLAMA = Path("/work/cache/llama-server")
+TEXT = "the sea is blue and deep and wide . write a short poem about a quiet lambda function in the cloud"
+WORDS = TEXT.split(" ")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], path: str, timeout_s: float = 600) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server on :{port} exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the server on :{port} was not ready in {timeout_s:.0f} s")
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, health: str, kind: str) -> None:
+        self.name, self.port, self.kind = name, port, kind
+        log = open(ROOT / "build" / f"streams-{name}.log", "wb")  # noqa: SIM115  # held for the server's life
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_ready(port, self.proc, health)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed completion: its status, event times (s) and token count."""
+    if server.kind == "llama":
+        path = "/completion"
+        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    else:
+        path = "/invocations"
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+    started = time.perf_counter()
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        resp.read()
+        return {"status": resp.status, "times": [], "counts": [], "tokens": 0, "started": started}
+    times: list[float] = []
+    counts: list[int] = []  # tokens per event: the detokenizer holds a partial character's tokens for one event
+    tokens = 0
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        piece = json.loads(data)
+        n = len(piece.get("token_ids") or []) if server.kind != "llama" else (1 if piece.get("content") else 0)
+        if n:
+            times.append(time.perf_counter())
+            counts.append(n)
+            tokens += n
+        if server.kind == "llama" and piece.get("stop"):
+            break
+    conn.close()
+    return {"status": 200, "times": times, "counts": counts, "tokens": tokens, "started": started}
+
+
+def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        for r in range(requests):
+            words = [WORDS[(i * 7 + r * 3 + k) % len(WORDS)] for k in range(12)]
+            got = one_stream(server, f"{i} {r} " + " ".join(words), max_tokens)
+            with lock:
+                results.append(got)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    # Time between tokens: an event's gap shared by the tokens it carries (a held partial character's tokens
+    # arrive together), each counted once.
+    gaps = [
+        (b - a) / n
+        for r in results
+        for a, b, n in zip(r["times"], r["times"][1:], r["counts"][1:], strict=False)
+        for _ in range(n)
+    ]
+    firsts = [r["times"][0] - r["started"] for r in results if r["times"]]
+    q = statistics.quantiles(gaps, n=100) if len(gaps) >= 2 else [float("nan")] * 99
+    return {
+        "tok_s": sum(r["tokens"] for r in results) / wall,
+        "tbt_p50_ms": statistics.median(gaps) * 1000 if gaps else float("nan"),
+        "tbt_p99_ms": q[98] * 1000,
+        "ttft_p50_ms": statistics.median(firsts) * 1000 if firsts else float("nan"),
+        "non_200": float(sum(r["status"] != 200 for r in results)),
+        "tokens": float(sum(r["tokens"] for r in results)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, rounds=3, out="generate-streams")
+    ap.add_argument("--pack", type=Path, required=True, help="a packed generate model (genai backend)")
+    ap.add_argument("--vcpus", type=float, default=2.0)
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=2, help="streams each client makes in turn, per level")
+    ap.add_argument("--rows", type=int, default=32, help="WARMSTART_GENAI_BATCH of the batch variant")
+    ap.add_argument("--kv-tokens", type=int, default=32768)
+    ap.add_argument("--variants", default="batch,single,llama")
+    ap.add_argument(
+        "--single-up-to",
+        type=int,
+        default=0,
+        help="run `single` only at levels up to this (0: all); its workers "
+        "run 2 streams at a time, so more clients only queue",
+    )
+    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (default: under LLAMA)")
+    args = ap.parse_args(argv)
+    why = need_root()
+    if why:
+        raise SystemExit(f"bench/generate/streams.py {why}")
+    levels = [int(x) for x in args.levels.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    llama_bin, gguf = LLAMA / "bin" / "llama-server", args.gguf
+    if "llama" in variants and not (LLAMA / "READY").is_file():
+        variants.remove("llama")
+        print(f"llama-server: {LLAMA}/READY is absent (gen-peers builds it): not run", file=sys.stderr)
+    (ROOT / "build").mkdir(exist_ok=True)
+    results = Results("generate-streams", {"pack": str(args.pack), "vcpus": args.vcpus, "levels": levels})
+    with quotas(*variants) as qs:
+        for q in qs.values():
+            q.set(args.vcpus)
+        servers: dict[str, Server] = {}
+        try:
+            for name in variants:
+                port = free_port()
+                if name == "llama":
+                    argv = [str(llama_bin), "-m", str(gguf), "--port", str(port), "--parallel", str(max(levels))]
+                    argv += ["-c", str(max(levels) * (args.max_tokens + 64)), "-t", str(max(1, int(args.vcpus)))]
+                    servers[name] = Server(name, qs[name].wrap(argv), base_env(), port, "/health", "llama")
+                    continue
+                env = base_env(WARMSTART_MODEL=str(args.pack), PORT=str(port), HOST="127.0.0.1")
+                env["WARMSTART_GENAI_BATCH"] = str(args.rows if name == "batch" else 1)
+                env["WARMSTART_GENAI_QUEUE"] = str(args.rows if name == "batch" else 0)
+                env["WARMSTART_GENAI_KV_TOKENS"] = str(args.kv_tokens)
+                argv = qs[name].wrap([sys.executable, "-m", "handler"])
+                servers[name] = Server(name, argv, env, port, "/ping", "ours")
+            for server in servers.values():  # each warm: the first stream's one-off costs off the figures
+                level(server, 2, 1, 4)
+            for rnd in range(args.rounds):
+                for clients in levels:
+                    for name in order(variants, rnd):
+                        if name == "single" and args.single_up_to and clients > args.single_up_to:
+                            continue
+                        got = level(servers[name], clients, args.requests, args.max_tokens)
+                        results.add(round=rnd, variant=name, clients=clients, load=os.getloadavg()[0], **got)
+        finally:
+            for server in servers.values():
+                server.close()
+    rows = []
+    for name in variants:
+        one = results.stat("tok_s", variant=name, clients=levels[0]).median
+        for clients in levels:
+            pick = {"variant": name, "clients": clients}
+            per_round = [r["tok_s"] / one for r in results.pick(**pick)] if one else []
+            rows.append(
+                [
+                    name,
+                    clients,
+                    results.stat("tok_s", **pick).fmt(1),
+                    f"{Stat.of(per_round).median:.2f}x" if per_round else "-",
+                    results.stat("tbt_p50_ms", **pick).fmt(0),
+                    results.stat("tbt_p99_ms", **pick).fmt(0),
+                    results.stat("ttft_p50_ms", **pick).fmt(0),
+                    int(sum(r["non_200"] for r in results.pick(**pick))),
+                ]
+            )
+    head = ["variant", "clients", "aggregate tok/s", "vs its 1 client", "TBT p50 ms", "TBT p99 ms", "TTFT p50 ms"]
+    md = table([*head, "non-200"], rows)
+    if "batch" in variants:
+        md += "\n\nbatch over single, aggregate tok/s by clients: " + ", ".join(
+            f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'single', clients=c))}"
+            for c in levels
+            if "single" in variants
+        )
+        md += "\n" + ", ".join(
+            f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'llama', clients=c))}" for c in levels
+        ) * ("llama" in variants)
+    if "llama" not in variants:
+        md += "\n\nllama-server: not run (/work/cache/llama-server/READY absent when this ran)."
+    loads = [r["load"] for r in results.rows]
+    md += f"\n\nLoad average during the levels: {Stat.of(loads).fmt(1)}."
+    results.save(args.out, md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""Many streams sharing the decode steps (handler.backends.genai_batch, WARMSTART_GENAI_BATCH > 1) on a tiny random
+qwen3 pack: greedy answers alone, batched and from the single-stream engine are the same tokens; a request joins
+a running batch and leaves it (its reader closing frees its row and blocks); a KV pool with room for one request
+makes the next wait, never share; a full queue is 503 with Retry-After on the HTTP host; a JSON-constrained row
+batched with free ones still gives JSON; the settings are checked at the boundary."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from handler.backends.genai_batch import wait_idle
+from handler.backends.genai_spec import GenaiSettings
+from handler.core.config import Config
+from handler.core.errors import ConfigError, InvalidInputError, ServiceBusyError
+from handler.http_host.host import Host
+from handler.http_host.routes import create_app
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
+from tests.fixtures.genai_pack import cached_genai_pack
+
+PROMPTS = [
+    "the sea",
+    "what is the capital of france ? paris is",
+    "hello",
+    "json { name age } write a short poem about the sea . the sea is blue and deep",
+]
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cached_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3")
+
+
+def start(pack: Path, **env: str) -> Runtime:
+    return Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ=env, emit=None)
+
+
+@pytest.fixture(scope="module")
+def batched(pack: Path) -> Runtime:
+    return start(pack, WARMSTART_GENAI_BATCH="4")
+
+
+def greedy(runtime: Runtime, prompt: str, n: int = 24) -> list[int]:
+    ask = {"prompt": prompt, "temperature": 0, "max_tokens": n}
+    return [t for piece in runtime.task.stream(ask) for t in piece["token_ids"]]  # type: ignore[attr-defined]
+
+
+def engine(runtime: Runtime) -> Any:
+    return runtime.backend.batch  # type: ignore[attr-defined]
+
+
+def gated(runtime: Runtime, pace_s: float = 0.0) -> tuple[threading.Event, Callable[[], None]]:
+    """Hold the scheduler before each model run until the event is set (so a test sees rows in place), and
+    then `pace_s` more a run; the second callable puts the engine back."""
+    gate = threading.Event()
+    batch = engine(runtime)
+    run = batch._step
+
+    def held(*args: Any, **kwargs: Any) -> None:
+        gate.wait(10)
+        time.sleep(pace_s)
+        run(*args, **kwargs)
+
+    batch._step = held
+    return gate, lambda: setattr(batch, "_step", run)
+
+
+def test_greedy_alone_batched_and_single_stream_are_the_same_tokens(pack: Path, batched: Runtime) -> None:
+    single = start(pack)
+    expected = [greedy(single, p) for p in PROMPTS]
+    alone = [greedy(batched, p) for p in PROMPTS]
+    steps = engine(batched).steps
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda p: greedy(batched, p), PROMPTS))
+    assert alone == expected and together == expected
+    assert len({tuple(t) for t in expected}) == len(PROMPTS)
+    # Fewer model runs than the requests' tokens: they shared steps.
+    assert engine(batched).steps - steps < sum(len(t) for t in expected)
+    assert engine(batched).largest >= 2
+    facts = batched.backend.describe()["batch"]
+    assert facts["rows"] == 4 and facts["kv_block_tokens"] == 64
+    assert engine(batched).last_only  # the head ran over each row's last token only (handler.backends.lastlogits)
+
+
+def test_a_request_joins_a_running_batch_and_leaves_when_its_reader_closes(batched: Runtime) -> None:
+    batch = engine(batched)
+    expected = greedy(batched, "hello", 8)
+    gate, ungate = gated(batched, pace_s=0.002)  # each step 2 ms longer: the long request outlasts the short
+    try:
+        gate.set()
+        long: Iterator[dict[str, Any]] = batched.task.stream(  # type: ignore[attr-defined]
+            {"prompt": "the sea", "temperature": 0, "max_tokens": 480}
+        )
+        next(long)  # the long one is decoding
+        assert greedy(batched, "hello", 8) == expected  # joined, answered while the long one runs
+        assert [r.max_tokens for r in batch._rows if not r.done] == [480]
+        assert batch._free_blocks < batch.pool_blocks
+        long.close()  # the reader leaves: its row and blocks are free at the next step
+        assert wait_idle(batch)
+    finally:
+        ungate()
+    assert batch._free_blocks == batch.pool_blocks and batch._decoding == 0 and not batch._rows
+
+
+def test_a_pool_with_room_for_one_makes_the_next_wait_never_share(pack: Path) -> None:
+    runtime = start(pack, WARMSTART_GENAI_BATCH="4", WARMSTART_GENAI_KV_TOKENS="128")
+    batch = engine(runtime)
+    assert runtime.backend.max_total_tokens == 128  # type: ignore[attr-defined]
+    alone = [greedy(runtime, p, 60) for p in PROMPTS[:2]]
+    gate, ungate = gated(runtime)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(greedy, runtime, p, 60) for p in PROMPTS[:2]]
+            assert wait_for(lambda: len(batch._rows) == 1 and len(batch._waiting) == 1)  # no blocks for the second
+            gate.set()
+            together = [f.result(10) for f in futures]
+    finally:
+        ungate()
+    assert together == alone
+    with pytest.raises(InvalidInputError, match="128"):  # more than the whole pool: refused, naming it
+        list(runtime.task.stream({"prompt": "the sea", "max_tokens": 200}))  # type: ignore[attr-defined]
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_a_full_queue_is_503_with_retry_after_on_the_http_host(pack: Path) -> None:
+    runtime = start(pack, WARMSTART_GENAI_BATCH="2", WARMSTART_GENAI_QUEUE="1")
+    batch = engine(runtime)
+    gate, ungate = gated(runtime)
+    held = [runtime.task.stream({"prompt": p, "temperature": 0, "max_tokens": 4}) for p in PROMPTS[:2]]  # type: ignore[attr-defined]
+    try:
+        firsts = [pool_next(it) for it in held]  # one row at its first step (held by the gate), one waiting
+        assert wait_for(lambda: len(batch._rows) == 1 and len(batch._waiting) == 1)
+        workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=1)
+        with TestClient(create_app(Host(lambda: runtime, workers))) as client:
+            refused = client.post("/invocations", json={"prompt": "x", "max_tokens": 2, "stream": True})
+            assert workers.sizing.min_workers >= 3  # a worker for each stream the engine takes, and one more
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == ServiceBusyError.__name__
+        assert "WARMSTART_GENAI_QUEUE=1" in refused.json()["error"]["message"]
+        gate.set()
+        assert all("token_ids" in f.result(10) for f in firsts)  # both served once a row was free
+    finally:
+        gate.set()
+        ungate()
+        for it in held:
+            it.close()
+    assert wait_idle(batch)
+
+
+def pool_next(it: Iterator[dict[str, Any]]) -> Any:
+    """The first piece, read on a thread (a reader blocks until the scheduler gives it a token)."""
+    from concurrent.futures import Future
+
+    done: Future[Any] = Future()
+    threading.Thread(target=lambda: done.set_result(next(it)), daemon=True).start()
+    return done
+
+
+def test_a_json_row_batched_with_free_rows_gives_json(batched: Runtime) -> None:
+    free = {"prompt": "json please", "temperature": 1.0, "max_tokens": 40}
+    asks = [{**free, "seed": s} for s in range(3)]
+    asks.append({**free, "seed": 7, "max_tokens": 80, "response_format": {"type": "json_object"}})
+    with ThreadPoolExecutor(len(asks)) as pool:
+        answers = list(pool.map(lambda a: batched.handle(a, None), asks))
+    constrained = answers[-1]
+    if constrained["finish_reason"] == "stop":
+        assert isinstance(json.loads(constrained["text"]), dict)
+    else:
+        assert constrained["text"].startswith("{")
+    again = batched.handle(asks[0], None)  # a seed reproduces whatever shared its steps
+    assert again["text"] == answers[0]["text"]
+
+
+def test_the_settings_are_checked_at_the_boundary() -> None:
+    assert GenaiSettings.from_environ({}) == GenaiSettings(1, 0, 1)
+    assert GenaiSettings.from_environ({"WARMSTART_GENAI_BATCH": "8"}).queue == 8
+    # One request per instance on Lambda: batching is off whatever the setting.
+    on_lambda = {"WARMSTART_GENAI_BATCH": "8", "AWS_LAMBDA_FUNCTION_NAME": "f"}
+    assert GenaiSettings.from_environ(on_lambda).batch == 1
+    for key, value in (("WARMSTART_GENAI_BATCH", "0"), ("WARMSTART_GENAI_BATCH", "x"), ("WARMSTART_GENAI_QUEUE", "-1")):
+        with pytest.raises(ConfigError, match=key):
+            GenaiSettings.from_environ({key: value})
