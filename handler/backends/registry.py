@@ -74,6 +74,7 @@ BUILTIN_BACKENDS = {
     "onnx": "handler.backends.ort_spec:SPEC",
     "torch": "handler.backends.torch_spec:SPEC",
     "genai": "handler.backends.genai_spec:SPEC",
+    "vllm": "handler.backends.vllm_spec:SPEC",
 }
 
 

@@ -10,6 +10,7 @@ from handler.core.cpu import cpu_budget
 from handler.http_host.budget import BodyBudget
 from handler.http_host.drain import Drain
 from handler.http_host.settings import HostSettings
+from handler.http_host.standby import Standby
 from handler.observability.prometheus import Prometheus
 from handler.runtime.invocation import Runtime
 from handler.runtime.workers import WorkerPool, sizing_from_environ
@@ -36,6 +37,7 @@ class Host:
         self.bodies = BodyBudget(self.settings.body_budget)
         self.prometheus: Prometheus | None = None  # GET /metrics; made with the runtime
         self.init_error: BaseException | None = None  # why init failed, for the startup failure's plain line
+        self.standby: Standby | None = None  # WARMSTART_STANDBY_AFTER_S: made with the runtime, run by the app
 
     def start(self) -> Runtime:
         """The runtime, its worker pool and the Prometheus registry: made on the first call, then the same."""
@@ -45,6 +47,7 @@ class Host:
                 self._workers = WorkerPool(sizing_from_environ(os.environ, cpus), cpus, name="warmstart-http")
             try:
                 runtime = self._make_runtime()
+                self.standby = Standby.for_backend(runtime.backend, self.settings.standby_after_s)
             except BaseException as e:
                 self.init_error = e
                 raise

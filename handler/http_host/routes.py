@@ -159,6 +159,8 @@ class Routes:
             if request.method != "POST":
                 raise MethodNotAllowedError(f"method {request.method} is not allowed; POST a JSON body")
             drain.check()
+            if host.standby is not None:
+                host.standby.touch()  # the idle time counts from this arrival (the engine wakes as it starts it)
             content = request_kind(request.headers.get("content-type"))
             # A model whose task streams also takes SSE clients' `Accept: text/event-stream`; so does a route
             # whose answer streams in its API's chunks, whichever model the request names (`compat.chunks`).
@@ -304,7 +306,10 @@ class Routes:
             )
         runtime.count("status")
         # Model sources, paths, reload errors and the pointer only when the operator allows it.
-        return JSONResponse(runtime.status() if runtime.config.http_status == "full" else runtime.health())
+        body = runtime.status() if runtime.config.http_status == "full" else runtime.health()
+        if self.host.standby is not None:
+            body["standby"] = self.host.standby.describe()
+        return JSONResponse(body)
 
     async def metrics(self, request: Request) -> Response:
         self.host.start()  # the registry is made with the runtime
@@ -315,7 +320,10 @@ class Routes:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.host.start()  # init now, before the port serves requests
         self.drain.bind(asyncio.get_running_loop(), self.host.workers)
+        standby = asyncio.create_task(self.host.standby.run()) if self.host.standby is not None else None
         yield
+        if standby is not None:
+            standby.cancel()
         self.host.close()
 
 

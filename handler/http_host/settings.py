@@ -27,6 +27,7 @@ from typing import Literal
 
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, env_int
 from handler.core.errors import ConfigError
+from handler.http_host.standby import standby_after_s
 
 HostName = Literal["lambda", "sagemaker", "sagemaker-serverless", "cloud-run", "knative", "kubernetes", "generic"]
 HOST_NAMES: tuple[HostName, ...] = (
@@ -116,6 +117,7 @@ class HostSettings:
     body_min_rate: int = DEFAULT_BODY_MIN_RATE  # bytes/s; 0: no minimum (the body timeout alone)
     health_reserve: int = DEFAULT_HEALTH_RESERVE
     body_budget: int = BODY_BUDGET_PAYLOADS * LAMBDA_PAYLOAD_LIMIT  # bytes of bodies held at once
+    standby_after_s: float | None = None  # idle seconds before the engine sleeps (handler/http_host/standby.py)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, serve: bool = False) -> HostSettings:
@@ -138,6 +140,7 @@ class HostSettings:
             body_budget=env_int(
                 env, "WARMSTART_HTTP_BODY_BUDGET_BYTES", BODY_BUDGET_PAYLOADS * payload_limit, 1, 1 << 40
             ),
+            standby_after_s=standby_after_s(env),
         )
 
     def describe_limit(self) -> str:

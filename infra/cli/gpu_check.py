@@ -12,10 +12,20 @@ cannot stall the rest; each row's CUDA context is its own, as an instance's is) 
 float16 rows serve a copy of the default model packed with `--dtype float16` under build/gpu-check (packed
 once, reused); where the pack refuses (the backend has no float16 path), the row says so with the message.
 
-On a machine without a usable GPU it says why and exits 0 (`--device cpu` runs every row on the CPU anyway:
-how the tests exercise this script).
+Generation rows (the vllm backend, on a generate pack that has it: `--lm DIR`, or WARMSTART_GPU_CHECK_LM; made
+with `warmstart pack --from DIR --backends vllm` or `genai,vllm`), each in its own process as well:
+- init (the `load` phase: weights to the GPU, the KV cache sized, the CUDA graphs captured) and vLLM's import;
+- the first request's time to its first token vs the steady one's (median), on one 512-token prompt;
+- decode tokens/s of one stream (128 greedy tokens), and of LM_STREAMS streams at once (aggregate);
+- a restore from the warm standby: sleep (level 1) ms, wake ms, the first token after the wake, and that it serves;
+- greedy agreement with the genai engine on the CPU (float32), where the pack has both (`--backends genai,vllm`).
+Without vllm installed (the GPU image's vllm stage has it) or without such a pack, the table says why they did
+not run.
 
-Usage: .venv/bin/python -m infra.cli.gpu_check [--calls 20] [--device auto|cpu] [--json out.json]
+On a machine without a usable GPU it says why and exits 0 (`--device cpu` runs every embedding row on the CPU
+anyway: how the tests exercise this script).
+
+Usage: .venv/bin/python -m infra.cli.gpu_check [--calls 20] [--device auto|cpu] [--lm DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,6 +57,13 @@ TEXTS = [
 ]
 BATCH32 = [f"passage {i}: " + TEXTS[i % len(TEXTS)] for i in range(32)]
 ROW_TIMEOUT_S = 120  # a row that takes longer is reported as hung (5 minutes for the whole table)
+LM_ROW_TIMEOUT_S = 300  # vLLM's import, the weights and the CUDA graphs' capture come first
+LM_ENV = "WARMSTART_GPU_CHECK_LM"
+LM_PROMPT_TOKENS = 512
+LM_DECODE_TOKENS = 128
+LM_STREAMS = 8
+LM_TEXT = "Serverless inference keeps the model warm between requests. "
+LM_CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
 
 
 def model_dir(dtype: str) -> tuple[Path | None, str]:
@@ -139,6 +156,146 @@ def row_in_child(backend: str, directory: Path, device: str, calls: int) -> dict
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def lm_unavailable(directory: Path | None) -> str:
+    """Why the generation rows cannot run here ("" when they can)."""
+    import importlib.util
+
+    if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (the GPU image's vllm stage: infra/deploy/requirements-vllm.txt)"
+    if directory is None:
+        return f"no generate pack with a vllm backend: pass --lm DIR or set {LM_ENV}"
+    try:
+        backends = json.loads((directory / "manifest.json").read_text()).get("backends", {})
+    except (OSError, ValueError) as e:
+        return f"{directory}: no readable manifest ({e})"
+    return "" if "vllm" in backends else f"{directory}: not packed for vllm (pack --backends genai,vllm)"
+
+
+def run_lm_row(directory: Path, calls: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The vllm backend on one generate pack, in this process: init, first token vs steady, tokens/s, a restore
+    from sleep mode (the warm standby's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    env = {"WARMSTART_STANDBY_AFTER_S": "3600", **(environ or {})}  # sleep mode on; the check sleeps it itself
+    lines: list[dict[str, Any]] = []
+    settings: dict[str, Any] = {"model_dir": directory, "backend": "vllm", "warmup": True}
+    init_ms, rt = timed(lambda: Runtime.start(Config(**settings), environ=env, emit=lines.append))
+    init = next((line for line in lines if line.get("warmstart") == "init"), {})
+    phases = init.get("phases_ms") or {}
+    task, engine = rt.task, rt.backend
+    context = int(rt.manifest.options["context_length"])  # a small model's context may be under the figures
+    n_prompt, n_decode = min(LM_PROMPT_TOKENS, context // 2), min(LM_DECODE_TOKENS, context // 4)
+    ids = task.tokenizer.encode(LM_TEXT * (n_prompt // 4 + 1), add_special_tokens=False).ids[:n_prompt]
+    prompt = task.tokenizer.decode(ids)
+
+    def first_token_ms() -> float:
+        started = time.perf_counter()
+        stream = task.stream({"prompt": prompt, "temperature": 0, "max_tokens": 8})
+        try:
+            next(stream)
+        finally:
+            stream.close()
+        return (time.perf_counter() - started) * 1000
+
+    def decode(_: int = 0) -> tuple[int, float]:
+        ms, answer = timed(lambda: rt.handle({"prompt": "Once", "temperature": 0, "max_tokens": n_decode}))
+        return int(answer["usage"]["completion_tokens"]), ms
+
+    row: dict[str, Any] = {
+        "init_ms": round(init_ms, 1),
+        "import_ms": phases.get("vllm_import"),
+        "load_ms": phases.get("load"),
+        "prompt_tokens": len(task.prompt_ids({"prompt": prompt})),
+        "first_token_ms": round(first_token_ms(), 2),
+        "steady_first_token_ms": round(statistics.median(first_token_ms() for _ in range(calls)), 2),
+    }
+    made, ms = decode()
+    row["tokens_per_s"] = round(made / ms * 1000, 1)
+    with ThreadPoolExecutor(LM_STREAMS) as pool:
+        started = time.perf_counter()
+        total = sum(n for n, _ in pool.map(decode, range(LM_STREAMS)))
+        row[f"tokens_per_s_{LM_STREAMS}"] = round(total / (time.perf_counter() - started), 1)
+    row["sleep_ms"], slept = timed(engine.sleep)
+    row["wake_ms"], woke = timed(engine.wake_up)
+    row["after_wake_first_token_ms"] = round(first_token_ms(), 2)
+    row["restored"] = bool(slept and woke and decode()[0] > 0)
+    row["sleep_ms"], row["wake_ms"] = round(row["sleep_ms"], 1), round(row["wake_ms"], 1)
+    row["device"], row["reason"] = engine.describe().get("device"), engine.describe().get("device_reason")
+    row["greedy_vs_genai"] = greedy_agreement(directory, rt, n_decode)
+    return row
+
+
+def greedy_agreement(directory: Path, rt: Any, tokens: int) -> float | str:
+    """How far vLLM's greedy tokens follow the genai engine's on the CPU (the pack's float32 reference, where the
+    pack has both): the mean over LM_CHECK_PROMPTS of the common prefix over the longer answer. vLLM runs a float32
+    checkpoint in half precision, so 1.0 is not a given; a low figure is the thing to look into."""
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    if "genai" not in json.loads((directory / "manifest.json").read_text()).get("backends", {}):
+        return "no genai backend in the pack to compare with"
+    settings: dict[str, Any] = {"model_dir": directory, "backend": "genai", "device": "cpu", "warmup": False}
+    cpu = Runtime.start(Config(**settings), environ={"WARMSTART_DEVICE": "cpu"}, emit=None)
+
+    def ids(runtime: Any, prompt: str) -> list[int]:
+        pieces = runtime.task.stream({"prompt": prompt, "temperature": 0, "max_tokens": tokens})
+        return [t for piece in pieces for t in piece["token_ids"]]
+
+    return round(statistics.mean(prefix_share(ids(rt, p), ids(cpu, p)) for p in LM_CHECK_PROMPTS), 4)
+
+
+def prefix_share(a: list[int], b: list[int]) -> float:
+    """The tokens two greedy answers share before they first differ, over the longer answer's length."""
+    if not a and not b:
+        return 1.0  # both stopped at once: the same answer
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return same / max(len(a), len(b))
+
+
+def lm_row_in_child(directory: Path, calls: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "infra.cli.gpu_check", "--lm-row", "--lm", str(directory), "--calls", str(calls)]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=LM_ROW_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"hung: no answer in {LM_ROW_TIMEOUT_S} s"}
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {done.returncode}"}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+LM_COLUMNS = [
+    ("model", "model"),
+    ("device", "device"),
+    ("init_ms", "init ms"),
+    ("import_ms", "vllm import ms"),
+    ("load_ms", "load + graphs ms"),
+    ("prompt_tokens", "prompt tokens"),
+    ("first_token_ms", "first token ms"),
+    ("steady_first_token_ms", "steady first token ms"),
+    ("tokens_per_s", "tokens/s (1 stream)"),
+    (f"tokens_per_s_{LM_STREAMS}", f"tokens/s ({LM_STREAMS} streams)"),
+    ("sleep_ms", "sleep ms"),
+    ("wake_ms", "wake ms"),
+    ("after_wake_first_token_ms", "first token after wake ms"),
+    ("restored", "serves after wake"),
+    ("greedy_vs_genai", "greedy agreement vs genai f32 (CPU)"),
+]
+
+
+def lm_table(row: dict[str, Any]) -> str:
+    """The generation row as a markdown table; one that did not run says why in its device cell."""
+    out = ["| " + " | ".join(title for _, title in LM_COLUMNS) + " |", "|" + "---|" * len(LM_COLUMNS)]
+    cells = []
+    for key, _ in LM_COLUMNS:
+        value = f"not run: {row['error']}" if key == "device" and "error" in row else row.get(key, "")
+        cells.append(str(value if value is not None else ""))
+    return "\n".join([*out, "| " + " | ".join(cells) + " |"])
+
+
 COLUMNS = [
     ("backend", "backend"),
     ("dtype", "dtype"),
@@ -190,11 +347,16 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20, help="steady-state calls per batch size (median)")
     ap.add_argument("--device", choices=("auto", "cpu"), default="auto", help="cpu: run the rows without a GPU")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--lm", type=Path, default=os.environ.get(LM_ENV) or None, help="a generate pack with vllm")
     ap.add_argument("--row", choices=BACKENDS, help=argparse.SUPPRESS)
+    ap.add_argument("--lm-row", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.row:
         print(json.dumps(run_row(args.row, args.model, args.device, args.calls)))
+        return 0
+    if args.lm_row:
+        print(json.dumps(run_lm_row(args.lm, args.calls)))
         return 0
 
     from handler.backends.device import probe_cuda
@@ -220,9 +382,13 @@ def main() -> int:
             rows.append(row)
             print(f"  {backend} {dtype}: {row.get('error', 'ran')}", flush=True)
     print(table(rows))
+    why = lm_unavailable(args.lm) if device == "cuda" else "the vllm backend runs on a CUDA GPU only"
+    lm: dict[str, Any] = {"error": why} if why else lm_row_in_child(args.lm, args.calls)
+    lm["model"] = str(args.lm or "")
+    print(f"\ngeneration (vllm):\n{lm_table(lm)}")
     print(f"\n({time.perf_counter() - started:.0f} s in all; reference: ONNX Runtime float32 on the CPU)")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "generation": lm}, indent=1))
     return 0
 
 

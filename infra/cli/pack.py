@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--backends",
         default=None,
-        help="onnx, torch or both, comma-separated (default onnx,torch; for --from, those the model's family supports)",
+        help="onnx, torch or both, comma-separated (default onnx,torch; for --from, those the model's family supports; "
+        "a causal LM: genai, vllm or both, default genai)",
     )
     p.add_argument(
         "--id",

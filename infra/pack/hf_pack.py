@@ -183,21 +183,16 @@ def _pack_generate(
     source_info: dict[str, str] | None,
     precision: Precision | None,
 ) -> Path:
-    """A causal LM: task generate, onnxruntime-genai's graph (infra.pack.lm_pack), its one backend."""
-    from infra.pack.lm_pack import BACKEND, pack_lm
+    """A causal LM: task generate, onnxruntime-genai's graph (infra.pack.lm_pack), vLLM's hf/ copy
+    (infra.pack.lm_vllm), or both."""
+    from infra.pack.lm_pack import pack_lm
+    from infra.pack.lm_vllm import VLLM, choose, more, pack_vllm
 
-    chosen = [b.strip() for b in backends or () if b.strip()]
-    if backends is not None and chosen != [BACKEND]:
-        raise UnsupportedModelError(f"backends {', '.join(chosen) or '(none)'}: task generate packs {BACKEND} only")
-    return pack_lm(
-        Path(source_dir),
-        out,
-        model_id=model_id,
-        version=version,
-        force=force,
-        precision=precision,
-        source_info=source_info,
-    )
+    chosen = choose(backends)
+    common: dict[str, Any] = {"model_id": model_id, "version": version, "force": force, "precision": precision}
+    if chosen == (VLLM,):  # no graph to build: the source's files copied for vLLM
+        return pack_vllm(Path(source_dir), out, source_info=source_info, **common)
+    return pack_lm(Path(source_dir), out, source_info=source_info, more=more if VLLM in chosen else None, **common)
 
 
 def tokenizer_shortcut(path: Path, max_length: int, pad_id: int, out: Path) -> dict[str, Any] | None:

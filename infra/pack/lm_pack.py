@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,10 @@ def pack_lm(
     precision: Precision | None = None,
     source_info: dict[str, str] | None = None,
     builder_options: dict[str, str] | None = None,
+    more: Callable[[LMSource, Path], dict[str, Any]] | None = None,
 ) -> Path:
-    """Pack the causal LM in `source_dir` into `out` (refusals before anything is written)."""
+    """Pack the causal LM in `source_dir` into `out` (refusals before anything is written). `more`: other
+    backends' files written beside genai's, and their manifest entries (vllm's: infra.pack.lm_vllm.more)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers (ours and the builder's) never reaches for a hub
     precision = precision or Precision()
     label = precision.quantize or precision.dtype
@@ -99,6 +102,8 @@ def pack_lm(
             manifest["backends"][BACKEND]["layout"] = layout
             manifest["precision"] = precision.entry(quality, backend=BACKEND)
             manifest["source"].update(source_info or {})
+            if more is not None:
+                manifest["backends"].update(more(source, tmp))
             return manifest
 
         return publish(build, out, force, [source.root], read_back=read_back)

@@ -292,6 +292,9 @@ class Builder:
             return run
 
     def _build_with(self, stage: Stage, closure_only: bool, python: str) -> StageRun:
+        parent = next((s for s in self.file.stages[: stage.index] if s.name and s.name == stage.base), None)
+        if parent is not None:
+            return self._build_on(stage, self._build(parent, closure_only))
         base = BASES.get(stage.base)
         if base is None and not closure_only:
             raise Unemulated(f"{self.file.path.name}: stage {stage.name or stage.index}: base image {stage.base}")
@@ -318,6 +321,23 @@ class Builder:
             run = StageRun(self.file.path, stage, rootfs, dict(base.env), base.workdir, version)
             run.log.append(f"FROM {stage.base}: Python {version} venv at {base.python_prefix} ({_since(started)})")
         run.executed = base is not None
+        return self._instructions(stage, run)
+
+    def _build_on(self, stage: Stage, parent: StageRun) -> StageRun:
+        """`FROM <an earlier stage>`: that stage's files and image config, then this stage's instructions."""
+        started = time.perf_counter()
+        rootfs = self.tmp / f"{self.file.path.name}-{stage.name or stage.index}" / "rootfs"
+        if rootfs.exists():
+            shutil.rmtree(rootfs)
+        shutil.copytree(parent.rootfs, rootfs, symlinks=True)
+        run = StageRun(
+            self.file.path, stage, rootfs, dict(parent.env), parent.workdir, parent.python_version,
+            list(parent.entrypoint), list(parent.cmd), executed=parent.executed,
+        )  # fmt: skip
+        run.log.append(f"FROM {stage.base}: that stage's files and config ({_since(started)})")
+        return self._instructions(stage, run)
+
+    def _instructions(self, stage: Stage, run: StageRun) -> StageRun:
         run.host(run.workdir).mkdir(parents=True, exist_ok=True)
         args: dict[str, str] = {}
         for word, value, line in stage.instructions:

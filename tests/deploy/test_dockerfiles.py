@@ -155,7 +155,8 @@ def test_gpu_image_cuda_base_and_runtime_client() -> None:
     (cuda_arg,) = [a for a in args_of(dockerfile, "ARG") if a.startswith("CUDA_IMAGE=")]
     image = cuda_arg.split("=", 1)[1]
     assert image.startswith("nvidia/cuda:") and "cudnn-runtime" in image
-    assert args_of(dockerfile, "FROM")[-1] == "${CUDA_IMAGE}"
+    # the function stage on the CUDA base; the default target (the last stage) is that stage, without vLLM
+    assert args_of(dockerfile, "FROM")[1:] == ["${CUDA_IMAGE} AS function", "function AS vllm", "function"]
     assert args_of(dockerfile, "WORKDIR")[-1] == "/var/task"
     gpu_reqs = (DEPLOY / "requirements-gpu.txt").read_text()
     assert "onnxruntime-gpu==" in gpu_reqs and "awslambdaric==" in gpu_reqs
@@ -292,3 +293,37 @@ def test_the_generation_image() -> None:
     assert {"llguidance", "jinja2", "boto3"} <= set(pins(DEPLOY / "requirements-generate.txt"))
     assert args_of(GENERATE, "ENTRYPOINT") == ['["python3", "-m", "handler"]']
     assert args_of(GENERATE, "CMD") == [f'["{MODEL_HANDLER}"]']
+
+
+def test_the_gpu_images_vllm_stage_and_its_pins() -> None:
+    """`--target vllm`: the function stage plus vLLM and the torch it pins, exactly; the default target has
+    neither. The GPU image's own pins meet what vLLM requires of them (its METADATA, recorded beside the pins)."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    dockerfile = DOCKERFILES[1]
+    stages = Dockerfile.parse(dockerfile).stages
+    vllm, default = stages[-2], stages[-1]
+    assert (vllm.name, vllm.base, default.base) == ("vllm", "function", "function")
+    assert [w for w, *_ in default.instructions] == ["FROM"]  # nothing added: the function image as it is
+    copies = [" ".join(v.split()) for w, v, _ in vllm.instructions if w == "COPY"]
+    runs = [" ".join(v.split()) for w, v, _ in vllm.instructions if w == "RUN"]
+    assert copies == ["infra/deploy/requirements-vllm.txt /tmp/requirements-vllm.txt"]
+    assert len(runs) == 1 and "pip install" in runs[0] and "-r /tmp/requirements-vllm.txt" in runs[0]
+    assert "--invalidation-mode unchecked-hash" in runs[0]  # vLLM's modules precompiled, as the function's
+    assert not any("vllm" in r for r in args_of(dockerfile, "RUN") if r not in runs)
+
+    path = DEPLOY / "requirements-vllm.txt"
+    pinned = pins(path)
+    assert set(pinned) == {"vllm", "torch"} and all(re.fullmatch(r"[0-9][0-9a-z.]*", v) for v in pinned.values())
+    lines = path.read_text().splitlines()
+    requires = [Requirement(ln.split(":", 1)[1]) for ln in lines if ln.startswith("# requires:")]
+    (python,) = [SpecifierSet(ln.split(":", 1)[1].strip()) for ln in lines if ln.startswith("# requires-python:")]
+    wanted = {r.name.lower().replace("_", "-"): r.specifier for r in requires}
+    assert wanted["torch"] == SpecifierSet(f"=={pinned['torch']}")  # vLLM's exact torch, not another
+    gpu = {name.lower(): v for name, v in pins(DEPLOY / "requirements-gpu.txt").items()}
+    for name, spec in wanted.items():
+        if name in gpu:
+            assert spec.contains(gpu[name]), f"requirements-gpu.txt: {name}=={gpu[name]}; vllm needs {spec}"
+    assert {"tokenizers", "starlette", "prometheus-client", "numpy"} <= set(gpu) & set(wanted)
+    assert python.contains("3.12")  # the CUDA base's Python (Ubuntu 24.04)

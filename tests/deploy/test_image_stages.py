@@ -277,6 +277,11 @@ def check_gpu_image(tmp: Path) -> None:
     manifest = json.loads(image.host("/var/task/models/default/manifest.json").read_text())
     assert manifest["id"] == "all-minilm-l6-v2" and list(manifest["backends"]) == ["onnx"]
     assert image.entrypoint == ["/opt/venv/bin/python", "-m", "handler"] and image.cmd
+    # --target vllm: the function stage's files and config, and the requirements its pip reads
+    vllm = builder.runs[len(builder.runs) - 2]
+    assert vllm.stage.name == "vllm" and vllm.host("/tmp/requirements-vllm.txt").is_file()
+    assert vllm.host("/var/task/models/default/manifest.json").is_file() and vllm.entrypoint == image.entrypoint
+    assert not image.host("/tmp/requirements-vllm.txt").exists()  # the default target: no vLLM
     record(
         [f"Dockerfile.gpu: pack stage built, function stage's closure checked in {time.perf_counter() - started:.1f} s"]
     )

@@ -132,7 +132,9 @@ def test_int8_dynamic_is_an_encoder_quantization(src: Path, tmp_path: Path) -> N
 
 
 def test_other_backends_are_refused(src: Path, tmp_path: Path) -> None:
-    _refused(src, tmp_path, UnsupportedModelError, "task generate packs genai only", backends=["onnx"])
+    _refused(
+        src, tmp_path, UnsupportedModelError, r"task generate packs genai, vllm \(one or both\)", backends=["onnx"]
+    )
 
 
 def test_int4_is_refused_for_encoders() -> None:
