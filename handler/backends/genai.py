@@ -258,11 +258,14 @@ def keep_freed_memory() -> bool:
     (later calls return the first answer); False where the C library is not glibc (nothing set).
 
     Why: onnxruntime-genai allocates each request's KV cache afresh (one buffer per layer's keys and values,
-    sized for prompt + max tokens: 56 of 2.3 MB for 576 tokens of Qwen3-0.6B) and zero-fills it. With glibc's
-    defaults the freed buffers are unmapped or trimmed off the heap (the dynamic trim threshold is twice the
-    largest freed buffer), so every request page-faults its whole cache in again: 322-491 ms of CPU a request on
-    Qwen3-0.6B at 1.7 vCPU, 42-50 ms with the memory kept (bench/generate/levers.py). Buffers up to 32 MiB go on
-    the heap, and the heap is not trimmed below 2 GiB free: the process keeps its peak (the KV budget counts it)."""
+    sized for prompt + max tokens: 56 of 2.3 MB for 576 tokens of Qwen3-0.6B). With glibc's defaults freed
+    buffers are unmapped or trimmed off the heap (the dynamic trim threshold is twice the largest freed buffer),
+    and the next request page-faults them in again: tests/unit/test_genai_memory.py's 40 x 1 MiB pattern faults
+    10,208 pages a request, 0 with this. On the 0.6B int4 pack a warm request took 627 minor faults, 4-48 with
+    this (bench/generate/levers.py; its CPU difference was inside a loaded host's noise). Buffers up to 32 MiB go
+    on the heap, and the heap is not trimmed below 2 GiB free: the process keeps its peak (the KV budget counts
+    it).
+    """
     global _kept
     if _kept is None:
         try:
