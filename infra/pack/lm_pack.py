@@ -41,13 +41,15 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 # manifest (precision.builder_options, precision.scheme) and hashed into the default version, so two schemes of
 # one model are two id@versions. Measured on the Qwen3-0.6B-shaped model at 1.7 vCPU (bench/generate/levers.py,
 # docs/benchmarks.md "Generation speed levers"):
-# - prune_lm_head: prefill runs the LM head on the last position only (logits [1, 1, vocab]), not on all 512
-#   of a 512-token prompt (hidden x 151,936 multiply-adds each): the largest cut in time to first token. Every
-#   reader takes the last position's logits (handler.backends.genai, infra.pack.lm_quality).
+# - prune_lm_head: prefill runs the LM head on the last position only (logits [1, 1, vocab]), not on every prompt
+#   position (a 512-token prompt: 512 x hidden x 151,936 multiply-adds and a 311 MB logits buffer faulted in per
+#   request): with keep_freed_memory, against neither, time to first token 0.63x and CPU per request 0.77x (one
+#   round on a loaded host). Every reader takes the last position's logits
+#   (handler.backends.genai, infra.pack.lm_quality).
 # - accuracy_level 4: MatMulNBits quantizes the activations to int8 and runs int8 dot products (AVX2 on this
 #   host's AMD EPYC; AVX-VNNI / AVX512-VNNI / AMX where the CPU has them).
-# - block_size: int4 keeps the builder's 32 (128 lowered real SmolLM2's greedy agreement 0.210 -> 0.156); int8
-#   takes 128 (8 bits hold the weights well at 128; fewer scales to read per step).
+# - block_size: int4 keeps the builder's 32 (128 lowered real SmolLM2's greedy agreement 0.210 -> 0.156, an
+#   earlier session's figure); int8 takes 128 (8 bits keep a block of 128 close; a quarter of the scales).
 # - is_symmetric: no zero points to read or subtract (the builder's default, stated so the record is whole).
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
