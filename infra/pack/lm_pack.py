@@ -43,8 +43,8 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 # docs/benchmarks.md "Generation speed levers"):
 # - prune_lm_head: prefill runs the LM head on the last position only (logits [1, 1, vocab]), not on every prompt
 #   position (a 512-token prompt: 512 x hidden x 151,936 multiply-adds and a 311 MB logits buffer faulted in per
-#   request): with keep_freed_memory, against neither, time to first token 0.63x and CPU per request 0.77x (one
-#   round on a loaded host). Every reader takes the last position's logits
+#   request): with keep_freed_memory, against neither, CPU per request 0.77-0.88x, ~300 MB less peak memory, time
+#   to first token 0.63-1.06x (a loaded host's rounds). Every reader takes the last position's logits
 #   (handler.backends.genai, infra.pack.lm_quality).
 # - accuracy_level 4: MatMulNBits quantizes the activations to int8 and runs int8 dot products (AVX2 on this
 #   host's AMD EPYC; AVX-VNNI / AVX512-VNNI / AMX where the CPU has them).
