@@ -38,6 +38,25 @@ TOKENIZER_FILE = "tokenizer.json"
 BUILDER_PRECISION = {("float32", None): "fp32", ("float32", "int8"): "int8", ("float32", "int4"): "int4"}
 CPU_CHOICES = "--dtype float32, --quantize int8, --quantize int4"
 DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalty")
+# The builder's extra options per target (onnxruntime-genai 0.18's names: `builder.py --help`), recorded in the
+# manifest (precision.builder_options, precision.scheme) and hashed into the default version, so two schemes of
+# one model are two id@versions. Measured on the Qwen3-0.6B-shaped model at 1.7 vCPU (bench/generate/levers.py,
+# docs/benchmarks.md "Generation speed levers"):
+# - prune_lm_head: prefill runs the LM head on the last position only (logits [1, 1, vocab]), not on every prompt
+#   position (a 512-token prompt: 512 x hidden x 151,936 multiply-adds and a 311 MB logits buffer faulted in per
+#   request): with keep_freed_memory, against neither, CPU per request 0.77-0.88x, ~300 MB less peak memory, time
+#   to first token 0.63-1.06x (a loaded host's rounds). Every reader takes the last position's logits
+#   (handler.backends.genai, infra.pack.lm_quality).
+# - accuracy_level 4: MatMulNBits quantizes the activations to int8 and runs int8 dot products (AVX2 on this
+#   host's AMD EPYC; AVX-VNNI / AVX512-VNNI / AMX where the CPU has them).
+# - block_size: int4 keeps the builder's 32 (128 lowered real SmolLM2's greedy agreement 0.210 -> 0.156, an
+#   earlier session's figure); int8 takes 128 (8 bits keep a block of 128 close; a quarter of the scales).
+# - is_symmetric: no zero points to read or subtract (the builder's default, stated so the record is whole).
+BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
+    "fp32": {"prune_lm_head": True},
+    "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},
+    "int4": {"prune_lm_head": True, "block_size": 32, "accuracy_level": 4, "is_symmetric": True},
+}
 _CHILD = Path(__file__).with_name("lm_build_child.py")
 
 
@@ -61,11 +80,13 @@ def pack_lm(
     force: bool = False,
     precision: Precision | None = None,
     source_info: dict[str, str] | None = None,
-    builder_options: dict[str, str] | None = None,
+    builder_options: dict[str, str | int | bool] | None = None,
     more: Callable[[LMSource, Path], dict[str, Any]] | None = None,
 ) -> Path:
-    """Pack the causal LM in `source_dir` into `out` (refusals before anything is written). `more`: other
-    backends' files written beside genai's, and their manifest entries (vllm's: infra.pack.lm_vllm.more)."""
+    """Pack the causal LM in `source_dir` into `out` (refusals before anything is written). `builder_options`
+    override BUILDER_OPTIONS' for the precision (bench/generate/levers.py builds each lever off this way).
+    `more`: other backends' files written beside genai's, and their manifest entries (vllm's:
+    infra.pack.lm_vllm.more)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers (ours and the builder's) never reaches for a hub
     precision = precision or Precision()
     label = precision.quantize or precision.dtype
@@ -76,11 +97,12 @@ def pack_lm(
     check_tensors(source)
     tokenizer = load_tokenizer(source)
     generation = generation_fields(source, tokenizer)
-    version = version or default_version(source.content_sha256, "generate", label)
+    options = {**BUILDER_OPTIONS[target], **(builder_options or {})}
+    version = version or default_version(source.content_sha256, "generate", label, json.dumps(options, sort_keys=True))
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
         staged = stage(source, Path(staging) / "source")
         built = Path(staging) / "built"
-        run_builder(staged, built, Path(staging) / "cache", target, builder_options or {})
+        run_builder(staged, built, Path(staging) / "cache", target, options)
         edit_genai_config(built / GENAI_CONFIG, generation)
         generation["kv"]["dtype"] = kv_dtype(built / MODEL_FILE)
 
@@ -100,7 +122,7 @@ def pack_lm(
             layout = align(tmp)  # the weights at page offsets, mapped in place (infra/pack/lm_layout.py)
             manifest = manifest_for(source, model_id, str(version), generation)
             manifest["backends"][BACKEND]["layout"] = layout
-            manifest["precision"] = precision.entry(quality, backend=BACKEND)
+            manifest["precision"] = precision.entry(quality, backend=BACKEND, **scheme_entry(target, options))
             manifest["source"].update(source_info or {})
             if more is not None:
                 manifest["backends"].update(more(source, tmp))
@@ -197,7 +219,20 @@ def stage(source: LMSource, where: Path) -> Path:
     return where
 
 
-def run_builder(staged: Path, built: Path, cache: Path, target: str, options: dict[str, str]) -> None:
+def scheme_entry(target: str, options: dict[str, str | int | bool]) -> dict[str, Any]:
+    """The manifest's record of how the graph was built: every builder option, and for int8/int4 the
+    quantization scheme (MatMulNBits' block size, accuracy level, symmetric or not) as the builder applies it."""
+    out: dict[str, Any] = {"builder_options": dict(sorted(options.items()))}
+    if target in ("int8", "int4"):
+        out["scheme"] = {
+            "block_size": int(options.get("block_size", 32)),
+            "accuracy_level": int(options.get("accuracy_level", 4)),
+            "symmetric": str(options.get("is_symmetric", True)).lower() in ("true", "1"),
+        }
+    return out
+
+
+def run_builder(staged: Path, built: Path, cache: Path, target: str, options: dict[str, str | int | bool]) -> None:
     """onnxruntime-genai's builder in a child process (infra/pack/lm_build_child.py)."""
     args = {"input": str(staged), "output": str(built), "precision": target, "cache": str(cache), "extra": options}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

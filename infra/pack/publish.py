@@ -71,13 +71,15 @@ def default_id(source_dir: Path) -> str:
     return "model"
 
 
-def default_version(content_sha256: str, task: str, precision: str = "float32") -> str:
-    """A version that changes when the weights (the source's content hash), the task or the precision
-    (`float32`, `int8`, `bfloat16`, ...) change: 12 hex digits of a hash over the three, with the precision
-    appended when reduced (`3f2a9c0d1e4b-int8`), so two precisions of one model are two `id@version`s."""
+def default_version(content_sha256: str, task: str, precision: str = "float32", scheme: str = "") -> str:
+    """A version that changes when the weights (the source's content hash), the task, the precision
+    (`float32`, `int8`, `bfloat16`, ...) or the build's scheme (a generate pack's builder options) change: 12 hex
+    digits of a hash over them, with the precision appended when reduced (`3f2a9c0d1e4b-int8`), so two
+    precisions of one model are two `id@version`s."""
     import hashlib
 
-    digest = hashlib.sha256(f"{content_sha256}\n{task}\n{precision}".encode()).hexdigest()[:12]
+    key = f"{content_sha256}\n{task}\n{precision}" + (f"\n{scheme}" if scheme else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return digest if precision == "float32" else f"{digest}-{precision}"
 
 

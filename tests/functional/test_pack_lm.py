@@ -176,6 +176,56 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     assert 0.0 < quality["top1_agreement"] <= 1.0
     assert quality["min_quality"] == 0.0 and quality["items"] == 8
     assert (pack / "model.onnx.data").stat().st_size < (source_dir("qwen3") / "model.safetensors").stat().st_size
+    assert precision["scheme"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True}
+    assert _matmuls(pack) == {(4, 32, 4, False)} and _logits_positions(pack) == 1
+
+
+def _matmuls(pack: Path) -> set[tuple[int, int, int, bool]]:
+    """The graph's MatMulNBits nodes as (bits, block_size, accuracy_level, has zero points)."""
+    import onnx
+
+    out = set()
+    for node in onnx.load(str(pack / "model.onnx"), load_external_data=False).graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            zero_points = len(node.input) > 3 and bool(node.input[3])
+            out.add((attrs["bits"], attrs["block_size"], attrs.get("accuracy_level", 0), zero_points))
+    return out
+
+
+def _logits_positions(pack: Path) -> int | str:
+    """The logits output's sequence dimension: 1 when the LM head runs on the last position only."""
+    import onnx
+
+    graph = onnx.load(str(pack / "model.onnx"), load_external_data=False).graph
+    dim = next(o for o in graph.output if o.name == "logits").type.tensor_type.shape.dim[1]
+    return dim.dim_value or dim.dim_param
+
+
+def test_each_precision_records_and_builds_its_scheme(tmp_path: Path) -> None:
+    """float32 and int8 (int4: above): the builder's options in the manifest, the graph built with them (the LM
+    head on the last prompt position only, int8 in blocks of 128), and the options in the version."""
+    from handler.core.manifest import load_manifest
+    from infra.pack.lm_pack import BUILDER_OPTIONS
+    from infra.pack.publish import default_version
+
+    float_pack = pack_tiny_lm(tmp_path, "qwen3")  # the session's cached packs (the `packs` fixture's qwen3)
+    float32 = load_manifest(float_pack).raw
+    assert float32["precision"]["builder_options"] == {"prune_lm_head": True} and "scheme" not in float32["precision"]
+    assert _logits_positions(float_pack) == 1 and _matmuls(float_pack) == set()
+    sha = float32["source"]["content_sha256"]
+    scheme = json.dumps(BUILDER_OPTIONS["fp32"], sort_keys=True)
+    assert float32["version"] == default_version(sha, "generate", "float32", scheme) != default_version(sha, "generate")
+    int8 = pack_tiny_lm(tmp_path, "qwen3", quantize="int8")
+    precision = load_manifest(int8).raw["precision"]
+    assert precision["scheme"] == {"block_size": 128, "accuracy_level": 4, "symmetric": True}
+    assert precision["builder_options"] == {
+        "accuracy_level": 4,
+        "block_size": 128,
+        "is_symmetric": True,
+        "prune_lm_head": True,
+    }
+    assert _matmuls(int8) == {(8, 128, 4, False)} and _logits_positions(int8) == 1
 
 
 def test_quantized_below_the_gate_is_refused_and_nothing_written(tmp_path: Path) -> None:
@@ -209,7 +259,10 @@ def test_cli_packs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     from infra.pack.publish import default_version
 
     sha = load_manifest(out).raw["source"]["content_sha256"]  # the version: the weights, task and precision hashed
-    assert printed["model"].split("@")[1] == default_version(sha, "generate") != default_version(sha, "embedding")
+    from infra.pack.lm_pack import BUILDER_OPTIONS
+
+    scheme = json.dumps(BUILDER_OPTIONS["fp32"], sort_keys=True)
+    assert printed["model"].split("@")[1] == default_version(sha, "generate", "float32", scheme)
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out)]) == 1  # exists, no --force
     assert "exists" in capsys.readouterr().err
     assert main(["pack", "--from", str(source_dir("llama")), "--out", str(out), "--force"]) == 0

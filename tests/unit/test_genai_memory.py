@@ -1,0 +1,55 @@
+"""handler.backends.genai.keep_freed_memory: after it, a request's buffers freed and allocated again (a KV cache:
+one buffer a layer's keys or values, written, freed at the request's end) cost no new page faults; before it,
+glibc returns them to the OS and every request faults its whole cache in again. Each side in a child process of
+its own (mallopt is process-wide)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+CHILD = """
+import ctypes, sys
+from pathlib import Path
+
+if sys.argv[1] == "keep":
+    from handler.backends import genai
+
+    assert genai.keep_freed_memory() is True and genai.keep_freed_memory() is True  # once, then the same answer
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+
+def faults():
+    return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def request():
+    before = faults()
+    buffers = [libc.malloc(1 << 20) for _ in range(40)]
+    for b in buffers:
+        ctypes.memset(b, 0, 1 << 20)
+    for b in buffers:
+        libc.free(b)
+    return faults() - before
+
+
+request(), request()
+print(request())
+"""
+PAGES = 40 * (1 << 20) // 4096  # the pages one request writes
+
+
+def third_request_faults(mode: str) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
+    return int(out.stdout.split()[-1])
+
+
+def test_freed_buffers_are_reused_without_page_faults() -> None:
+    assert third_request_faults("default") > PAGES // 2  # glibc's defaults: the pattern faults every time
+    assert third_request_faults("keep") < PAGES // 20
