@@ -151,6 +151,11 @@ class BatchEngine:
             except Exception as e:  # the library's own error: the model's fault
                 raise ModelLoadError(f"{manifest.root}: ONNX Runtime cannot load the model: {e}") from None
         self.last_only = not isinstance(source, str)
+        logits_shape = next(o for o in self.session.get_outputs() if o.name == "logits").shape
+        if not self.last_only and len(logits_shape) == 3 and logits_shape[1] == 1:
+            # A pruned head the rewrite did not take: its one position is the padded batch's last, a wrong
+            # answer for every shorter row; refused rather than served.
+            raise ModelLoadError(f"{manifest.root}: the graph's logits are one position a batch, not one a row")
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith("past_key_values.") and n.endswith(".key"))
         if not self.layers or "attention_mask" not in inputs:

@@ -8,6 +8,8 @@ its last token's, and the language-model head over every prompt position is most
 last real token): `logits` becomes [batch, vocab]. The head node itself (MatMul or MatMulNBits, its weights and
 attributes) is kept byte for byte. Written against the protobuf wire format (field numbers from onnx.proto3):
 the `onnx` package is pack-time only (tests/unit/test_layout.py), and this edits four fields of an ~90 KB graph.
+A graph built with the builder's `prune_lm_head` (infra.pack.lm_pack) already takes one position, the last of the
+padded batch; the GatherND then reads the hidden states before that Gather, so each row still gets its own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 LOGITS = "logits"
 ROWS = "logits_rows"
 _GATHERED = "logits_rows/hidden"
+PRUNED = "/prune/Unsqueeze/output_0"  # the head's input in a graph built with prune_lm_head (the builder's names)
 # onnx.proto3 field numbers
 MODEL_GRAPH = 7
 GRAPH_NODE, GRAPH_INPUT, GRAPH_OUTPUT = 1, 11, 12
@@ -106,6 +109,17 @@ def last_logits_model(model: bytes) -> bytes:
         raise ValueError(f"not one node writing {LOGITS!r}")
     head = _fields(heads[0][2])
     hidden = _strings(head, NODE_INPUT)[0]
+    if hidden.endswith(PRUNED):  # built with prune_lm_head: its Gather(-1) reads the padded last position, not
+        # each row's last real token; the GatherND below reads the hidden states that Gather was given instead
+        gathers = [
+            _strings(fields, NODE_INPUT)[0]
+            for f in graph
+            if f[0] == GRAPH_NODE
+            and _strings(fields := _fields(f[2]), NODE_OUTPUT) == [hidden[: -len(PRUNED)] + "/prune/Gather/output_0"]
+        ]
+        if len(gathers) != 1:
+            raise ValueError("a pruned head whose Gather is not the builder's")
+        hidden = gathers[0]
     gather = (
         _field(NODE_INPUT, hidden)
         + _field(NODE_INPUT, ROWS)

@@ -6,7 +6,9 @@ batched with free ones still gives JSON; the settings are checked at the boundar
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -197,3 +199,50 @@ def test_the_settings_are_checked_at_the_boundary() -> None:
     for key, value in (("WARMSTART_GENAI_BATCH", "0"), ("WARMSTART_GENAI_BATCH", "x"), ("WARMSTART_GENAI_QUEUE", "-1")):
         with pytest.raises(ConfigError, match=key):
             GenaiSettings.from_environ({key: value})
+
+
+def pruned_copy(pack: Path, out: Path) -> Path:
+    """The pack with its head pruned as the builder's prune_lm_head writes it (infra.pack.lm_pack sets it):
+    Gather(-1) + Unsqueeze over the hidden states before the head, logits [batch, 1, vocab]."""
+    import onnx  # pack-time library, available to the tests
+
+    shutil.copytree(pack, out)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    graph = model.graph
+    head = next(n for n in graph.node if list(n.output) == ["logits"])
+    gather, unsqueeze = "/lm_head/prune/Gather", "/lm_head/prune/Unsqueeze"
+    graph.initializer.extend(
+        [
+            onnx.helper.make_tensor("prune/-1", onnx.TensorProto.INT64, [], [-1]),
+            onnx.helper.make_tensor("prune/[1]", onnx.TensorProto.INT64, [1], [1]),
+        ]
+    )
+    at = list(graph.node).index(head)
+    graph.node.insert(
+        at, onnx.helper.make_node("Gather", [head.input[0], "prune/-1"], [f"{gather}/output_0"], gather, axis=1)
+    )
+    graph.node.insert(
+        at + 1,
+        onnx.helper.make_node("Unsqueeze", [f"{gather}/output_0", "prune/[1]"], [f"{unsqueeze}/output_0"], unsqueeze),
+    )
+    head.input[0] = f"{unsqueeze}/output_0"
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].ClearField("dim_param")
+    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.save(model, str(out / "model.onnx"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    data = (out / "model.onnx").read_bytes()
+    manifest["files"]["model.onnx"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_pruned_head_still_gives_each_row_its_own_last_token(pack: Path, tmp_path: Path) -> None:
+    # Rows of different lengths in one prefill: the pruned graph's Gather(-1) is the padded batch's last
+    # position; the batch engine must read each row's own (before the fix: an out-of-range GatherND).
+    expected = [greedy(start(pack), p) for p in PROMPTS]
+    runtime = start(pruned_copy(pack, tmp_path / "pruned"), WARMSTART_GENAI_BATCH="4")
+    assert engine(runtime).last_only
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda p: greedy(runtime, p), PROMPTS))
+    assert together == expected
