@@ -124,8 +124,9 @@ def feeds(packed: Path, texts: list[str], batch: int) -> list[dict[str, Any]]:
 def cold(packed: Path) -> float:
     """Spawn -> the runtime started (default thread plan) -> first embedding, ms."""
     code = (
-        "from handler.core.config import Config; from handler.runtime.invocation import Runtime; import sys;"
-        "r = Runtime.start(Config(model_dir=sys.argv[1], backend='onnx', warmup=False), environ={}, emit=None);"
+        "from handler.core.config import Config; from handler.runtime.invocation import Runtime; import sys, pathlib;"
+        "c = Config(model_dir=pathlib.Path(sys.argv[1]), backend='onnx', warmup=False);"
+        "r = Runtime.start(c, environ={}, emit=None);"
         "r.handle({'inputs': ['hello world']}, None)"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_"))}
