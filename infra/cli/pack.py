@@ -177,6 +177,13 @@ def summary_lines(packed: dict[str, Any], seconds: float) -> list[str]:
     quality = (packed.get("precision") or {}).get("quality")
     if quality:
         lines.append(f"  quality: {quality['figure']:.6f} ({quality['metric']}), the gate: {quality['min_quality']}")
+        if "worst_text" in quality:  # the gate's worst text and spread, where it measured them (embeddings)
+            more = f"  worst text {quality['worst_text']!r}, p1 cosine {quality['p1_cosine']:.6f}"
+            more += f", median {quality['median_cosine']:.6f}"
+            if "retrieval_top1_agreement" in quality:
+                more += f"; retrieval top-1 {quality['retrieval_top1_agreement']:.3f}"
+                more += f", top-10 {quality['retrieval_top10_agreement']:.3f}"
+            lines.append(more)
     if "onnx" in packed["backends"]:
         lines.append(f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)")
     lines.append(f"next: warmstart local --model {out}   (serve it on the local Lambda)")

@@ -335,16 +335,20 @@ def model_texts(tokenizer: Any, max_length: int) -> list[str]:
 def _exact(tokenizer: Any, max_length: int, over: int) -> str:
     """A text of `max_length + over` tokens with the tokenizer's own specials (words added until it is)."""
     words = [_EN[i % len(_EN)] for i in range(max_length)]
+
+    def count(text: str) -> int:  # truncated one past the target: transformers warns of longer sequences
+        return len(tokenizer(text, truncation=True, max_length=max_length + over + 1)["input_ids"])
+
     lo, hi = 0, len(words)
     while lo < hi:  # the longest prefix within the length: tokens grow with words
         mid = (lo + hi + 1) // 2
-        if len(tokenizer(" ".join(words[:mid]))["input_ids"]) <= max_length + over:
+        if count(" ".join(words[:mid])) <= max_length + over:
             lo = mid
         else:
             hi = mid - 1
     text = " ".join(words[:lo])
     for _ in range(8):  # a word can be several tokens: single-token words fill the rest
-        if len(tokenizer(text)["input_ids"]) >= max_length + over:
+        if count(text) >= max_length + over:
             break
         text += " a"
     return text
