@@ -229,13 +229,12 @@ def quantize_matmuls_rowwise(
       the calibration `maxima`; X / s at run time (one Mul by a constant), W * s in the weights. Large
       activation channels move part of their range into the weights, which have a scale per output channel.
     - the activations quantized per row (token) at run time: scale = max|row| / 127, u = round(x / scale) + 128
-      (uint8, zero point 128: MLAS's u8s8 kernels; x * (127 / max|row|) then QuantizeLinear), so a row's step
-      never depends on its batch-mates.
+      (uint8, zero point 128: MLAS's u8s8 kernels), so a row's step never depends on its batch-mates.
     - weights int8, symmetric, a scale per output channel (+-127, or +-63 with options.weight_bits 7).
     - MatMulIntegerToFloat (com.microsoft: the integer GEMM with the weight scales applied in its output pass),
       then a Mul by the row scales.
     Groups named in `keep` stay float (mixed precision)."""
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -266,6 +265,7 @@ def quantize_matmuls_rowwise(
                 numpy_helper.from_array(np.array([-1], np.int64), f"{tag}_axis"),
                 numpy_helper.from_array(np.array(1e-12, np.float32), f"{tag}_tiny"),
                 numpy_helper.from_array(np.array(127.0, np.float32), f"{tag}_127"),
+                numpy_helper.from_array(np.array(128.0, np.float32), f"{tag}_128"),
                 numpy_helper.from_array(np.array(128, np.uint8), f"{tag}_zero"),
                 numpy_helper.from_array(np.array(1.0, np.float32), f"{tag}_one"),
             ]
@@ -276,13 +276,10 @@ def quantize_matmuls_rowwise(
             helper.make_node("ReduceMax", [f"{n}_abs", f"{tag}_axis"], [f"{n}_max"], name=f"{n}_max", keepdims=1),
             helper.make_node("Max", [f"{n}_max", f"{tag}_tiny"], [f"{n}_peak"], name=f"{n}_peak"),
             helper.make_node("Div", [f"{n}_peak", f"{tag}_127"], [f"{n}_scale"], name=f"{n}_scale"),
-            helper.make_node("Div", [f"{tag}_127", f"{n}_peak"], [f"{n}_inverse"], name=f"{n}_inverse"),
-            helper.make_node("Mul", [source, f"{n}_inverse"], [f"{n}_steps"], name=f"{n}_steps"),
-            # QuantizeLinear rounds (half to even), adds 128 and saturates in one vectorized MLAS pass; ORT's
-            # Round is a scalar loop: on MiniLM it took longer than the integer matmuls themselves.
-            helper.make_node(
-                "QuantizeLinear", [f"{n}_steps", f"{tag}_one", f"{tag}_zero"], [f"{n}_u8"], name=f"{n}_u8"
-            ),
+            helper.make_node("Div", [source, f"{n}_scale"], [f"{n}_div"], name=f"{n}_div"),
+            helper.make_node("Round", [f"{n}_div"], [f"{n}_round"], name=f"{n}_round"),
+            helper.make_node("Add", [f"{n}_round", f"{tag}_128"], [f"{n}_shift"], name=f"{n}_shift"),
+            helper.make_node("Cast", [f"{n}_shift"], [f"{n}_u8"], name=f"{n}_u8", to=TensorProto.UINT8),
         ]
         for node, w in zip(nodes, weights, strict=True):
             wscale = np.abs(w).max(axis=0) / limit
