@@ -18,7 +18,8 @@ TASK_CHOICES = (
     "generate",
 )  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
-QUANTIZE_CHOICES = ("int8", "int8-dynamic", "int4")  # infra.pack.precision.QUANTIZATIONS
+# infra.pack.precision.QUANTIZATIONS, and int8-dynamic: accepted here so that Precision refuses it with the reason
+QUANTIZE_CHOICES = ("int8", "int8-block", "int8-dynamic", "int4")
 POOLING_CHOICES = ("mean", "cls", "lasttoken")  # infra.pack.hf_source.BARE_POOLING_MODES
 
 
@@ -95,10 +96,11 @@ def register(sub: Any) -> None:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="for --default and --from: the ONNX graph's weights int8 (onnx backend only). int8: blockwise "
-        "(MatMulNBits, activations quantized per block: close to float32); int8-dynamic: ONNX Runtime's dynamic "
-        "quantization (faster, further from float32: the default gate refuses it on MiniLM); int4: causal LMs (task "
-        "generate) only, as int8 there: onnxruntime-genai's builder. Behind the quality gate",
+        help="for --default and --from: the ONNX graph's weights int8 (onnx backend only). int8: integer matmuls, "
+        "activations quantized per token, weights per channel, SmoothQuant migration (fast); int8-block: "
+        "MatMulNBits, blocks of 32 (closest to float32, not faster); int8-dynamic: refused (one activation scale per "
+        "tensor: answers depend on batch-mates); int4: causal LMs (task generate) only, as int8 there: "
+        "onnxruntime-genai's builder. Behind the quality gate",
     )
     p.add_argument(
         "--calibration",
@@ -176,6 +178,13 @@ def summary_lines(packed: dict[str, Any], seconds: float) -> list[str]:
     quality = (packed.get("precision") or {}).get("quality")
     if quality:
         lines.append(f"  quality: {quality['figure']:.6f} ({quality['metric']}), the gate: {quality['min_quality']}")
+        if "worst_text" in quality:  # the gate's worst text and spread, where it measured them (embeddings)
+            more = f"  worst text {quality['worst_text']!r}, p1 cosine {quality['p1_cosine']:.6f}"
+            more += f", median {quality['median_cosine']:.6f}"
+            if "retrieval_top1_agreement" in quality:
+                more += f"; retrieval top-1 {quality['retrieval_top1_agreement']:.3f}"
+                more += f", top-10 {quality['retrieval_top10_agreement']:.3f}"
+            lines.append(more)
     if "onnx" in packed["backends"]:
         lines.append(f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)")
     lines.append(f"next: warmstart local --model {out}   (serve it on the local Lambda)")

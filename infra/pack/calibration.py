@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SIZE = 400
 
@@ -250,3 +251,122 @@ def pairs(texts: list[str], seed: int = 0) -> list[tuple[str, str]]:
                 doc = f"{query} {doc}"
             out.append((query, doc))
     return out
+
+
+# The retrieval check beside cosine (infra.pack.quality.retrieval): queries, each with one document written to
+# answer it, among documents on other topics. Top-1/top-10 agreement of a reduced precision with float32.
+RETRIEVAL_QUERIES = (
+    "What is the capital of France?",
+    "How do I reset my password?",
+    "What causes chest pain and shortness of breath?",
+    "How long does shipping take?",
+    "Can I get a refund for a broken screen?",
+    "What will the weather be tomorrow morning?",
+    "How do I bake bread at home?",
+    "Which programming language is best for data science?",
+    "Who wrote the theory of relativity?",
+    "How much does the premium plan cost?",
+    "Wie spät ist es in Berlin?",
+    "東京の人口は何人ですか？",  # noqa: RUF001 (Japanese punctuation, on purpose)
+)
+RETRIEVAL_DOCS = (
+    "Paris is the capital and most populous city of France.",
+    "To reset your password, open settings, choose security and follow the link we email you.",
+    "Acute chest pain with shortness of breath can signal a heart attack or a pulmonary embolism.",
+    "Standard shipping takes three to five business days; express arrives the next day.",
+    "Screens broken on arrival are refunded in full within thirty days of purchase.",
+    "Tomorrow morning will be cloudy with light rain clearing by noon.",
+    "Mix flour, water, salt and yeast, let the dough rise overnight and bake at 230 degrees.",
+    "Python is the most widely used language for data science, with numpy and pandas.",
+    "Albert Einstein published the special theory of relativity in 1905.",
+    "The premium plan costs twelve dollars a month, billed yearly.",
+    "In Berlin gilt die mitteleuropäische Zeit, eine Stunde vor UTC.",
+    "東京都の人口は約1400万人です。",
+    "Berlin is the capital of Germany.",
+    "Madrid is the capital of Spain and its largest city.",
+    "The mitochondria is the powerhouse of the cell.",
+    "Our support team answers billing questions on weekdays.",
+    "Passwords must be at least twelve characters long.",
+    "A balanced diet includes vegetables, grains and protein.",
+    "The stock market fell sharply after the announcement.",
+    "Cats sleep for up to sixteen hours a day.",
+    "The football match ended in a draw after extra time.",
+    "Rust guarantees memory safety without a garbage collector.",
+    "Mount Everest is the highest mountain above sea level.",
+    "Coffee contains caffeine, a natural stimulant.",
+    "The museum opens at nine and closes at six.",
+    "Electric cars are charged at home or at public stations.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar.",
+    "The contract may be terminated with thirty days notice.",
+    "Hotels near the beach are booked out in August.",
+    "Vaccines train the immune system to recognize a pathogen.",
+    "The recipe calls for two eggs and a cup of sugar.",
+    "Jupiter is the largest planet in the solar system.",
+    "Gradient descent updates weights against the gradient of the loss.",
+    "Le musée du Louvre est le musée le plus visité du monde.",
+    "El tren sale de la estación a las ocho de la mañana.",
+    "Москва является столицей России.",
+    "서울은 대한민국의 수도이다.",
+    "The library lends books for three weeks at a time.",
+    "Solar panels convert sunlight into electricity.",
+    "The meeting was moved to Thursday afternoon.",
+)
+
+
+def retrieval_texts() -> list[str]:
+    """The retrieval check's queries, then its documents (infra.pack.quality finds them by text)."""
+    return [*RETRIEVAL_QUERIES, *RETRIEVAL_DOCS]
+
+
+def model_texts(tokenizer: Any, max_length: int) -> list[str]:
+    """The texts a model's own tokenizer makes hard, as users send them: its special tokens written as text
+    (alone, together, inside a sentence), repetition past `max_length`, a text exactly `max_length` tokens long
+    and one a token over, and a text in each script the vocabulary covers (a few of its tokens)."""
+    specials = sorted({str(t) for t in getattr(tokenizer, "all_special_tokens", ()) if str(t).strip()})
+    out = [*specials, " ".join(specials), "".join(specials)]
+    out += [f"the answer is {t} here" for t in specials]
+    out += [f"{a} {b}" for a in specials for b in specials if a != b][:20]
+    out += ["hello " * (max_length + 50), "the " * (4 * max_length), "ab" * (2 * max_length), "😀" * max_length]
+    out += [_exact(tokenizer, max_length, n) for n in (0, 1)]
+    out += _scripts(tokenizer)
+    return [t for t in dict.fromkeys(out) if t]
+
+
+def _exact(tokenizer: Any, max_length: int, over: int) -> str:
+    """A text of `max_length + over` tokens with the tokenizer's own specials (words added until it is)."""
+    words = [_EN[i % len(_EN)] for i in range(max_length)]
+
+    def count(text: str) -> int:  # truncated one past the target: transformers warns of longer sequences
+        return len(tokenizer(text, truncation=True, max_length=max_length + over + 1)["input_ids"])
+
+    lo, hi = 0, len(words)
+    while lo < hi:  # the longest prefix within the length: tokens grow with words
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(words[:mid])) <= max_length + over:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = " ".join(words[:lo])
+    for _ in range(8):  # a word can be several tokens: single-token words fill the rest
+        if count(text) >= max_length + over:
+            break
+        text += " a"
+    return text
+
+
+def _scripts(tokenizer: Any, per_script: int = 24) -> list[str]:
+    """A text per Unicode script in the vocabulary (its first letter's name's first word: LATIN, CJK, ARABIC,
+    HANGUL...), of up to `per_script` of its tokens, in vocabulary order (deterministic)."""
+    import unicodedata
+
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    found: dict[str, list[str]] = {}
+    for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+        word = token.lstrip("#▁Ġ")
+        letter = next((c for c in word if c.isalpha()), None)
+        if letter is None:
+            continue
+        script = unicodedata.name(letter, "UNKNOWN").split(" ")[0]
+        if script != "LATIN" and len(found.setdefault(script, [])) < per_script:
+            found[script].append(word)
+    return [" ".join(words) for _, words in sorted(found.items())]

@@ -94,12 +94,14 @@ def pack_from(
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
     version = version or default_version(source.content_sha256, source.task, precision.label)
-    calibration = None
+    calibration, calibration_texts = None, None
     if precision.reduced:
         from infra.pack.hf_export import input_names
-        from infra.pack.quality import calibration_feeds
+        from infra.pack.quality import calibration_feeds, texts_in_feed_order
 
-        calibration, _ = calibration_feeds(source, tokenizer, precision.texts(), input_names(source))
+        texts = precision.texts(tokenizer, source.max_seq_length)
+        calibration, order = calibration_feeds(source, tokenizer, texts, input_names(source))
+        calibration_texts = texts_in_feed_order(texts, order) if source.task != "rerank" else None
     quality: dict[str, Any] | None = None
 
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-") as staging:
@@ -135,7 +137,7 @@ def pack_from(
             free_memory()
             diff, unfused = check_graph(source, staged / "onnx", reference)
             fuse_attention = True
-            if precision.quantize is not None:  # int8's MatMulNBits needs q, k and v as MatMuls, not fused
+            if precision.quantize is not None:  # both int8 methods need q, k and v as MatMuls, not fused
                 from infra.pack.quantize import Int8Options
 
                 fuse_attention = Int8Options(method=precision.quantize).fuse_attention
@@ -154,7 +156,7 @@ def pack_from(
             if exported is not None and precision.quantize is not None:
                 from infra.pack.quantize import pack_int8
 
-                spec["onnx"] = pack_int8(source, exported, staged, tmp, precision, calibration or [])
+                spec["onnx"] = pack_int8(source, exported, staged, tmp, precision, calibration or [], calibration_texts)
             elif exported is not None:
                 for name in (ONNX_FILE, ONNX_DATA):
                     shutil.move(exported.where / name, tmp / name)

@@ -5,7 +5,8 @@ float32: both backends, as before. float16 / bfloat16: the torch backend's expor
 model in that dtype (torch runs both on CPU and on CUDA). ONNX graphs are not packed in float16/bfloat16:
 ONNX Runtime's CPU execution provider has no bfloat16 kernels and runs a float16 graph no faster than float32
 (`ONNX_DTYPE_REFUSED`); its CUDA provider has the kernels, but nothing at pack time can check them.
-int8: ONNX Runtime's quantized operators (infra.pack.quantize); the torch
+int8 / int8-block: ONNX Runtime's quantized operators (infra.pack.quantize); int8-dynamic is refused (one
+activation scale per tensor: a text's answer would depend on its batch-mates); the torch
 backend's program is float. Every reduced precision passes the quality gate (infra.pack.quality) first.
 """
 
@@ -18,8 +19,12 @@ from typing import Any
 from infra.pack.hf_source import UnsupportedModelError
 
 DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("int8", "int8-dynamic", "int4")  # infra.pack.quantize.METHODS, and int4 for task generate
-ENCODER_QUANTIZATIONS = ("int8", "int8-dynamic")  # int4: the model builder's, causal LMs only (infra.pack.lm_pack)
+QUANTIZATIONS = ("int8", "int8-block", "int4")  # infra.pack.quantize.METHODS, and int4 for task generate
+ENCODER_QUANTIZATIONS = ("int8", "int8-block")  # int4: the model builder's, causal LMs only (infra.pack.lm_pack)
+# Choices that are refused with their reason (infra.pack.quantize.REFUSED holds the same words).
+REFUSED_QUANTIZATIONS = {
+    "int8-dynamic": "one activation scale per tensor, so a text's answer depends on its batch-mates",
+}
 ONNX_DTYPE_REFUSED = (
     "ONNX graphs are packed float32 or int8 only: ONNX Runtime's CPU execution provider has no bfloat16 kernels "
     "(MatMul, Add: NOT_IMPLEMENTED) and ran all-MiniLM-L6-v2's float16 graph at 1.08x float32's CPU time (batch "
@@ -44,6 +49,11 @@ class Precision:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise PrecisionError(f"--dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.quantize in REFUSED_QUANTIZATIONS:
+            raise PrecisionError(
+                f"--quantize {self.quantize} is refused: {REFUSED_QUANTIZATIONS[self.quantize]}; "
+                f"valid: {', '.join(QUANTIZATIONS)}"
+            )
         if self.quantize is not None and self.quantize not in QUANTIZATIONS:
             raise PrecisionError(f"--quantize {self.quantize!r}; valid: {', '.join(QUANTIZATIONS)}")
         if self.quantize is not None and self.dtype != "float32":
@@ -59,10 +69,15 @@ class Precision:
     def reduced(self) -> bool:
         return self.dtype != "float32" or self.quantize is not None
 
-    def texts(self) -> list[str]:
-        from infra.pack.calibration import builtin_texts
+    def texts(self, tokenizer: Any = None, max_length: int = 512) -> list[str]:
+        """The gate's texts: the user's, or the built-in set with the model tokenizer's own hard texts
+        (calibration.model_texts) first and the retrieval check's queries and documents last."""
+        from infra.pack.calibration import builtin_texts, model_texts, retrieval_texts
 
-        return list(self.calibration) if self.calibration is not None else builtin_texts()
+        if self.calibration is not None:
+            return list(self.calibration)
+        own = model_texts(tokenizer, max_length) if tokenizer is not None else []
+        return [*own, *builtin_texts(), *retrieval_texts()]
 
     def backends(
         self, chosen: tuple[str, ...], unsupported: dict[str, str], asked: Sequence[str] | None

@@ -76,8 +76,11 @@ def measure(
     got: npt.ArrayLike,
     problem_type: str | None = None,
     group: int = 8,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The agreement figures of `got` (reduced precision) with `want` (float32), rows in the same order."""
+    """The agreement figures of `got` (reduced precision) with `want` (float32), rows in the same order.
+    `texts`: the rows' texts (embedding: the worst one is named, and the retrieval check runs on the built-in
+    queries and documents where they are among them)."""
     want = np.asarray(want, np.float64)
     got = np.asarray(got, np.float64)
     if not np.all(np.isfinite(got)):
@@ -86,13 +89,18 @@ def measure(
     if task == "embedding":
         norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
         cos = np.where(norms > 0, (want * got).sum(axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
-        return {
+        out: dict[str, Any] = {
             "metric": METRICS[task],
             "figure": round(float(cos.min()), 6),
             "min_cosine": round(float(cos.min()), 6),
+            "p1_cosine": round(float(np.percentile(cos, 1)), 6),
             "median_cosine": round(float(np.median(cos)), 6),
             "items": len(cos),
         }
+        if texts is not None:
+            out["worst_text"] = shown(texts[int(np.argmin(cos))])
+            out.update(retrieval(want, got, texts))
+        return out
     if task == "rerank":
         want, got = want.reshape(-1), got.reshape(-1)
         groups = [slice(i, i + group) for i in range(0, len(want), group)]
@@ -117,6 +125,36 @@ def measure(
         "max_abs_diff": round(float(np.max(np.abs(want - got))), 6),
         "items": len(agree),
     }
+
+
+WORST_SHOWN = 80  # characters of the worst text kept in the record (a 2,000-character text is not a figure)
+
+
+def shown(text: str) -> str:
+    return text if len(text) <= WORST_SHOWN else f"{text[:WORST_SHOWN]}... ({len(text)} characters)"
+
+
+def retrieval(want: npt.NDArray[np.float64], got: npt.NDArray[np.float64], texts: Sequence[str]) -> dict[str, Any]:
+    """Top-1 and top-10 agreement with float32 on the built-in queries and documents
+    (infra.pack.calibration.RETRIEVAL_*), found among `texts`: the fraction of queries whose best document is the
+    same, and the mean overlap of the ten best. Empty when they are not all there (a user's --calibration)."""
+    from infra.pack.calibration import RETRIEVAL_DOCS, RETRIEVAL_QUERIES
+
+    row = {t: i for i, t in enumerate(texts)}
+    if not all(t in row for t in (*RETRIEVAL_QUERIES, *RETRIEVAL_DOCS)):
+        return {}
+    q = [row[t] for t in RETRIEVAL_QUERIES]
+    d = [row[t] for t in RETRIEVAL_DOCS]
+
+    def ranked(e: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        unit = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        return np.argsort(-(unit[q] @ unit[d].T), axis=1, kind="stable")
+
+    a, b = ranked(want), ranked(got)
+    k = min(10, len(d))
+    top1 = float(np.mean(a[:, 0] == b[:, 0]))
+    topk = float(np.mean([len(set(x[:k]) & set(y[:k])) / k for x, y in zip(a, b, strict=True)]))
+    return {"retrieval_top1_agreement": round(top1, 6), "retrieval_top10_agreement": round(topk, 6)}
 
 
 def spearman(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> float:
@@ -145,21 +183,40 @@ def compare(
     reference: Callable[[Feeds], npt.NDArray[np.float32]],
     candidate: Callable[[Feeds], npt.NDArray[np.float32]],
     problem_type: str | None = None,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run both models over the calibration batches; the figures."""
+    """Run both models over the calibration batches; the figures. `texts`: the rows' texts, in feed order."""
     want = np.concatenate([np.asarray(reference(f), np.float32) for f in feeds])
     got = np.concatenate([np.asarray(candidate(f), np.float32) for f in feeds])
-    return measure(task, want, got, problem_type)
+    return measure(task, want, got, problem_type, texts=texts)
 
 
-def check(task: str, figures: dict[str, Any], min_quality: float | None, what: str) -> dict[str, Any]:
-    """The figures with the threshold recorded; QualityError below it (the message names the figure)."""
+SAMPLE_EVERY = 4  # fail fast: every 4th calibration batch (and the first two: the shortest texts, specials among
+# them) is gated before the rest is run
+
+
+def sample(feeds: Sequence[Feeds]) -> list[int]:
+    """The batches the fail-fast check gates first (calibration_feeds sorts by length: a stride covers them)."""
+    return [i for i in range(len(feeds)) if i < 2 or i % SAMPLE_EVERY == 0]
+
+
+def texts_in_feed_order(items: Sequence[str], order: Sequence[int]) -> list[str]:
+    return [items[i] for i in order]
+
+
+def check(task: str, figures: dict[str, Any], min_quality: float | None, what: str, early: str = "") -> dict[str, Any]:
+    """The figures with the threshold recorded; QualityError below it (the message names the figure). `early`:
+    said when the refusal comes from the fail-fast sample (the rest was not run)."""
     threshold = DEFAULT_MIN_QUALITY[task] if min_quality is None else float(min_quality)
     out = {**figures, "min_quality": threshold, "passed": figures["figure"] >= threshold}
     if not out["passed"]:
-        detail = ", ".join(f"{k} {v}" for k, v in figures.items() if k not in ("metric", "figure"))
+        detail = ", ".join(
+            f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}"
+            for k, v in figures.items()
+            if k not in ("metric", "figure")
+        )
         raise QualityError(
             f"{what}: quality {figures['figure']:.6f} ({figures['metric']}) is below --min-quality {threshold} "
-            f"({detail}); nothing was written. Lower --min-quality to accept it, or pack float32"
+            f"({detail}){early}; nothing was written. Lower --min-quality to accept it, or pack float32"
         )
     return out

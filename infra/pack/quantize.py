@@ -19,19 +19,28 @@ answer unaveraged) and anything named in `exclude`.
 from __future__ import annotations
 
 import re
-import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-METHODS = ("int8", "int8-dynamic")
+METHODS = ("int8", "int8-block")
+# Refused with the reason (Precision checks it before any work): the choices that exist no more.
+REFUSED = {
+    "int8-dynamic": (
+        "one activation scale per tensor: a text's answer depends on its batch-mates (alone vs inside a 32-text "
+        "request, cosine 0.964 on all-MiniLM-L6-v2 and 0.351 on all-mpnet-base-v2)"
+    ),
+}
 # Node names (torch.onnx names nodes after the module path) kept in float: the head after the encoder.
 HEAD = re.compile(r"^/(dense|model/classifier|model/pooler|classifier|pooler)/")
 MIN_TABLE_ROWS = 1000  # smaller tables (positions, token types) stay float: a few KB, read for every token
 BLOCK = 32  # MatMulNBits' block along K: 128 measured min cosine 0.997 vs 0.999 at 32 on MiniLM, no faster
 ACCURACY_LEVEL = 4  # int8 activations (per block), integer dot products: MLAS's fast path
+ALPHA = 0.5  # SmoothQuant's migration strength (the paper's default for BERT-sized encoders)
+Feeds = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -39,33 +48,39 @@ class Int8Options:
     """What `quantize_int8` does; the defaults are what `--quantize int8` packs."""
 
     method: str = "int8"
-    per_channel: bool = True  # int8-dynamic
-    reduce_range: bool = False  # int8-dynamic
     tables: bool = True  # embedding tables per-row int8
     exclude: tuple[str, ...] = ()  # regexes on node names, kept in float (besides the head)
-    block_size: int = BLOCK  # int8
+    block_size: int = BLOCK  # int8-block
+    alpha: float = ALPHA  # int8: SmoothQuant migration, 0 for none
+    # int8: 7-bit weights (+-63) keep each pair of u8 x s8 products inside int16, where MLAS multiplies without
+    # VNNI (vpmaddubsw saturates: ORT's reduce_range). MiniLM, this AVX2 host: min cosine 0.986 vs 0.969 at 8 bits
+    weight_bits: int = 7
+    weight_type: str = "s8"  # int8: "u8" stores weights uint8 with zero point 128 (MLAS's u8u8 kernels)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"--quantize {self.method!r}; valid: {', '.join(METHODS)}")
+            reason = f" ({REFUSED[self.method]})" if self.method in REFUSED else ""
+            raise ValueError(f"--quantize {self.method!r}{reason}; valid: {', '.join(METHODS)}")
 
     @property
     def fuse_attention(self) -> bool:
-        """Whether the graph quantized may have ORT's fused Attention: MatMulNBits needs q, k and v as MatMuls
+        """Whether the graph quantized may have ORT's fused Attention: both methods need q, k and v as MatMuls
         (a fused Attention's weights would stay float: 0.36x the size instead of 0.27x on MiniLM)."""
-        return self.method == "int8-dynamic"
+        return False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "weights": "int8"}
-        if self.method == "int8":
+        if self.method == "int8-block":
             out.update(
                 operator="MatMulNBits", block_size=self.block_size, symmetric=True, accuracy_level=ACCURACY_LEVEL
             )
         else:
             out.update(
-                operator="onnxruntime quantize_dynamic (MatMulInteger, QAttention)",
-                per_channel=self.per_channel,
-                reduce_range=self.reduce_range,
+                operator="MatMulIntegerToFloat",
+                activations="uint8, a scale per row (token), zero point 128",
+                weight_scales="per output channel, symmetric",
+                weight_bits=self.weight_bits,
+                smoothquant_alpha=self.alpha,
             )
         out["embedding_tables"] = "int8, a scale per row" if self.tables else "float32"
         out["kept_float"] = ["head after the encoder", *self.exclude]
@@ -76,61 +91,27 @@ def excluded(name: str, options: Int8Options) -> bool:
     return bool(HEAD.match(name)) or any(re.search(p, name) for p in options.exclude)
 
 
-def quantize_int8(model: Any, options: Int8Options | None = None) -> Any:
+def quantize_int8(
+    model: Any, options: Int8Options | None = None, maxima: dict[str, Any] | None = None, keep: Iterable[str] = ()
+) -> Any:
     """The int8 graph of the float32 `model` (an onnx.ModelProto with its initializers loaded, or the path of
-    one saved with its data beside it). `model` is left as it was."""
+    one saved with its data beside it). `model` is left as it was. int8: `maxima` (activation_maxima) for
+    SmoothQuant, None for none; `keep`: groups (activation input names) left float."""
     import onnx
 
     options = options or Int8Options()
-    if options.method == "int8":
-        if isinstance(model, str | Path):
-            out = onnx.load(str(model), load_external_data=True)
-        else:
-            out = onnx.ModelProto()
-            out.CopyFrom(model)
+    if isinstance(model, str | Path):
+        out = onnx.load(str(model), load_external_data=True)
+    else:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    if options.method == "int8-block":
         quantize_matmuls_blockwise(out, options)
     else:
-        out = _dynamic(model, options)
+        quantize_matmuls_rowwise(out, maxima, options, keep)
     if options.tables:
         quantize_tables(out)
     return out
-
-
-def _dynamic(model: Any, options: Int8Options) -> Any:
-    import logging
-
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    op_types = ("MatMul", "Attention")
-    with tempfile.TemporaryDirectory(prefix="warmstart-int8-") as tmp:
-        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
-        if isinstance(model, str | Path):
-            src = Path(model)
-            graph = onnx.load(str(src), load_external_data=False)
-        else:
-            # save_model with external data rewrites the proto it is given: a copy is saved.
-            graph = onnx.ModelProto()
-            graph.CopyFrom(model)
-            onnx.save_model(graph, str(src), save_as_external_data=True, location="float.onnx.data")
-        exclude = [n.name for n in graph.graph.node if n.op_type in op_types and excluded(n.name, options)]
-        logging.disable(logging.WARNING)  # the quantizer logs every node it leaves alone
-        try:
-            quantize_dynamic(
-                src,
-                dst,
-                op_types_to_quantize=list(op_types),
-                per_channel=options.per_channel,
-                reduce_range=options.reduce_range,
-                weight_type=QuantType.QInt8,
-                nodes_to_exclude=exclude,
-                use_external_data_format=True,
-                # Fused contrib nodes (com.microsoft) defeat ONNX shape inference: their outputs are float.
-                extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-            )
-        finally:
-            logging.disable(logging.NOTSET)
-        return onnx.load(str(dst), load_external_data=True)
 
 
 def quantize_matmuls_blockwise(model: Any, options: Int8Options) -> list[str]:
@@ -184,6 +165,161 @@ def quantize_matmuls_blockwise(model: Any, options: Int8Options) -> list[str]:
     return done
 
 
+def matmul_groups(model: Any, options: Int8Options) -> dict[str, list[Any]]:
+    """The MatMuls by a constant 2-D float32 weight (not excluded), grouped by their activation input: a group's
+    activations are quantized once (query, key and value share theirs)."""
+    from onnx import TensorProto
+
+    inits = {t.name: t for t in model.graph.initializer}
+    groups: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits or excluded(node.name, options):
+            continue
+        weight = inits[node.input[1]]
+        if weight.data_type == TensorProto.FLOAT and len(weight.dims) == 2:
+            groups.setdefault(node.input[0], []).append(node)
+    return groups
+
+
+def activation_maxima(graph: Path, groups: Iterable[str], feeds: Iterable[Feeds]) -> tuple[dict[str, Any], list[Any]]:
+    """Each group's activation input's largest magnitude per channel (the last axis, padding left out) over the
+    float32 graph's runs on `feeds` (what SmoothQuant's migration is computed from), and the graph's first
+    output on each feed (the gate's reference: one float32 run serves both). `graph`: a model.onnx with its data
+    beside it; the probe (the graph with those tensors as outputs) is written beside it, sharing its data file,
+    never serialized whole."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    probe = onnx.load(str(graph), load_external_data=False)
+    names = [probe.graph.output[0].name, *groups]
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in known)
+    where = graph.parent / "activation-probe.onnx"
+    onnx.save_model(probe, str(where))
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(where), options, providers=["CPUExecutionProvider"])
+    finally:
+        where.unlink()
+    wanted = {i.name for i in session.get_inputs()}
+    out: dict[str, Any] = {}
+    answers = []
+    for feed in feeds:
+        mask = feed.get("attention_mask")
+        values = session.run(names, {k: v for k, v in feed.items() if k in wanted})
+        answers.append(values[0])
+        for name, value in zip(names[1:], values[1:], strict=True):
+            value = np.abs(np.asarray(value, np.float32))
+            if mask is not None and value.ndim == 3 and value.shape[:2] == mask.shape:
+                value = value[mask.astype(bool)]  # padding's activations are never an answer's
+            peak = value.reshape(-1, value.shape[-1]).max(axis=0)
+            out[name] = peak if name not in out else np.maximum(out[name], peak)
+    return out, answers
+
+
+def quantize_matmuls_rowwise(
+    model: Any, maxima: dict[str, Any] | None, options: Int8Options, keep: Iterable[str] = ()
+) -> list[str]:
+    """Each group of MatMuls by a constant weight (matmul_groups) -> integer matmuls, in place; the groups
+    rewritten (named by their activation input). Per group:
+
+    - SmoothQuant (alpha = options.alpha): per input channel j, s_j = max|X_j|^alpha / max|W_j|^(1-alpha) from
+      the calibration `maxima`; X / s at run time (one Mul by a constant), W * s in the weights. Large
+      activation channels move part of their range into the weights, which have a scale per output channel.
+    - the activations quantized per row (token) at run time: scale = max|row| / 127, u = round(x / scale) + 128
+      (uint8, zero point 128: MLAS's u8s8 kernels), so a row's step never depends on its batch-mates.
+    - weights int8, symmetric, a scale per output channel (+-127, or +-63 with options.weight_bits 7).
+    - MatMulIntegerToFloat (com.microsoft: the integer GEMM with the weight scales applied in its output pass),
+      then a Mul by the row scales.
+    Groups named in `keep` stay float (mixed precision)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    kept = set(keep)
+    limit = 2 ** (options.weight_bits - 1) - 1
+    done = []
+    for x, nodes in matmul_groups(model, options).items():
+        if x in kept:
+            continue
+        weights = [numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in nodes]
+        tag = _safe(x)
+        first = list(graph.node).index(nodes[0])
+        added: list[Any] = []
+        source = x
+        if options.alpha > 0 and maxima is not None and x in maxima:
+            act = np.asarray(maxima[x], np.float64)
+            wmax = np.max(np.abs(np.concatenate(weights, axis=1)), axis=1).astype(np.float64)
+            scale = np.where(
+                (act > 0) & (wmax > 0), act**options.alpha / np.maximum(wmax, 1e-12) ** (1 - options.alpha), 1.0
+            )
+            scale = np.clip(scale, 1e-5, 1e5)
+            weights = [w * scale[:, None].astype(np.float32) for w in weights]
+            graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{tag}_smooth"))
+            added.append(helper.make_node("Mul", [x, f"{tag}_smooth"], [f"{tag}_smoothed"], name=f"{tag}_smooth"))
+            source = f"{tag}_smoothed"
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array([-1], np.int64), f"{tag}_axis"),
+                numpy_helper.from_array(np.array(1e-12, np.float32), f"{tag}_tiny"),
+                numpy_helper.from_array(np.array(127.0, np.float32), f"{tag}_127"),
+                numpy_helper.from_array(np.array(128.0, np.float32), f"{tag}_128"),
+                numpy_helper.from_array(np.array(128, np.uint8), f"{tag}_zero"),
+                numpy_helper.from_array(np.array(1.0, np.float32), f"{tag}_one"),
+            ]
+        )
+        n = f"{tag}_q"
+        added += [
+            helper.make_node("Abs", [source], [f"{n}_abs"], name=f"{n}_abs"),
+            helper.make_node("ReduceMax", [f"{n}_abs", f"{tag}_axis"], [f"{n}_max"], name=f"{n}_max", keepdims=1),
+            helper.make_node("Max", [f"{n}_max", f"{tag}_tiny"], [f"{n}_peak"], name=f"{n}_peak"),
+            helper.make_node("Div", [f"{n}_peak", f"{tag}_127"], [f"{n}_scale"], name=f"{n}_scale"),
+            helper.make_node("Div", [source, f"{n}_scale"], [f"{n}_div"], name=f"{n}_div"),
+            helper.make_node("Round", [f"{n}_div"], [f"{n}_round"], name=f"{n}_round"),
+            helper.make_node("Add", [f"{n}_round", f"{tag}_128"], [f"{n}_shift"], name=f"{n}_shift"),
+            helper.make_node("Cast", [f"{n}_shift"], [f"{n}_u8"], name=f"{n}_u8", to=TensorProto.UINT8),
+        ]
+        for node, w in zip(nodes, weights, strict=True):
+            wscale = np.abs(w).max(axis=0) / limit
+            wscale[wscale == 0] = 1.0
+            q = np.clip(np.rint(w / wscale), -limit, limit)
+            name = node.input[1]
+            graph.initializer.append(numpy_helper.from_array(wscale.astype(np.float32), f"{name}_int8_scales"))
+            inputs = [f"{n}_u8", f"{name}_int8", f"{tag}_one", f"{name}_int8_scales", f"{tag}_zero"]
+            if options.weight_type == "u8":  # MLAS's u8u8 kernels widen to int16 first: no saturation, 8 bits
+                graph.initializer.append(numpy_helper.from_array((q + 128).astype(np.uint8), f"{name}_int8"))
+                zero = np.full(q.shape[1], 128, np.uint8)
+                graph.initializer.append(numpy_helper.from_array(zero, f"{name}_int8_zero"))
+                inputs.append(f"{name}_int8_zero")
+            else:
+                graph.initializer.append(numpy_helper.from_array(q.astype(np.int8), f"{name}_int8"))
+            out = node.output[0]
+            added += [
+                helper.make_node(
+                    "MatMulIntegerToFloat",
+                    inputs,
+                    [f"{out}_unscaled"],
+                    name=f"{node.name}_int8",
+                    domain="com.microsoft",
+                ),
+                helper.make_node("Mul", [f"{out}_unscaled", f"{n}_scale"], [out], name=f"{node.name}_rows"),
+            ]
+            graph.node.remove(node)
+        for k, node in enumerate(added):
+            graph.node.insert(first + k, node)
+        done.append(x)
+    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.add(domain="com.microsoft", version=1)
+    _drop_unused(graph)
+    return done
+
+
+def _safe(name: str) -> str:
+    return "int8" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def quantize_tables(model: Any) -> list[str]:
     """Rewrite each Gather of a large 2-D float32 initializer used by nothing else (an embedding table) into a
     per-row int8 lookup, in place; the tables rewritten."""
@@ -233,19 +369,31 @@ def _drop_unused(graph: Any) -> None:
 
 
 def pack_int8(
-    source: Any, exported: Any, staged: Path, tmp: Path, precision: Any, calibration: list[dict[str, Any]]
+    source: Any,
+    exported: Any,
+    staged: Path,
+    tmp: Path,
+    precision: Any,
+    calibration: list[dict[str, Any]],
+    texts: list[str] | None = None,
 ) -> dict[str, Any]:
     """`pack --from --quantize`: quantize the exported, checked float32 graph (`exported`, hf_export.Exported: its
     fusions chosen by `Int8Options.fuse_attention`), gate it (QualityError below the threshold, before anything
-    is published) and write it into `tmp`; the onnx backend's manifest entry, the gate's figures under
-    "quality" (the caller moves them to the manifest's `precision`). The float32 graph is held in memory whole
-    while it is quantized; nothing is serialized whole (a 0.6B model's float32 graph is past protobuf's 2 GB)."""
+    is published: first on a sample, then on every text) and write it into `tmp`; the onnx backend's manifest
+    entry, the gate's figures under "quality" (the caller moves them to the manifest's `precision`). `texts`: the
+    calibration rows' texts in feed order (the worst is named; the retrieval check). The float32 graph is held
+    in memory whole while it is quantized; nothing is serialized whole (a 0.6B model's float32 graph is past
+    protobuf's 2 GB)."""
     from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
     from infra.pack.quality import check
 
     options = Int8Options(method=precision.quantize)
-    quantized, figures = quantize_checked(source, exported.where / ONNX_FILE, calibration, options, staged)
-    quality = check(source.task, figures, precision.min_quality, f"--quantize {precision.quantize}")
+    what = f"--quantize {precision.quantize}"
+
+    def gate(figures: dict[str, Any], early: str = "") -> dict[str, Any]:
+        return check(source.task, figures, precision.min_quality, what, early)
+
+    quantized, quality = quantize_checked(source, exported.where / ONNX_FILE, calibration, options, staged, gate, texts)
     save_onnx_file(quantized, tmp)
     return {
         "model": ONNX_FILE,
@@ -257,21 +405,67 @@ def pack_int8(
 
 
 def quantize_checked(
-    source: Any, graph: Path, calibration: list[dict[str, Any]], options: Int8Options, staging: Path
+    source: Any,
+    graph: Path,
+    calibration: list[dict[str, Any]],
+    options: Int8Options,
+    staging: Path,
+    gate: Callable[..., dict[str, Any]] | None = None,
+    texts: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """The int8 graph of the float32 `graph` (a model.onnx with its data beside it), written to `staging`/int8 a
     tensor at a time, and its agreement with the float32 graph on the `calibration` batches
-    (infra.pack.quality.measure; the caller gates on it). Both run from their files, the int8 one opened after
-    the quantized proto is gone: the peak is the quantization's (the float32 graph loaded) or the two sessions'."""
-    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
-    from infra.pack.quality import compare
+    (infra.pack.quality.measure), passed through `gate` when given. Fail fast: the float32 graph first runs a
+    sample of the batches (quality.sample: SmoothQuant's activation maxima come from it), and the int8 graph is
+    gated on that sample before the rest is run. Both run from their files, the int8 one opened after the
+    quantized proto is gone: the peak is the quantization's (the float32 graph loaded) or the two sessions'."""
+    import onnx
 
+    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
+    from infra.pack.quality import measure, sample
+
+    def figures(rows: list[int], want: list[Any], got: list[Any]) -> dict[str, Any]:
+        labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
+        return measure(
+            source.task,
+            np.concatenate([np.asarray(w, np.float32) for w in want]),
+            np.concatenate([np.asarray(g, np.float32) for g in got]),
+            source.problem_type,
+            texts=labels,
+        )
+
+    first = sample(calibration)
+    rest = [i for i in range(len(calibration)) if i not in set(first)]
+    groups = matmul_groups(onnx.load(str(graph), load_external_data=False), options)
+    maxima, want_first = activation_maxima(
+        graph, groups if options.method == "int8" else (), [calibration[i] for i in first]
+    )
     where = staging / "int8"
-    save_onnx_file(quantize_int8(graph, options), where)  # the proto's tensors are cleared as they are written
-    reference = _runner(graph)
+    save_onnx_file(quantize_int8(graph, options, maxima), where)  # the proto's tensors are cleared as written
     candidate = _runner(where / ONNX_FILE)
-    figures = compare(source.task, calibration, reference, candidate, source.problem_type)
-    return where / ONNX_FILE, figures
+    got_first = [candidate(calibration[i]) for i in first]
+    if gate is not None and rest:
+        n = sum(_rows(calibration[i]) for i in first)
+        total = sum(_rows(f) for f in calibration)
+        gate(
+            figures(first, want_first, got_first),
+            f" on a sample of {n} of the {total} calibration texts, checked first",
+        )
+    reference = _runner(graph)
+    want = dict(zip(first, want_first, strict=True)) | {i: reference(calibration[i]) for i in rest}
+    got = dict(zip(first, got_first, strict=True)) | {i: candidate(calibration[i]) for i in rest}
+    rows = list(range(len(calibration)))
+    measured = figures(rows, [want[i] for i in rows], [got[i] for i in rows])
+    return where / ONNX_FILE, gate(measured) if gate is not None else measured
+
+
+def _rows(feed: dict[str, Any]) -> int:
+    return len(next(iter(feed.values())))
+
+
+def _batch_texts(texts: list[str], feeds: list[dict[str, Any]], index: int) -> list[str]:
+    start = sum(_rows(f) for f in feeds[:index])
+    return texts[start : start + _rows(feeds[index])]
 
 
 def _runner(model: Path) -> Any:

@@ -47,8 +47,10 @@ def test_pack_without_a_terminal_prints_phases_then_a_summary(source: Path, tmp_
     assert "task embedding, backends onnx" in summary[0]
     assert re.fullmatch(r"  \d+ files, [\d.]+ KB: .*", summary[1]), summary
     assert re.fullmatch(r"  quality: 0\.\d{6} \(.*cosine.*\), the gate: 0\.99", summary[2]), summary
-    assert summary[3] == f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)"
-    assert summary[4].startswith(f"next: warmstart local --model {out}")
+    worst = r"  worst text (['\"]).*\1, p1 cosine .*; retrieval top-1 [\d.]+, top-10 [\d.]+"
+    assert re.fullmatch(worst, summary[3]), summary  # the gate's worst text: a figure users see
+    assert summary[4] == f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)"
+    assert summary[5].startswith(f"next: warmstart local --model {out}")
 
 
 def test_pack_and_optimize_json_is_one_object(source: Path, tmp_path: Path) -> None:

@@ -127,8 +127,8 @@ def test_half_precision_names_what_cpu_packs(src: Path, tmp_path: Path, dtype: s
     assert "valid on CPU: --dtype float32, --quantize int8, --quantize int4" in message
 
 
-def test_int8_dynamic_is_an_encoder_quantization(src: Path, tmp_path: Path) -> None:
-    _refused(src, tmp_path, PrecisionError, "--quantize int8-dynamic", precision=Precision(quantize="int8-dynamic"))
+def test_int8_block_is_an_encoder_quantization(src: Path, tmp_path: Path) -> None:
+    _refused(src, tmp_path, PrecisionError, "--quantize int8-block", precision=Precision(quantize="int8-block"))
 
 
 def test_other_backends_are_refused(src: Path, tmp_path: Path) -> None:

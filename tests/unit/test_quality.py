@@ -83,7 +83,7 @@ def test_check_refuses_below_the_threshold_with_the_figure() -> None:
 def test_precision_closed_sets_list_the_valid_choices() -> None:
     with pytest.raises(PrecisionError, match="valid: float32, float16, bfloat16"):
         Precision(dtype="int4")
-    with pytest.raises(PrecisionError, match="valid: int8, int8-dynamic, int4"):
+    with pytest.raises(PrecisionError, match="valid: int8, int8-block, int4"):
         Precision(quantize="int2")
     with pytest.raises(PrecisionError, match="choose one"):
         Precision(dtype="float16", quantize="int8")
@@ -93,6 +93,14 @@ def test_precision_closed_sets_list_the_valid_choices() -> None:
     assert kept == ("onnx",) and "int8" in unsupported["torch"]
     with pytest.raises(PrecisionError, match="no backend packs this model in bfloat16"):
         Precision(dtype="bfloat16").backends(("onnx",), {"torch": "no program"}, None)
+
+
+def test_int8_dynamic_is_refused_with_its_reason_and_the_choices() -> None:
+    """One activation scale per tensor: a text's answer would depend on its batch-mates (issue 38)."""
+    with pytest.raises(PrecisionError) as refused:
+        Precision(quantize="int8-dynamic")
+    message = str(refused.value)
+    assert "\n" not in message and "batch-mates" in message and "valid: int8, int8-block, int4" in message
 
 
 def test_embedding_tables_become_int8_per_row_and_still_run() -> None:
@@ -122,3 +130,148 @@ def test_embedding_tables_become_int8_per_row_and_still_run() -> None:
     got = session.run(None, {"ids": ids})[0]
     error = np.abs(got - table).max(axis=1) / np.abs(table).max(axis=1)
     assert error.max() <= 0.5 / 127 + 1e-6  # half a step of each row's own scale
+
+
+def test_model_texts_hold_the_tokenizers_specials_lengths_and_scripts() -> None:
+    """What users send that the generic set lacks (issue 38: mpnet's shipped int8 served `</s> <pad>` at 0.368)."""
+    from infra.pack.calibration import model_texts
+    from tests.tiny_models import build_tokenizer
+
+    tokenizer, _ = build_tokenizer("mpnet", 16)
+    texts = model_texts(tokenizer, 16)
+    assert {"</s>", "<pad>", "<s>", "<mask>"} <= set(texts)
+    assert any("</s>" in t and "<pad>" in t for t in texts)
+    lengths = [len(tokenizer(t)["input_ids"]) for t in texts]
+    assert 16 in lengths and 17 in lengths  # exactly the max length, and one token over
+    assert max(lengths) > 16 * 4  # repetition far past it
+    assert len(texts) == len(set(texts)) and "" not in texts
+
+
+def test_model_texts_cover_each_script_of_the_vocabulary() -> None:
+    from infra.pack.calibration import _scripts
+
+    class Vocab:
+        def get_vocab(self) -> dict[str, int]:
+            return {w: i for i, w in enumerate(["[PAD]", "the", "##ing", "中", "##国", "ع", "ب", "я", "가", "1"])}
+
+    assert _scripts(Vocab()) == ["ع ب", "中 国", "я", "가"]  # ARABIC, CJK, CYRILLIC, HANGUL; Latin is elsewhere
+
+
+def test_embedding_figures_name_the_worst_text_and_the_retrieval_agreement() -> None:
+    from infra.pack.calibration import RETRIEVAL_DOCS, RETRIEVAL_QUERIES, retrieval_texts
+
+    texts = ["ok", *retrieval_texts(), "x" * 200]
+    rng = np.random.default_rng(0)
+    want = rng.standard_normal((len(texts), 16))
+    got = want.copy()
+    got[-1] = -want[-1]  # the long text is the worst
+    figures = measure("embedding", want, got, texts=texts)
+    assert figures["worst_text"] == "x" * 80 + "... (200 characters)"
+    assert figures["retrieval_top1_agreement"] == figures["retrieval_top10_agreement"] == 1.0
+    assert figures["min_cosine"] <= figures["p1_cosine"] <= figures["median_cosine"]
+    docs = slice(1 + len(RETRIEVAL_QUERIES), 1 + len(RETRIEVAL_QUERIES) + len(RETRIEVAL_DOCS))
+    shuffled = got.copy()
+    shuffled[docs] = rng.standard_normal((len(RETRIEVAL_DOCS), 16))  # the documents' embeddings scrambled
+    broken = measure("embedding", want, shuffled, texts=texts)
+    assert broken["retrieval_top1_agreement"] < 0.5 and broken["retrieval_top10_agreement"] < 0.7
+    assert "retrieval_top1_agreement" not in measure("embedding", want, got, texts=["a"] * len(texts))
+
+
+def _linear_graph(where: Path, k: int = 64, n: int = 32) -> Path:
+    """A float32 model.onnx (x -> MatMul(W) + b -> y, data beside it) with an outlier input channel."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.onnx_io import save_onnx_file
+
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]
+    weights.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["xw"], name="/enc/MatMul"),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", n])],
+        weights,
+    )
+    save_onnx_file(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), where)
+    return where / "model.onnx"
+
+
+def _activations(rows: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+    x[:, 5] *= 40.0  # an outlier channel, as after GELU in a trained FFN
+    return x
+
+
+def test_int8_rows_are_quantized_alone_and_agree_with_float32(tmp_path: Path) -> None:
+    """Per-row activation scales: a row's answer is the same alone and beside a row 1,000x larger (one scale
+    per tensor, int8-dynamic's, loses it); with SmoothQuant's migration, close to float32."""
+    import onnxruntime as ort
+
+    from infra.pack.quantize import Int8Options, activation_maxima, matmul_groups, quantize_int8
+
+    graph = _linear_graph(tmp_path / "float")
+    feeds = [{"x": _activations(16, seed)} for seed in range(3)]
+    import onnx
+
+    groups = matmul_groups(onnx.load(str(graph), load_external_data=False), Int8Options())
+    maxima, answers = activation_maxima(graph, groups, feeds)
+    assert list(maxima) == ["x"] and maxima["x"].shape == (64,) and int(np.argmax(maxima["x"])) == 5
+    model = quantize_int8(graph, Int8Options(), maxima)
+    ops = [n.op_type for n in model.graph.node]
+    assert "MatMulIntegerToFloat" in ops and "MatMul" not in ops
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    row = _activations(1, 7)
+    loud = np.concatenate([row, 1000.0 * _activations(3, 8)])
+    alone, beside = session.run(None, {"x": row})[0], session.run(None, {"x": loud})[0][:1]
+    np.testing.assert_allclose(alone, beside, rtol=1e-6, atol=1e-6)
+    want = answers[0]
+    got = session.run(None, feeds[0])[0]
+    cos = (want * got).sum(1) / (np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1))
+    assert cos.min() > 0.999, cos
+    plain = quantize_int8(graph, Int8Options(alpha=0.0), None)
+    plain_session = ort.InferenceSession(plain.SerializeToString(), providers=["CPUExecutionProvider"])
+    unsmoothed = plain_session.run(None, feeds[0])[0]
+    error, plain_error = np.abs(got - want).mean(), np.abs(unsmoothed - want).mean()
+    assert error < plain_error  # the migration moved the outlier channel's range into the weights
+
+
+def test_the_gate_fails_fast_on_a_sample_before_running_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack the gate refuses says so after the sample (issue 38: int8-dynamic on mpnet was refused ~440 s in)."""
+    from types import SimpleNamespace
+
+    from infra.pack import quantize
+    from infra.pack.quality import SAMPLE_EVERY, sample
+
+    graph = _linear_graph(tmp_path / "float")
+    feeds = [{"x": _activations(4, seed)} for seed in range(4 * SAMPLE_EVERY)]
+    runs: list[str] = []
+    runner = quantize._runner
+
+    def counted(model: Path) -> object:
+        run = runner(model)
+        kind = "float32" if model == graph else "int8"
+
+        def call(feed: dict[str, object]) -> object:
+            runs.append(kind)
+            return run(feed)
+
+        return call
+
+    monkeypatch.setattr(quantize, "_runner", counted)
+    source = SimpleNamespace(task="embedding", problem_type=None)
+
+    def gate(figures: dict[str, object], early: str = "") -> dict[str, object]:
+        return check("embedding", figures, 0.9999999, "--quantize int8", early)
+
+    with pytest.raises(QualityError, match=r"on a sample of 20 of the 64 calibration texts, checked first"):
+        quantize.quantize_checked(source, graph, feeds, quantize.Int8Options(), tmp_path / "s", gate)
+    assert runs == ["int8"] * len(sample(feeds))  # the float32 sample ran in the probe; nothing else ran
+    runs.clear()
+    _, figures = quantize.quantize_checked(source, graph, feeds, quantize.Int8Options(), tmp_path / "t", None)
+    assert figures["items"] == 64 and runs.count("float32") == len(feeds) - len(sample(feeds))
