@@ -240,11 +240,13 @@ class Genai:
         return list(self._greedy(ids, new_tokens))
 
     def nll(self, ids: list[int]) -> list[float]:
+        import numpy as np
+
         generator = self._generator(ids, 1)
         out = []
         for i in range(len(ids) - 1):  # teacher-forced, one token a step: the loop's logits are the last row's
             generator.append_tokens([ids[i]])
-            out.append(log_softmax_at(generator.get_logits()[0, -1], ids[i + 1]))
+            out.append(log_softmax_at(np.asarray(generator.get_logits())[0, -1], ids[i + 1]))
         return out
 
 

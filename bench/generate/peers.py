@@ -163,6 +163,26 @@ def convert_command(source: Path, out: Path, pre: str, llama_cpp: Path = LLAMA_C
     return [sys.executable, "-c", code]
 
 
+QUANTIZE_CHILD = """
+import ctypes, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = {ftype}
+params.nthread = 2
+rc = llama_cpp.llama_model_quantize({src!r}.encode(), {dst!r}.encode(), ctypes.byref(params))
+raise SystemExit(f"llama_model_quantize: {{rc}}" if rc else 0)
+"""
+FTYPE = {"Q4_0": 2, "Q8_0": 7}  # llama.h's LLAMA_FTYPE_MOSTLY_*
+
+
+def quantize_command(src: Path, dst: Path, kind: str, binary: Path = LLAMA_QUANTIZE) -> list[str]:
+    """llama.cpp's quantizer at its defaults: the `llama-quantize` binary, or where it is not built, the same
+    library call it makes (`llama_model_quantize`, default params) through the llama venv's llama_cpp."""
+    if binary.is_file():
+        return [str(binary), str(src), str(dst), kind]
+    code = QUANTIZE_CHILD.format(ftype=FTYPE[kind], src=str(src), dst=str(dst))
+    return [str(LLAMA_VENV / "bin" / "python"), "-c", code]
+
+
 def pack_command(source: Path, out: Path, quantize: str) -> list[str]:
     # --min-quality 0: the random model's near-ties fail int4's default gate; quality measures it instead.
     return [
@@ -191,7 +211,7 @@ def prepare(model: str, work: Path = WORK) -> dict[str, Path]:
         run(convert_command(p["source"], p["gguf-f32"], PRE_TOKENIZER[model]), env=env)
     for kind in PAIRS.values():
         if not p[f"llama-{kind}"].is_file():
-            run([LLAMA_QUANTIZE, p["gguf-f32"], p[f"llama-{kind}"], kind])
+            run(quantize_command(p["gguf-f32"], p[f"llama-{kind}"], kind))
     for name, path in p.items():
         print(f"{name}: {path}")
     return p

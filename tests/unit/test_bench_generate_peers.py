@@ -135,3 +135,14 @@ def test_driver_answers_generation_and_quality_ops_and_refuses_others() -> None:
     with pytest.raises(ValueError, match="valid: generate, greedy, nll"):
         driver.answer(engine, {"op": "score"})
     assert set(driver.ENGINES) == set(driver.KINDS)
+
+
+def test_quantize_uses_the_binary_or_the_same_library_call(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-quantize"
+    src, dst = tmp_path / "f32.gguf", tmp_path / "Q4_0.gguf"
+    assert gp.quantize_command(src, dst, "Q8_0", binary)[0] == str(gp.LLAMA_VENV / "bin" / "python")
+    code = gp.quantize_command(src, dst, "Q4_0", binary)[2]
+    assert "params.ftype = 2" in code and f"{str(dst)!r}.encode()" in code
+    compile(code, "quantize", "exec")  # the child's code is valid Python
+    binary.write_text("")
+    assert gp.quantize_command(src, dst, "Q4_0", binary) == [str(binary), str(src), str(dst), "Q4_0"]
