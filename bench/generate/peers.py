@@ -191,8 +191,9 @@ def pack_command(source: Path, out: Path, quantize: str) -> list[str]:
     ]  # fmt: skip
 
 
-def prepare(model: str, work: Path = WORK) -> dict[str, Path]:
+def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK) -> dict[str, Path]:
     p = paths(model, work)
+    pairs = pairs or list(PAIRS)
     if model == "smollm2":
         if not (p["source"] / "model.safetensors").is_file():
             dequantize_gguf(smollm2_gguf(), p["source"])
@@ -201,7 +202,7 @@ def prepare(model: str, work: Path = WORK) -> dict[str, Path]:
 
         cached(model)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    for q in PAIRS:
+    for q in pairs:
         if not (p[f"ours-{q}"] / "manifest.json").is_file():
             run(pack_command(p["source"], p[f"ours-{q}"], q), env=env, cwd=ROOT)
     if not p["gguf-f32"].is_file():
@@ -209,7 +210,7 @@ def prepare(model: str, work: Path = WORK) -> dict[str, Path]:
         if not (CONVERT_EXTRA / "sentencepiece").is_dir():
             run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", CONVERT_EXTRA, SENTENCEPIECE])
         run(convert_command(p["source"], p["gguf-f32"], PRE_TOKENIZER[model]), env=env)
-    for kind in PAIRS.values():
+    for kind in (PAIRS[q] for q in pairs):
         if not p[f"llama-{kind}"].is_file():
             run(quantize_command(p["gguf-f32"], p[f"llama-{kind}"], kind))
     for name, path in p.items():
@@ -497,7 +498,8 @@ def quality(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
-    eos = set(json.loads((p["ours-int4"] / "manifest.json").read_text())["generation"]["eos_token_ids"])
+    pairs = csv(args.pairs, PAIRS, "pairs")
+    eos = set(json.loads((p[f"ours-{pairs[0]}"] / "manifest.json").read_text())["generation"]["eos_token_ids"])
     prompts = [prompt_ids(tokenizer, tokenizer.chat_template, t) for t in builtin_prompts()]
     reference = [reference_greedy(model, ids, NEW_TOKENS, eos) for ids in prompts]
     text_ids = tokenizer(PPL_TEXT, add_special_tokens=False)["input_ids"][: args.ppl_tokens]
@@ -505,8 +507,8 @@ def quality(args: argparse.Namespace) -> int:
     del model
     rows = [["float32 (transformers)", "1.00", f"{perplexity(ref_nll):.3f}"]]
     figures: dict[str, Any] = {"float32": {"greedy": 1.0, "ppl": perplexity(ref_nll)}}
-    engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in PAIRS]
-    engines += [(f"llama-{t}", "llama", p[f"llama-{t}"]) for t in PAIRS.values()]
+    engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in pairs]
+    engines += [(f"llama-{PAIRS[q]}", "llama", p[f"llama-{PAIRS[q]}"]) for q in pairs]
     for name, kind, path in engines:
         python = str(LLAMA_VENV / "bin" / "python") if kind == "llama" else sys.executable
         argv = [python, DRIVER, "serve", kind, "--model", str(path), "--threads", str(args.threads)]
@@ -575,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("prepare", help="source directory, our packs, llama.cpp's GGUFs")
     pr.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
-    pr.set_defaults(func=lambda a: prepare(a.model) and 0)
+    pr.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
+    pr.set_defaults(func=lambda a: prepare(a.model, csv(a.pairs, PAIRS, "pairs")) and 0)
     sp = sub.add_parser("speed", help="cold start, warm TTFT, decode tok/s, peak RSS against llama.cpp")
     sp.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
     sp.add_argument("--rounds", type=int, default=3)
@@ -589,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     qu = sub.add_parser("quality", help="greedy agreement and perplexity beside llama.cpp's same bits")
     qu.add_argument("--model", choices=MODELS, default="smollm2")
     qu.add_argument("--threads", type=int, default=2)
+    qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)
