@@ -3,11 +3,16 @@
   serve KIND --model DIR [--threads N]
       load (the cold start: spawn → this process's first token is timed by the parent through the ready line,
       which is printed only after one generated token), then for each JSON line on stdin
-      ({"prompt_tokens": n, "max_tokens": m}) generate greedily and print {"ttft_ms", "decode_tps", "tokens"}
+      ({"prompt_tokens": n, "max_tokens": m}) generate greedily and print {"ttft_ms", "decode_tps", "tokens"};
+      llama and genai also answer {"op": "greedy", "ids": [...], "new_tokens": n} -> {"ids"} (greedy continuation)
+      and {"op": "nll", "ids": [...]} -> {"nll": [...]} (each token's negative log-likelihood after its prefix),
+      for bench/generate/peers.py's quality figures
 
 KIND: ours (handler.app's runtime, the whole per-request path of the HTTP host's streamed answer: the task's
-pieces as a client gets them) or transformers (AutoModelForCausalLM.generate with a streamer timing each token,
-torch's intra-op threads set to ours).
+pieces as a client gets them), transformers (AutoModelForCausalLM.generate with a streamer timing each token,
+torch's intra-op threads set to ours), llama (llama-cpp-python on a GGUF file, run by the python of the venv
+peers.py builds: only the stdlib and llama_cpp are imported on that side) or genai (onnxruntime-genai's own
+generator loop on our pack's model.onnx: the engine without warmstart's task around it).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
-KINDS = ("ours", "transformers")
+KINDS = ("ours", "transformers", "llama", "genai")
 MARK = "generate-driver:"
 WORDS = (  # noqa: SIM905 (a sentence reads better than 41 quoted words)
     "the cold start of a function is the time from nothing to its first answer and a small model serving chat "
@@ -113,6 +119,153 @@ class Transformers:
         }
 
 
+class _Ids:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class LlamaTokenizer:
+    """`prompt_text`'s view of a llama.cpp model's own tokenizer (the GGUF's vocabulary)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> _Ids:
+        return _Ids(self.llm.tokenize(text.encode(), add_bos=add_special_tokens, special=False))
+
+
+def log_softmax_at(logits: Any, token: int) -> float:
+    """-log p(token) from one row of logits (numpy), computed stably."""
+    import numpy as np
+
+    row = np.asarray(logits, dtype=np.float64)
+    top = row.max()
+    return float(top + np.log(np.exp(row - top).sum()) - row[token])
+
+
+class Llama:
+    """llama-cpp-python as its users call it: `Llama(model_path)` (the file mapped), greedy by `generate` with
+    top_k 1; the KV cache reset before each request so nothing of the previous prompt is reused."""
+
+    def __init__(self, model: str, threads: int | None, ctx: int = 1024) -> None:
+        import llama_cpp
+
+        kwargs: dict[str, Any] = {"n_ctx": ctx, "n_batch": 512, "verbose": False, "logits_all": False}
+        if threads:
+            kwargs.update(n_threads=threads, n_threads_batch=threads)
+        self.llm = llama_cpp.Llama(model_path=model, **kwargs)
+        self.tokenizer = LlamaTokenizer(self.llm)
+        self.model_path, self.kwargs = model, kwargs
+        self._scoring: Any = None
+
+    def _greedy(self, ids: list[int], max_tokens: int) -> Iterator[int]:
+        self.llm.reset()
+        steps = self.llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True)
+        for n, token in enumerate(steps, 1):
+            yield int(token)
+            if n >= max_tokens:
+                return
+
+    def generate(self, text: str, max_tokens: int) -> dict[str, Any]:
+        ids = self.tokenizer.encode(text).ids
+        t0 = time.perf_counter()
+        times = []
+        for _ in self._greedy(ids, max_tokens):
+            times.append(time.perf_counter())
+        first, end = times[0], times[-1]
+        return {
+            "ttft_ms": (first - t0) * 1000,
+            "decode_tps": (len(times) - 1) / (end - first) if len(times) > 1 else 0.0,
+            "tokens": len(times),
+        }
+
+    def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
+        return list(self._greedy(ids, new_tokens))
+
+    def nll(self, ids: list[int]) -> list[float]:
+        import llama_cpp
+
+        if self._scoring is None:  # every position's logits: a second context, made once, for quality runs only
+            self._scoring = llama_cpp.Llama(model_path=self.model_path, **{**self.kwargs, "logits_all": True})
+        self._scoring.reset()
+        self._scoring.eval(ids)
+        scores = self._scoring.scores  # (n_ctx, vocab); row i: the logits after ids[: i + 1]
+        return [log_softmax_at(scores[i], ids[i + 1]) for i in range(len(ids) - 1)]
+
+
+class Genai:
+    """onnxruntime-genai's own loop on a pack (its model.onnx + genai_config.json), the session's threads set as
+    the genai backend sets them, the pack's tokenizer.json through `tokenizers` (the builder's tokenizer files
+    are not packed)."""
+
+    def __init__(self, model: str, threads: int | None) -> None:
+        import onnxruntime_genai as og
+        from tokenizers import Tokenizer
+
+        self.og = og
+        config = og.Config(model)
+        if threads:
+            session = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
+        config.clear_providers()
+        self.model = og.Model(config)
+        self.tokenizer = Tokenizer.from_file(f"{model}/tokenizer.json")
+
+    def _generator(self, ids: list[int], new_tokens: int) -> Any:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
+        return self.og.Generator(self.model, params)
+
+    def _greedy(self, ids: list[int], new_tokens: int) -> Iterator[int]:
+        generator = self._generator(ids, new_tokens)
+        generator.append_tokens(ids)
+        n = 0
+        while n < new_tokens and not generator.is_done():
+            generator.generate_next_token()
+            yield int(generator.get_next_tokens()[0])
+            n += 1
+
+    def generate(self, text: str, max_tokens: int) -> dict[str, Any]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        t0 = time.perf_counter()
+        times = [time.perf_counter() for _ in self._greedy(ids, max_tokens)]
+        first, end = times[0], times[-1]
+        return {
+            "ttft_ms": (first - t0) * 1000,
+            "decode_tps": (len(times) - 1) / (end - first) if len(times) > 1 else 0.0,
+            "tokens": len(times),
+        }
+
+    def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
+        return list(self._greedy(ids, new_tokens))
+
+    def nll(self, ids: list[int]) -> list[float]:
+        import numpy as np
+
+        generator = self._generator(ids, 1)
+        out = []
+        for i in range(len(ids) - 1):  # teacher-forced, one token a step: the loop's logits are the last row's
+            generator.append_tokens([ids[i]])
+            out.append(log_softmax_at(np.asarray(generator.get_logits())[0, -1], ids[i + 1]))
+        return out
+
+
+ENGINES = {"ours": Ours, "transformers": Transformers, "llama": Llama, "genai": Genai}
+
+
+def answer(gen: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """One request line's answer: a timed generation, or a quality op (llama, genai)."""
+    op = request.get("op", "generate")
+    if op == "greedy":
+        return {"ids": gen.greedy([int(i) for i in request["ids"]], int(request["new_tokens"]))}
+    if op == "nll":
+        return {"nll": gen.nll([int(i) for i in request["ids"]])}
+    if op != "generate":
+        raise ValueError(f"op {op!r}; valid: generate, greedy, nll")
+    text = prompt_text(gen.tokenizer, int(request["prompt_tokens"]))
+    return dict(gen.generate(text, int(request["max_tokens"])))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["serve"])
@@ -121,14 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    gen = (Ours if args.kind == "ours" else Transformers)(args.model, args.threads)
+    gen = ENGINES[args.kind](args.model, args.threads)
     loaded = time.perf_counter()
     first = gen.generate(prompt_text(gen.tokenizer, 16), 1)
     print(MARK + json.dumps({"load_ms": (loaded - t0) * 1000, "first": first}), flush=True)
     for line in sys.stdin:
-        request = json.loads(line)
-        text = prompt_text(gen.tokenizer, int(request["prompt_tokens"]))
-        print(MARK + json.dumps(gen.generate(text, int(request["max_tokens"]))), flush=True)
+        print(MARK + json.dumps(answer(gen, json.loads(line))), flush=True)
     return 0
 
 

@@ -1,0 +1,148 @@
+"""bench/generate/peers.py's harness logic and the driver's peer kinds, offline: no llama.cpp build, no model, no
+engine is started here (the bench itself is never required by the suite)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.generate import driver
+from bench.generate import peers as gp
+
+
+def test_speed_arguments_and_their_refusals() -> None:
+    args = gp.build_parser().parse_args(["speed", "--rounds", "2", "--vcpus", "1.7,2", "--pairs", "int4"])
+    assert (args.rounds, args.pairs, args.prompt_tokens, args.max_tokens) == (2, "int4", 512, 64)
+    assert gp.parse_vcpus(args.vcpus) == [1.7, 2.0]
+    for bad in ("", "0", "1.7,-2", "two"):
+        with pytest.raises(SystemExit, match="--vcpus"):
+            gp.parse_vcpus(bad)
+    with pytest.raises(SystemExit, match="valid: int4, int8"):
+        gp.csv("int4,int3", gp.PAIRS, "pairs")
+    with pytest.raises(SystemExit):  # a model outside the closed set: argparse lists the choices
+        gp.build_parser().parse_args(["prepare", "--model", "gpt2"])
+    assert gp.build_parser().parse_args(["quality"]).model == "smollm2"
+
+
+def test_variants_pair_each_precision_with_llama_cpps_same_bits() -> None:
+    assert gp.variants(["int4", "int8"]) == ["ours-int4", "llama-Q4_0", "genai-int4", "ours-int8", "llama-Q8_0"]
+    assert gp.variants(["int8"], genai=False) == ["ours-int8", "llama-Q8_0"]
+    assert [gp.baseline(v) for v in ("ours-int4", "genai-int4", "ours-int8")] == ["llama-Q4_0"] * 2 + ["llama-Q8_0"]
+    p = gp.paths("smollm2", Path("/w"))
+    assert p["source"] == Path("/w/smollm2/source")
+    assert p["llama-Q4_0"] == Path("/w/smollm2/gguf/Q4_0.gguf")
+    assert gp.paths("qwen3-0.6b", Path("/w"))["source"].parts[-2:] == ("bench-models", "qwen3-0.6b")
+
+
+def test_child_commands_run_llama_in_its_own_venv_with_our_thread_count() -> None:
+    p = gp.paths("qwen3-0.6b", Path("/w"))
+    argv, env = gp.child_command("llama-Q4_0", p, 1, 1.7)
+    assert argv[0] == str(gp.LLAMA_VENV / "bin" / "python")
+    assert argv[2:] == ["serve", "llama", "--model", "/w/qwen3-0.6b/gguf/Q4_0.gguf", "--threads", "1"]
+    assert "WARMSTART_MODEL" not in env
+    argv, env = gp.child_command("genai-int4", p, 2, 2.0)
+    assert argv[3:] == ["genai", "--model", "/w/qwen3-0.6b/ours-int4", "--threads", "2"]
+    argv, env = gp.child_command("ours-int8", p, 1, 1.7)
+    assert argv[3:5] == ["ours", "--model"]
+    assert env["WARMSTART_MODEL"] == "/w/qwen3-0.6b/ours-int8"
+    assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3008"  # 1.7 vCPU is a 3,008 MB Lambda
+    assert gp.child_command("ours-int4", p, 2, 2.0)[1]["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3538"
+
+
+def _row(variant: str, rnd: int, cold: float, ttft: float, tps: float, rss: float) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "round": rnd,
+        "vcpus": 1.7,
+        "threads": 1,
+        "load": 4.0 + rnd,
+        "cold_first_token_ms": cold,
+        "ttft_ms": ttft,
+        "decode_tps": tps,
+        "peak_rss_mb": rss,
+    }
+
+
+def test_the_table_quotes_ratios_taken_within_each_round() -> None:
+    rows = [
+        _row("ours-int4", 0, 2000, 5000, 20, 1200),
+        _row("llama-Q4_0", 0, 1000, 2500, 25, 800),
+        _row("ours-int4", 1, 3000, 5000, 22, 1200),
+        _row("llama-Q4_0", 1, 1000, 5000, 22, 800),
+        _row("ours-int4", 2, 1500, 6000, 18, 1300),
+        _row("llama-Q4_0", 2, 1500, 4000, 20, 800),
+    ]
+    md = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64))
+    assert "**1.7 vCPU** (3,008 MB Lambda), 1 thread(s) each" in md
+    assert "3 rounds, 1-min load average 5.0 (4.0-6.0)" in md
+    # cold: 2.0, 3.0, 1.0 -> median 2.00 (1.00-3.00); TTFT 2.0, 1.0, 1.5; decode 0.8, 1.0, 0.9; RSS 1.5, 1.5, 1.625
+    want = "| ours-int4 / llama-Q4_0 | 2.00x (1.00-3.00) | 1.50x (1.00-2.00) | 0.90x (0.80-1.00) | 1.50x (1.50-1.62) |"
+    assert want in md
+    assert "| llama-Q4_0 | 1,000 ms (1,000-1,500) |" in md
+
+
+def test_gguf_tensor_names_map_to_hugging_faces_and_unknown_ones_are_refused() -> None:
+    assert gp.hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert gp.hf_name("output.weight") == "lm_head.weight"
+    assert gp.hf_name("blk.12.attn_output.weight") == "model.layers.12.self_attn.o_proj.weight"
+    assert gp.hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    assert gp.hf_name("blk.3.ffn_gate.weight") == "model.layers.3.mlp.gate_proj.weight"
+    for bad in ("blk.x.attn_q.weight", "blk.1.attn_qkv.weight", "rope_freqs.weight"):
+        with pytest.raises(ValueError, match="no Hugging Face name"):
+            gp.hf_name(bad)
+
+
+def test_unpermute_undoes_llama_cpps_rotary_row_permutation() -> None:
+    heads, head_dim, hidden = 3, 8, 5
+    w = np.arange(heads * head_dim * hidden, dtype=np.float32).reshape(heads * head_dim, hidden)
+    permuted = gp.permute(w, heads)
+    assert not np.array_equal(permuted, w)
+    # The converter interleaves each head's two rotary halves: row 1 of a head is its half's first row.
+    assert np.array_equal(permuted[1], w[head_dim // 2])
+    assert np.array_equal(gp.unpermute(permuted, heads), w)
+
+
+def test_negative_log_likelihood_and_perplexity() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.25]))
+    assert driver.log_softmax_at(logits + 100.0, 1) == pytest.approx(math.log(4))  # shift-invariant, stable
+    assert gp.perplexity([math.log(4), math.log(4)]) == pytest.approx(4.0)
+    assert math.isnan(gp.perplexity([]))
+
+
+class _Engine:
+    tokenizer = SimpleNamespace(encode=lambda text, add_special_tokens=False: SimpleNamespace(ids=text.split()))
+
+    def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
+        return [ids[-1]] * new_tokens
+
+    def nll(self, ids: list[int]) -> list[float]:
+        return [0.5] * (len(ids) - 1)
+
+    def generate(self, text: str, max_tokens: int) -> dict[str, Any]:
+        return {"words": len(text.split()), "max_tokens": max_tokens}
+
+
+def test_driver_answers_generation_and_quality_ops_and_refuses_others() -> None:
+    engine = _Engine()
+    assert driver.answer(engine, {"op": "greedy", "ids": [1, 2], "new_tokens": 3}) == {"ids": [2, 2, 2]}
+    assert driver.answer(engine, {"op": "nll", "ids": [1, 2, 3]}) == {"nll": [0.5, 0.5]}
+    assert driver.answer(engine, {"prompt_tokens": 7, "max_tokens": 4}) == {"words": 7, "max_tokens": 4}
+    with pytest.raises(ValueError, match="valid: generate, greedy, nll"):
+        driver.answer(engine, {"op": "score"})
+    assert set(driver.ENGINES) == set(driver.KINDS)
+
+
+def test_quantize_uses_the_binary_or_the_same_library_call(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-quantize"
+    src, dst = tmp_path / "f32.gguf", tmp_path / "Q4_0.gguf"
+    assert gp.quantize_command(src, dst, "Q8_0", binary)[0] == str(gp.LLAMA_VENV / "bin" / "python")
+    code = gp.quantize_command(src, dst, "Q4_0", binary)[2]
+    assert "params.ftype = 2" in code and f"{str(dst)!r}.encode()" in code
+    compile(code, "quantize", "exec")  # the child's code is valid Python
+    binary.write_text("")
+    assert gp.quantize_command(src, dst, "Q4_0", binary) == [str(binary), str(src), str(dst), "Q4_0"]
