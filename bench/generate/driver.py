@@ -119,6 +119,18 @@ class Transformers:
         }
 
 
+def timed(tokens: Iterator[int]) -> dict[str, Any]:
+    """Time to the first of `tokens` (from now) and the decode rate after it, for the peers' drivers."""
+    t0 = time.perf_counter()
+    times = [time.perf_counter() for _ in tokens]
+    first, end = times[0], times[-1]
+    return {
+        "ttft_ms": (first - t0) * 1000,
+        "decode_tps": (len(times) - 1) / (end - first) if len(times) > 1 else 0.0,
+        "tokens": len(times),
+    }
+
+
 class _Ids:
     def __init__(self, ids: list[int]) -> None:
         self.ids = ids
@@ -168,16 +180,7 @@ class Llama:
 
     def generate(self, text: str, max_tokens: int) -> dict[str, Any]:
         ids = self.tokenizer.encode(text).ids
-        t0 = time.perf_counter()
-        times = []
-        for _ in self._greedy(ids, max_tokens):
-            times.append(time.perf_counter())
-        first, end = times[0], times[-1]
-        return {
-            "ttft_ms": (first - t0) * 1000,
-            "decode_tps": (len(times) - 1) / (end - first) if len(times) > 1 else 0.0,
-            "tokens": len(times),
-        }
+        return timed(self._greedy(ids, max_tokens))
 
     def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
         return list(self._greedy(ids, new_tokens))
@@ -227,14 +230,7 @@ class Genai:
 
     def generate(self, text: str, max_tokens: int) -> dict[str, Any]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        t0 = time.perf_counter()
-        times = [time.perf_counter() for _ in self._greedy(ids, max_tokens)]
-        first, end = times[0], times[-1]
-        return {
-            "ttft_ms": (first - t0) * 1000,
-            "decode_tps": (len(times) - 1) / (end - first) if len(times) > 1 else 0.0,
-            "tokens": len(times),
-        }
+        return timed(self._greedy(ids, max_tokens))
 
     def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
         return list(self._greedy(ids, new_tokens))

@@ -270,9 +270,18 @@ class GenaiEngine:
 
 
 def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) -> Any:
-    """onnxruntime-genai's model over the pack; `decoder`: the pre-optimized graph instead of the config's, opened
-    with ORT's graph passes off (they ran when it was saved: running them again finds nothing, costs time)."""
-    config = og.Config(str(manifest.root))
+    """onnxruntime-genai's model over the pack (see genai_config); the library's errors a ModelLoadError."""
+    try:
+        return og.Model(genai_config(manifest.root, threads, cuda, decoder))
+    except Exception as e:  # the library's own error (a missing or bad file): the model's fault
+        raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
+
+
+def genai_config(root: Path, threads: int, cuda: bool, decoder: str | None) -> Any:
+    """The pack's og.Config as the engine opens it (also infra.pack.lm_layout's check); `decoder`: the
+    pre-optimized graph instead of the config's, opened with ORT's graph passes off (they ran when it was saved:
+    running them again finds nothing, costs time)."""
+    config = og.Config(str(root))
     session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     overlay: dict[str, Any] = {"session_options": session}
     if decoder is not None:
@@ -282,10 +291,7 @@ def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) ->
     config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
     if cuda:
         config.append_provider("cuda")
-    try:
-        return og.Model(config)
-    except Exception as e:  # the library's own error (a missing or bad file): the model's fault
-        raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
+    return config
 
 
 def create() -> GenaiEngine:

@@ -23,6 +23,9 @@ four ...`), and its Generator is one request's static batch. WARMSTART_GENAI_BAT
   overwrite them. Greedy answers are the same alone or batched (tests/functional/test_genai_batch.py).
 - Sampling per row (temperature, top_p, top_k, its own seeded generator) and JSON constraints per row
   (llguidance, as the single-stream engine); a full queue is ServiceBusyError (503 + Retry-After).
+
+About one thing (one scheduler: its rows, its KV pool and its step share one lock and one loop's state),
+hence one module.
 """
 
 from __future__ import annotations

@@ -211,15 +211,9 @@ def greedy(model_dir: Path, decoder: str | None, prompts: list[list[int]], threa
     import numpy as np
     import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs
 
-    config = og.Config(str(model_dir))
-    session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    overlay: dict[str, Any] = {"session_options": session}
-    if decoder is not None:
-        overlay["filename"] = decoder
-        session["graph_optimization_level"] = "ORT_DISABLE_ALL"
-    config.overlay(json.dumps({"model": {"decoder": overlay}}))
-    config.clear_providers()
-    model = og.Model(config)
+    from handler.backends.genai import genai_config  # the config exactly as the engine opens it
+
+    model = og.Model(genai_config(model_dir, threads, False, decoder))
     out = []
     for prompt in prompts:
         params = og.GeneratorParams(model)

@@ -1,19 +1,21 @@
-"""`--quantize int8` / `int8-dynamic`: the exported float32 graph's weights stored as int8, in ONNX Runtime's
-quantized operators.
+"""`--quantize int8` / `int8-block`: the exported float32 graph's weights stored as int8, in ONNX Runtime's
+quantized operators (`int8-dynamic` is refused: REFUSED says why).
 
-"int8" (the default): each MatMul by a constant weight becomes ORT's MatMulNBits with 8-bit weights, symmetric,
-one scale per block of 32 along K, accuracy level 4 (the activations quantized to int8 per block of 32 of each
-row at run time, integer dot products). "int8-dynamic": ORT's dynamic quantization (`quantize_dynamic`,
-per-channel weights, MatMul and the fused Attention), whose activations get one scale per tensor per call: faster,
-but a batch's largest activation sets the step for every row. On all-MiniLM-L6-v2, 400 built-in texts: blockwise
-min cosine 0.998, dynamic 0.970 (every layer contributes about equally: no single node kept in float lifts it,
-measured node by node; docs/models.md).
+"int8" (the default): each MatMul by a constant weight becomes ORT's MatMulIntegerToFloat with per-output-channel
+weight scales (7-bit: on a CPU without VNNI, MLAS's u8 x s8 pair sums saturate int16 at 8 bits, measured) and each token's
+activations quantized with its own scale in the graph (ReduceMax(Abs) per row, standard operators), after a
+SmoothQuant migration (alpha 0.5) from the float32 graph's activation maxima on the calibration sample: a row's
+answer never depends on its batch-mates. "int8-block": MatMulNBits with 8-bit weights, symmetric, one scale per
+block of 32 along K, accuracy level 4 (activations quantized per block of each row at run time).
 
 Both: embedding tables (a Gather of a large 2-D initializer by token ids: the word table alone is half of
 MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(int8) -> Cast -> Mul(Gather(scales)):
 standard operators, each row's error bounded by its own largest value. Kept in float: the task's head after the
 encoder (sentence-transformers Dense modules, a classifier, a pooler: few weights, and their error lands in the
-answer unaveraged) and anything named in `exclude`.
+answer unaveraged) and anything named in `exclude`. Figures: docs/benchmarks.md, "int8 that is fast and right".
+
+About one thing (turning one float32 encoder graph into its int8 form behind the quality gate: the methods share
+the MatMul grouping, the tables, the head exclusions and the checked run that calls them), hence one module.
 """
 
 from __future__ import annotations
