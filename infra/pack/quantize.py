@@ -2,11 +2,11 @@
 quantized operators (`int8-dynamic` is refused: REFUSED says why).
 
 "int8" (the default): each MatMul by a constant weight becomes ORT's MatMulIntegerToFloat with per-output-channel
-weight scales (7-bit: on a CPU without VNNI, MLAS's u8 x s8 pair sums saturate int16 at 8 bits, measured) and each token's
-activations quantized with its own scale in the graph (ReduceMax(Abs) per row, standard operators), after a
-SmoothQuant migration (alpha 0.5) from the float32 graph's activation maxima on the calibration sample: a row's
-answer never depends on its batch-mates. "int8-block": MatMulNBits with 8-bit weights, symmetric, one scale per
-block of 32 along K, accuracy level 4 (activations quantized per block of each row at run time).
+weight scales (7-bit: on a CPU without VNNI, MLAS's u8 x s8 pair sums saturate int16 at 8 bits, measured) and
+each token's activations quantized with its own scale in the graph (ReduceMax(Abs) per row, standard operators),
+after a SmoothQuant migration (alpha 0.5) from the float32 graph's activation maxima on the calibration sample:
+a row's answer never depends on its batch-mates. "int8-block": MatMulNBits with 8-bit weights, symmetric, one
+scale per block of 32 along K, accuracy level 4 (activations quantized per block of each row at run time).
 
 Both: embedding tables (a Gather of a large 2-D initializer by token ids: the word table alone is half of
 MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(int8) -> Cast -> Mul(Gather(scales)):
