@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy.typing as npt
 import pytest
 
 from handler.core.config import Config
+from handler.core.records import replace
 from handler.runtime.invocation import Runtime
 from infra.pack import pack_default, pack_onnx
 
