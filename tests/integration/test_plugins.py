@@ -205,7 +205,7 @@ def test_an_unknown_name_lists_the_installed_plugins_and_the_prefetch_reads_a_pl
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got["names"] == ["onnx", "torch", "genai", "toy"] and got["toy"] == "warmstart_toy.backend"
-    assert got["error"] == "ConfigError: unknown backend 'nope'; valid backends: onnx, torch, genai, toy"
+    assert got["names"] == ["onnx", "torch", "genai", "vllm", "toy"] and got["toy"] == "warmstart_toy.backend"
+    assert got["error"] == "ConfigError: unknown backend 'nope'; valid backends: onnx, torch, genai, vllm, toy"
     # The prefetch reads the plugin's spec too: the shim's libraries, then the model's file.
     assert got["plan"][-1] == "toy.npz" and any(n.startswith("_multiarray_umath") for n in got["plan"])
