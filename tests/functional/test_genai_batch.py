@@ -147,7 +147,9 @@ def test_a_full_queue_is_503_with_retry_after_on_the_http_host(pack: Path) -> No
     gate, ungate = gated(runtime)
     held = [runtime.task.stream({"prompt": p, "temperature": 0, "max_tokens": 4}) for p in PROMPTS[:2]]  # type: ignore[attr-defined]
     try:
-        firsts = [pool_next(it) for it in held]  # one row at its first step (held by the gate), one waiting
+        firsts = [pool_next(held[0])]  # one row at its first step (held by the gate), then one waiting: in turn,
+        assert wait_for(lambda: len(batch._rows) == 1)  # or both may join the same first step
+        firsts.append(pool_next(held[1]))
         assert wait_for(lambda: len(batch._rows) == 1 and len(batch._waiting) == 1)
         workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=1)
         with TestClient(create_app(Host(lambda: runtime, workers))) as client:
