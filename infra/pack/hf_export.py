@@ -40,7 +40,12 @@ from infra.pack.hf_source import DenseLayer, HFSource, UnsupportedModelError
 from infra.pack.onnx_io import OPSET
 
 ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
-OUTPUT_NAMES = {"embedding": "sentence_embedding", "rerank": "scores", "classify": "logits"}
+OUTPUT_NAMES = {
+    "embedding": "sentence_embedding",
+    "rerank": "scores",
+    "classify": "logits",
+    "multivector": "token_embeddings",
+}
 # ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
 # bias keeps its attention unfused; the layer norms and gelu still fuse).
 _FUSION_MODEL_TYPE = "bert"
@@ -219,6 +224,11 @@ def build_head(source: HFSource, model: Any) -> Any:
                 kwargs["token_type_ids"] = token_type_ids
             out = self.model(**kwargs)
             wide = dtype != torch.float32  # reduced precision: the head (pooling, normalize) runs in float32
+            if task == "multivector":  # every token projected and unit length (PyLate's encode); masking: the task's
+                tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
+                for layer in self.dense:
+                    tokens = layer(tokens)
+                return torch.nn.functional.normalize(tokens, p=2.0, dim=-1)
             if task == "embedding":
                 tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
                 emb = pool(tokens, attention_mask, str(pooling))
@@ -342,7 +352,7 @@ def export_graph(source: HFSource, model: Any, reference: Reference, where: Path
     output = OUTPUT_NAMES[source.task]
     example = tuple(torch.from_numpy(reference.probes[1][n]) for n in names)  # padded rows: the masked path
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
-    dynamic[output] = {0: "batch"}
+    dynamic[output] = {0: "batch", 1: "sequence"} if source.task == "multivector" else {0: "batch"}
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=where.parent) as tmp, torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter warns that it is deprecated and that tracing turns python values into

@@ -93,6 +93,17 @@ def pack_from(
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
+    if source.task == "multivector":  # its token ids resolved by the model's tokenizer: refusals before a write
+        from dataclasses import replace
+
+        from infra.pack.multivector_source import token_ids
+
+        if precision.reduced:
+            raise PrecisionError(
+                "--quantize / --dtype are not served for multivector yet (no quality gate for MaxSim "
+                "rankings); pack it in float32"
+            )
+        source = replace(source, late=token_ids(source.late, tokenizer, int(source.config["vocab_size"]), source.root))
     version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration, calibration_texts = None, None
     if precision.reduced:
@@ -381,6 +392,8 @@ def manifest_for(
     shape: tuple[int | str, ...]
     if source.task == "embedding":
         shape = ("batch", source.dimension)
+    elif source.task == "multivector":
+        shape = ("batch", "sequence", source.dimension)
     elif source.task == "rerank":
         shape = ("batch",)
     else:
@@ -417,6 +430,13 @@ def manifest_for(
         manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
+    elif source.task == "multivector":
+        manifest["dimension"] = source.dimension
+        manifest["late_interaction"] = dict(source.late)  # with its token ids (pack_from resolved them)
+        # The tokenizer's cut for documents (PyLate's: one short of the length when a marker goes in; queries'
+        # own is the task's); the graph itself takes the longer of the two lengths (max_seq_length).
+        marker = source.late["document_prefix_id"] is not None
+        manifest["tokenizer"]["truncation"] = source.late["document_length"] - marker
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

@@ -32,8 +32,8 @@ from infra.pack.hf_checks import (
     safetensors_shapes,
 )
 
-Task = Literal["embedding", "rerank", "classify"]
-TaskChoice = Literal["auto", "embedding", "rerank", "classify"]
+Task = Literal["embedding", "rerank", "classify", "multivector"]
+TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector"]
 TASK_CHOICES: tuple[str, ...] = get_args(TaskChoice)
 
 # config.json `model_type` -> warmstart family, and the architectures each family is packed from.
@@ -71,7 +71,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "LateDense")  # LateDense: multivector_source
 # modules.json `type` -> module kind, matched by exact class path (never by the last dotted name: jina-embeddings-v3's
 # `custom_st.Transformer` is its own code). The spellings are those sentence-transformers' save() writes: up to
 # 5.3 the module path `sentence_transformers.models.X`; 5.4 and 5.x Normalize under sentence_transformer.modules;
@@ -87,6 +87,7 @@ ST_MODULE_TYPES = {
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.models.Dense": "Dense",
     "sentence_transformers.base.modules.dense.Dense": "Dense",
+    "pylate.models.Dense.Dense": "LateDense",  # a Linear on every token (PyLate's ColBERT): multivector_source
 }
 # sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
 # Tanh) -> the torch module put into the graph. Another path is refused (sentence-transformers itself would fall
@@ -167,7 +168,8 @@ class HFSource:
     activation: str | None = None  # rerank: "sigmoid" | "identity"
     labels: tuple[str, ...] = ()  # rerank / classify: id2label in id order
     problem_type: str | None = None  # classify
-    dense: tuple[DenseLayer, ...] = ()  # embedding: Dense modules after pooling, in order
+    dense: tuple[DenseLayer, ...] = ()  # embedding: Dense modules after pooling, in order (multivector: per token)
+    late: Any = None  # multivector: PyLate's settings (infra.pack.multivector_source.LateSettings)
 
     @property
     def dimension(self) -> int:
@@ -345,9 +347,20 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
             f"{root}: --pooling is for a bare encoder directory (no modules.json); this one {what}: leave --pooling out"
         )
     has_pooling = has_pooling or pooling is not None
-    detected = _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
+    from infra.pack.multivector_source import is_late_interaction  # imports this module
+
+    late = is_late_interaction(kinds, st_meta)
+    if late and task not in ("auto", "multivector"):
+        raise UnsupportedModelError(f"{root}: --task {task}; this is a PyLate (ColBERT) model: --task multivector")
+    if task == "multivector" and not late:
+        raise UnsupportedModelError(
+            f"{root}: --task multivector needs a PyLate (ColBERT) directory (modules.json Transformer -> "
+            "pylate.models.Dense.Dense, config_sentence_transformers.json with query_prefix ...)"
+        )
+    detected = "multivector" if late else _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
     chosen: Task = detected if task == "auto" else task  # type: ignore[assignment]
-    _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
+    if not late:
+        _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
     if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
         raise UnsupportedModelError(
             f"{model_root / 'config.json'}: architecture {architecture!r} is not supported for {chosen}; "
@@ -366,7 +379,14 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         check_tokenizer_json(tokenizer_json)
     max_seq = _max_seq_length(model_root, config, family, st_config)
     fields: dict[str, Any] = {}
-    if chosen == "embedding":
+    if chosen == "multivector":
+        from infra.pack.multivector_source import multivector_fields
+
+        positions = int(config["max_position_embeddings"]) - POSITION_OFFSET.get(family, 0)
+        fields.update(multivector_fields(root, kinds, config, st_meta, positions))
+        max_seq = max(fields["late"].query_length, fields["late"].document_length)
+        architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
+    elif chosen == "embedding":
         if kinds:
             fields.update(_embedding_fields(root, kinds, config, st_meta))
         else:  # a bare encoder with --pooling: that pooling, unit-length vectors (TEI's default)

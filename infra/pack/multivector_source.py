@@ -1,0 +1,179 @@
+"""A ColBERT-style (late interaction) model directory as PyLate saves it, read and checked for `pack --from`.
+
+PyLate (`pylate.models.ColBERT.save`, read from PyLate 1.6's source) writes a sentence-transformers directory:
+modules.json `Transformer` (path "") -> `pylate.models.Dense.Dense` ("1_Dense": a Linear on every token, no
+pooling), and its own keys in config_sentence_transformers.json: `query_prefix` / `document_prefix` (a marker
+token put after [CLS]), `query_length` / `document_length` (tokens, the marker included), `do_query_expansion`
+(queries padded to `query_length` with the mask token, every position kept), `attend_to_expansion_tokens`,
+`skiplist_words` (document tokens dropped after the model run: punctuation by default). A missing key is
+PyLate's default (`PYLATE_DEFAULTS`). Token ids (markers, mask, skip-list) are resolved at pack time with the
+model's own tokenizer, as PyLate resolves them at load, and written into the manifest (`LateInteraction`).
+
+Only what the run time reproduces exactly is accepted; anything else is refused with one line.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.pack.hf_checks import SourceError, is_int
+from infra.pack.hf_source import DENSE_ACTIVATIONS, DenseLayer, MissingFileError, UnsupportedModelError
+
+# modules.json type of PyLate's Dense (hf_source maps it to this kind; only this reader accepts it).
+LATE_DENSE = "LateDense"
+PYLATE_KEYS = (
+    "query_prefix",
+    "document_prefix",
+    "query_length",
+    "document_length",
+    "do_query_expansion",
+    "attend_to_expansion_tokens",
+    "skiplist_words",
+)
+PYLATE_DEFAULTS: dict[str, Any] = {  # pylate/models/colbert.py, when neither the call nor the config sets one
+    "query_prefix": "[Q] ",
+    "document_prefix": "[D] ",
+    "query_length": 32,
+    "document_length": 180,
+    "do_query_expansion": True,
+    "attend_to_expansion_tokens": False,
+    "skiplist_words": list(string.punctuation),
+}
+_MODULES = "Transformer -> pylate.models.Dense.Dense (-> Dense ...)"
+
+
+@dataclass(frozen=True)
+class LateSettings:
+    """PyLate's query/document settings as read from the directory (token ids come later, from the tokenizer)."""
+
+    query_prefix: str
+    document_prefix: str
+    query_length: int
+    document_length: int
+    query_expansion: bool
+    attend_to_expansion: bool
+    skiplist_words: tuple[str, ...]
+
+
+def is_late_interaction(kinds: list[tuple[str, str]], st_meta: dict[str, Any]) -> bool:
+    """A PyLate directory: its Dense module, or PyLate's keys / model_type in config_sentence_transformers."""
+    return (
+        any(k == LATE_DENSE for k, _ in kinds)
+        or st_meta.get("model_type") == "ColBERT"
+        or any(key in st_meta for key in PYLATE_KEYS)
+    )
+
+
+def multivector_fields(
+    root: Path, kinds: list[tuple[str, str]], config: dict[str, Any], st_meta: dict[str, Any], positions: int
+) -> dict[str, Any]:
+    """`HFSource`'s fields for task multivector: the projection (`dense`) and the settings (`late`)."""
+    where = root / "config_sentence_transformers.json"
+    order = [k for k, _ in kinds]
+    if len(order) < 2 or order[0] != "Transformer" or any(k not in ("Dense", LATE_DENSE) for k in order[1:]):
+        raise UnsupportedModelError(f"{root / 'modules.json'}: modules {' -> '.join(order)}; supported: {_MODULES}")
+    if st_meta.get("similarity_fn_name") not in (None, "MaxSim", "maxsim"):
+        raise UnsupportedModelError(f"{where}: similarity {st_meta['similarity_fn_name']!r}; supported: MaxSim")
+    if st_meta.get("prompts") or st_meta.get("default_prompt_name"):
+        raise UnsupportedModelError(f"{where}: prompts are not supported for multivector; supported: none")
+    value = {key: st_meta.get(key, PYLATE_DEFAULTS[key]) for key in PYLATE_KEYS}
+    for key in ("query_prefix", "document_prefix"):
+        if not isinstance(value[key], str):
+            raise SourceError(f"{where}: {key} {value[key]!r}; expected a string (a marker token, or '')")
+    for key in ("query_length", "document_length"):
+        n = value[key]
+        if not is_int(n) or not 2 <= n <= positions:
+            raise UnsupportedModelError(f"{where}: {key} {n!r}; supported: an integer, 2 to {positions} (positions)")
+    for key in ("do_query_expansion", "attend_to_expansion_tokens"):
+        if not isinstance(value[key], bool):
+            raise SourceError(f"{where}: {key} {value[key]!r}; expected true or false")
+    words = value["skiplist_words"]
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise SourceError(f"{where}: skiplist_words must be a list of strings")
+    expansion = bool(value["do_query_expansion"])
+    late = LateSettings(
+        query_prefix=value["query_prefix"],
+        document_prefix=value["document_prefix"],
+        query_length=int(value["query_length"]),
+        document_length=int(value["document_length"]),
+        query_expansion=expansion,
+        attend_to_expansion=expansion and bool(value["attend_to_expansion_tokens"]),  # PyLate's rule
+        skiplist_words=tuple(words),
+    )
+    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
+    return {"dense": _dense(root, kinds, hidden), "late": late}
+
+
+def _dense(root: Path, kinds: list[tuple[str, str]], width: int) -> tuple[DenseLayer, ...]:
+    """Each projection on the token vectors: sizes chained from the hidden size, a known activation, no residual."""
+    from infra.pack.hf_source import _read_json
+
+    layers: list[DenseLayer] = []
+    for _, path in kinds[1:]:
+        folder = root / path
+        where = folder / "config.json"
+        config = _read_json(where)
+        if not isinstance(config, dict):
+            raise SourceError(f"{where}: expected a JSON object, found {type(config).__name__}")
+        n_in, n_out, bias = config.get("in_features"), config.get("out_features"), config.get("bias", True)
+        if not (is_int(n_in) and is_int(n_out) and 0 < n_in <= 1 << 20 and 0 < n_out <= 1 << 20):
+            raise SourceError(f"{where}: in_features {n_in!r}, out_features {n_out!r}; expected sizes")
+        if n_in != width:
+            raise SourceError(f"{where}: in_features {n_in} differs from the {width} values it is given")
+        if not isinstance(bias, bool):
+            raise SourceError(f"{where}: bias {bias!r}; expected true or false")
+        if config.get("use_residual"):
+            raise UnsupportedModelError(f"{where}: use_residual=true is not supported; supported: a plain Dense")
+        for key in ("module_input_name", "module_output_name"):  # PyLate's Dense reads and writes the tokens
+            if config.get(key) not in (None, "token_embeddings", "sentence_embedding"):
+                raise UnsupportedModelError(f"{where}: {key} {config[key]!r}; supported: token_embeddings")
+        # PyLate's own Dense defaults to no activation; sentence-transformers' to Tanh.
+        default = "torch.nn.modules.linear.Identity" if kinds[len(layers) + 1][0] == LATE_DENSE else None
+        activation = config.get("activation_function", default or "torch.nn.modules.activation.Tanh")
+        if activation not in DENSE_ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"{where}: activation_function {activation!r} is not supported; supported: "
+                f"{', '.join(sorted(DENSE_ACTIVATIONS))}"[:600]
+            )
+        weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+        if weights is None:
+            raise MissingFileError(f"{folder}: no weights; expected model.safetensors (or pytorch_model.bin)")
+        layers.append(DenseLayer(weights, n_in, n_out, bias, DENSE_ACTIVATIONS[str(activation)]))
+        width = n_out
+    return tuple(layers)
+
+
+def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) -> dict[str, Any]:
+    """The manifest's `late_interaction`: PyLate's settings with its token ids, resolved by the model's own
+    tokenizer as PyLate resolves them (`convert_tokens_to_ids`; the mask token pads expanded queries, else EOS)."""
+    out: dict[str, Any] = {
+        "query_length": late.query_length,
+        "document_length": late.document_length,
+        "query_expansion": late.query_expansion,
+        "attend_to_expansion": late.attend_to_expansion,
+    }
+    for side, prefix in (("query", late.query_prefix), ("document", late.document_prefix)):
+        if not prefix:
+            out[f"{side}_prefix_id"] = None
+            continue
+        found = tokenizer.convert_tokens_to_ids(prefix)
+        if found is None or found == tokenizer.unk_token_id or not 0 <= found < vocab_size:
+            raise UnsupportedModelError(
+                f"{where}: {side}_prefix {prefix!r} is not a token of the model's tokenizer (PyLate would add it "
+                "with a freshly initialized embedding); supported: a prefix the saved tokenizer has"
+            )
+        out[f"{side}_prefix_id"] = int(found)
+    expansion = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.eos_token_id
+    if expansion is None:
+        expansion = tokenizer.pad_token_id
+    if late.query_expansion and expansion is None:
+        raise UnsupportedModelError(f"{where}: query expansion needs a mask, EOS or pad token; the tokenizer has none")
+    out["expansion_id"] = None if expansion is None else int(expansion)
+    # PyLate maps each word with convert_tokens_to_ids: a word outside the vocabulary becomes the unknown token's
+    # id (so unknown tokens are skipped too); kept as it does.
+    skip = {tokenizer.convert_tokens_to_ids(w) for w in late.skiplist_words}
+    out["skip_ids"] = sorted(int(i) for i in skip if i is not None)
+    return out
