@@ -6,7 +6,6 @@ refusals, the HTTP host's routes, /info, the OpenAPI document and dynamic batchi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +153,9 @@ def test_refusals_are_one_line(source: Path, tmp_path: Path, change: dict[str, A
         if key in change:
             path = copy / name
             path.write_text(json.dumps({**json.loads(path.read_text()), **change[key]}))
-    with pytest.raises(SourceError, match="^[^\n]*$") as e:
+    with pytest.raises(SourceError) as e:
         read_source(copy, change.get("task", "auto"))
-    assert message in str(e.value)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_an_unknown_marker_and_reduced_precision_are_refused(source: Path, tmp_path: Path) -> None:
