@@ -31,6 +31,7 @@ from infra.pack.hf_checks import (
     read_source_file,
     safetensors_shapes,
 )
+from infra.pack.multivector_source import LATE_DENSE, is_late_interaction, late_settings
 
 Task = Literal["embedding", "rerank", "classify", "multivector"]
 TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector"]
@@ -71,7 +72,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "LateDense")  # LateDense: multivector_source
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", LATE_DENSE)
 # modules.json `type` -> module kind, matched by exact class path (never by the last dotted name: jina-embeddings-v3's
 # `custom_st.Transformer` is its own code). The spellings are those sentence-transformers' save() writes: up to
 # 5.3 the module path `sentence_transformers.models.X`; 5.4 and 5.x Normalize under sentence_transformer.modules;
@@ -87,7 +88,7 @@ ST_MODULE_TYPES = {
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.models.Dense": "Dense",
     "sentence_transformers.base.modules.dense.Dense": "Dense",
-    "pylate.models.Dense.Dense": "LateDense",  # a Linear on every token (PyLate's ColBERT): multivector_source
+    "pylate.models.Dense.Dense": LATE_DENSE,  # a Linear on every token (PyLate's ColBERT): multivector_source
 }
 # sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
 # Tanh) -> the torch module put into the graph. Another path is refused (sentence-transformers itself would fall
@@ -347,8 +348,6 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
             f"{root}: --pooling is for a bare encoder directory (no modules.json); this one {what}: leave --pooling out"
         )
     has_pooling = has_pooling or pooling is not None
-    from infra.pack.multivector_source import is_late_interaction  # imports this module
-
     late = is_late_interaction(kinds, st_meta)
     if late and task not in ("auto", "multivector"):
         raise UnsupportedModelError(f"{root}: --task {task}; this is a PyLate (ColBERT) model: --task multivector")
@@ -380,10 +379,9 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     max_seq = _max_seq_length(model_root, config, family, st_config)
     fields: dict[str, Any] = {}
     if chosen == "multivector":
-        from infra.pack.multivector_source import multivector_fields
-
         positions = int(config["max_position_embeddings"]) - POSITION_OFFSET.get(family, 0)
-        fields.update(multivector_fields(root, kinds, config, st_meta, positions))
+        fields["late"] = late_settings(root, kinds, st_meta, positions)
+        fields["dense"] = _dense_layers(root, kinds, int(config.get("hidden_size") or config.get("dim") or 0))
         max_seq = max(fields["late"].query_length, fields["late"].document_length)
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
     elif chosen == "embedding":
@@ -588,7 +586,7 @@ def _dense_layers(root: Path, kinds: list[tuple[str, str]], width: int) -> tuple
     weights file; the tensors themselves are checked when the export loads them."""
     layers = []
     for kind, path in kinds:
-        if kind != "Dense":
+        if kind not in ("Dense", LATE_DENSE):
             continue
         folder = root / path
         where = folder / "config.json"
@@ -604,10 +602,13 @@ def _dense_layers(root: Path, kinds: list[tuple[str, str]], width: int) -> tuple
             raise SourceError(f"{where}: bias {bias!r}; expected true or false")
         if config.get("use_residual"):
             raise UnsupportedModelError(f"{where}: use_residual=true is not supported; supported: a plain Dense")
+        # PyLate's Dense reads and writes every token's vector (its default activation: none).
+        vectors = "token_embeddings" if kind == LATE_DENSE else "sentence_embedding"
         for key in ("module_input_name", "module_output_name"):
-            if config.get(key) not in (None, "sentence_embedding"):
-                raise UnsupportedModelError(f"{where}: {key} {config[key]!r}; supported: sentence_embedding")
-        activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+            if config.get(key) not in (None, vectors):
+                raise UnsupportedModelError(f"{where}: {key} {config[key]!r}; supported: {vectors}")
+        default = "torch.nn.modules.linear.Identity" if kind == LATE_DENSE else "torch.nn.modules.activation.Tanh"
+        activation = config.get("activation_function", default)
         if activation not in DENSE_ACTIVATIONS:
             raise UnsupportedModelError(
                 f"{where}: activation_function {activation!r} is not supported; supported: "

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from infra.pack.hf_checks import SourceError, is_int
-from infra.pack.hf_source import DENSE_ACTIVATIONS, DenseLayer, MissingFileError, UnsupportedModelError
 
 # modules.json type of PyLate's Dense (hf_source maps it to this kind; only this reader accepts it).
 LATE_DENSE = "LateDense"
@@ -67,18 +66,16 @@ def is_late_interaction(kinds: list[tuple[str, str]], st_meta: dict[str, Any]) -
     )
 
 
-def multivector_fields(
-    root: Path, kinds: list[tuple[str, str]], config: dict[str, Any], st_meta: dict[str, Any], positions: int
-) -> dict[str, Any]:
-    """`HFSource`'s fields for task multivector: the projection (`dense`) and the settings (`late`)."""
+def late_settings(root: Path, kinds: list[tuple[str, str]], st_meta: dict[str, Any], positions: int) -> LateSettings:
+    """PyLate's settings, checked (the projection's modules are read by hf_source's Dense reader)."""
     where = root / "config_sentence_transformers.json"
     order = [k for k, _ in kinds]
     if len(order) < 2 or order[0] != "Transformer" or any(k not in ("Dense", LATE_DENSE) for k in order[1:]):
-        raise UnsupportedModelError(f"{root / 'modules.json'}: modules {' -> '.join(order)}; supported: {_MODULES}")
+        raise SourceError(f"{root / 'modules.json'}: modules {' -> '.join(order)}; supported: {_MODULES}")
     if st_meta.get("similarity_fn_name") not in (None, "MaxSim", "maxsim"):
-        raise UnsupportedModelError(f"{where}: similarity {st_meta['similarity_fn_name']!r}; supported: MaxSim")
+        raise SourceError(f"{where}: similarity {st_meta['similarity_fn_name']!r}; supported: MaxSim")
     if st_meta.get("prompts") or st_meta.get("default_prompt_name"):
-        raise UnsupportedModelError(f"{where}: prompts are not supported for multivector; supported: none")
+        raise SourceError(f"{where}: prompts are not supported for multivector; supported: none")
     value = {key: st_meta.get(key, PYLATE_DEFAULTS[key]) for key in PYLATE_KEYS}
     for key in ("query_prefix", "document_prefix"):
         if not isinstance(value[key], str):
@@ -86,7 +83,7 @@ def multivector_fields(
     for key in ("query_length", "document_length"):
         n = value[key]
         if not is_int(n) or not 2 <= n <= positions:
-            raise UnsupportedModelError(f"{where}: {key} {n!r}; supported: an integer, 2 to {positions} (positions)")
+            raise SourceError(f"{where}: {key} {n!r}; supported: an integer, 2 to {positions} (positions)")
     for key in ("do_query_expansion", "attend_to_expansion_tokens"):
         if not isinstance(value[key], bool):
             raise SourceError(f"{where}: {key} {value[key]!r}; expected true or false")
@@ -94,7 +91,7 @@ def multivector_fields(
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise SourceError(f"{where}: skiplist_words must be a list of strings")
     expansion = bool(value["do_query_expansion"])
-    late = LateSettings(
+    return LateSettings(
         query_prefix=value["query_prefix"],
         document_prefix=value["document_prefix"],
         query_length=int(value["query_length"]),
@@ -103,47 +100,6 @@ def multivector_fields(
         attend_to_expansion=expansion and bool(value["attend_to_expansion_tokens"]),  # PyLate's rule
         skiplist_words=tuple(words),
     )
-    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
-    return {"dense": _dense(root, kinds, hidden), "late": late}
-
-
-def _dense(root: Path, kinds: list[tuple[str, str]], width: int) -> tuple[DenseLayer, ...]:
-    """Each projection on the token vectors: sizes chained from the hidden size, a known activation, no residual."""
-    from infra.pack.hf_source import _read_json
-
-    layers: list[DenseLayer] = []
-    for _, path in kinds[1:]:
-        folder = root / path
-        where = folder / "config.json"
-        config = _read_json(where)
-        if not isinstance(config, dict):
-            raise SourceError(f"{where}: expected a JSON object, found {type(config).__name__}")
-        n_in, n_out, bias = config.get("in_features"), config.get("out_features"), config.get("bias", True)
-        if not (is_int(n_in) and is_int(n_out) and 0 < n_in <= 1 << 20 and 0 < n_out <= 1 << 20):
-            raise SourceError(f"{where}: in_features {n_in!r}, out_features {n_out!r}; expected sizes")
-        if n_in != width:
-            raise SourceError(f"{where}: in_features {n_in} differs from the {width} values it is given")
-        if not isinstance(bias, bool):
-            raise SourceError(f"{where}: bias {bias!r}; expected true or false")
-        if config.get("use_residual"):
-            raise UnsupportedModelError(f"{where}: use_residual=true is not supported; supported: a plain Dense")
-        for key in ("module_input_name", "module_output_name"):  # PyLate's Dense reads and writes the tokens
-            if config.get(key) not in (None, "token_embeddings", "sentence_embedding"):
-                raise UnsupportedModelError(f"{where}: {key} {config[key]!r}; supported: token_embeddings")
-        # PyLate's own Dense defaults to no activation; sentence-transformers' to Tanh.
-        default = "torch.nn.modules.linear.Identity" if kinds[len(layers) + 1][0] == LATE_DENSE else None
-        activation = config.get("activation_function", default or "torch.nn.modules.activation.Tanh")
-        if activation not in DENSE_ACTIVATIONS:
-            raise UnsupportedModelError(
-                f"{where}: activation_function {activation!r} is not supported; supported: "
-                f"{', '.join(sorted(DENSE_ACTIVATIONS))}"[:600]
-            )
-        weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
-        if weights is None:
-            raise MissingFileError(f"{folder}: no weights; expected model.safetensors (or pytorch_model.bin)")
-        layers.append(DenseLayer(weights, n_in, n_out, bias, DENSE_ACTIVATIONS[str(activation)]))
-        width = n_out
-    return tuple(layers)
 
 
 def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) -> dict[str, Any]:
@@ -161,7 +117,7 @@ def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) 
             continue
         found = tokenizer.convert_tokens_to_ids(prefix)
         if found is None or found == tokenizer.unk_token_id or not 0 <= found < vocab_size:
-            raise UnsupportedModelError(
+            raise SourceError(
                 f"{where}: {side}_prefix {prefix!r} is not a token of the model's tokenizer (PyLate would add it "
                 "with a freshly initialized embedding); supported: a prefix the saved tokenizer has"
             )
@@ -170,7 +126,7 @@ def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) 
     if expansion is None:
         expansion = tokenizer.pad_token_id
     if late.query_expansion and expansion is None:
-        raise UnsupportedModelError(f"{where}: query expansion needs a mask, EOS or pad token; the tokenizer has none")
+        raise SourceError(f"{where}: query expansion needs a mask, EOS or pad token; the tokenizer has none")
     out["expansion_id"] = None if expansion is None else int(expansion)
     # PyLate maps each word with convert_tokens_to_ids: a word outside the vocabulary becomes the unknown token's
     # id (so unknown tokens are skipped too); kept as it does.
