@@ -15,6 +15,7 @@ TASK_CHOICES = (
     "embedding",
     "rerank",
     "classify",
+    "multivector",
     "generate",
 )  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
@@ -70,7 +71,8 @@ def register(sub: Any) -> None:
         choices=TASK_CHOICES,
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
-        "another sequence classifier -> classify; a *ForCausalLM chat model -> generate) or the task to pack",
+        "another sequence classifier -> classify; a PyLate ColBERT -> multivector; a *ForCausalLM chat model -> "
+        "generate) or the task to pack",
     )
     p.add_argument(
         "--pooling",

@@ -98,10 +98,10 @@ def pack_from(
 
         from infra.pack.multivector_source import token_ids
 
-        if precision.reduced:
+        if precision.dtype != "float32":
             raise PrecisionError(
-                "--quantize / --dtype are not served for multivector yet (no quality gate for MaxSim "
-                "rankings); pack it in float32"
+                f"--dtype {precision.dtype} is not served for multivector (its gate compares pooled outputs); "
+                "use --quantize int8 (gated by MaxSim ranking agreement) or float32"
             )
         source = replace(source, late=token_ids(source.late, tokenizer, int(source.config["vocab_size"]), source.root))
     version = version or default_version(source.content_sha256, source.task, precision.label)

@@ -427,6 +427,11 @@ def quantize_checked(
     from infra.pack.quality import measure, sample
 
     def figures(rows: list[int], want: list[Any], got: list[Any]) -> dict[str, Any]:
+        if source.task == "multivector":  # token vectors: ranked by MaxSim (their batches differ in length)
+            from infra.pack.late_quality import agreement, token_rows
+
+            masks = [calibration[i]["attention_mask"] for i in rows]
+            return agreement(token_rows(want, masks), token_rows(got, masks))
         labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
         return measure(
             source.task,

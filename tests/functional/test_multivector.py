@@ -171,6 +171,24 @@ def test_an_unknown_marker_and_reduced_precision_are_refused(source: Path, tmp_p
     path.write_text(json.dumps({**json.loads(path.read_text()), "query_prefix": "[unused0]"}))
     with pytest.raises(SourceError, match="query_prefix '\\[unused0\\]' is not a token"):
         pack_from(copy, tmp_path / "out")
-    with pytest.raises(SourceError, match="not served for multivector"):
-        pack_from(source, tmp_path / "out", precision=Precision(quantize="int8"))
+    with pytest.raises(SourceError, match="--dtype float16 is not served for multivector"):
+        pack_from(source, tmp_path / "out", precision=Precision(dtype="float16"))
     assert not (tmp_path / "out").exists()
+
+
+def test_the_int8_gate_ranks_by_maxsim() -> None:
+    from infra.pack.late_quality import agreement, token_rows
+
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((2, 6, 7, DIMENSION)).astype(np.float32)
+    out /= np.linalg.norm(out, axis=-1, keepdims=True)
+    masks = [np.array([[1] * 7] * 3 + [[1] * 4 + [0] * 3] * 3)] * 2
+    want = token_rows(list(out), masks)
+    assert [len(t) for t in want[:6]] == [7, 7, 7, 4, 4, 4]
+    same = agreement(want, want)
+    assert same["figure"] == same["top1_agreement"] == 1.0 and same["items"] == 12
+    shuffled = agreement(want, want[::-1])  # another text's vectors in every row: rankings disagree
+    assert shuffled["figure"] < 0.5
+    broken = [w.copy() for w in want]
+    broken[3][0, 0] = np.nan
+    assert agreement(want, broken)["figure"] == 0.0
