@@ -13,8 +13,11 @@ from typing import Any
 DIMENSION = 16
 
 
-def make_colbert_dir(out: Path, seed: int = 0, **settings: Any) -> Path:
-    """Write the directory; `settings` override PyLate's keys (query_length, skiplist_words, ...)."""
+def make_colbert_dir(
+    out: Path, seed: int = 0, shape: dict[str, int] | None = None, dimension: int = DIMENSION, **settings: Any
+) -> Path:
+    """Write the directory; `settings` override PyLate's keys (query_length, skiplist_words, ...), `shape` the
+    BERT config's sizes (benchmarks: a real ColBERT's shapes, random weights), `dimension` the projection's."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub, even by accident
@@ -29,7 +32,12 @@ def make_colbert_dir(out: Path, seed: int = 0, **settings: Any) -> Path:
     tokenizer, _ = build_tokenizer("bert", 64)
     tokenizer.add_tokens(["[Q] ", "[D] "])  # PyLate's markers, as ColBERT.__init__ adds them
     torch.manual_seed(seed)
-    model = transformers.BertModel(build_config("bert", len(tokenizer))).eval()
+    sizes = dict(shape or {})
+    positions = sizes.pop("max_position_embeddings", None)
+    config = build_config("bert", max(len(tokenizer), sizes.pop("vocab_size", 0)), **sizes)
+    if positions is not None:
+        config.max_position_embeddings = positions
+    model = transformers.BertModel(config).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -63,13 +71,13 @@ def make_colbert_dir(out: Path, seed: int = 0, **settings: Any) -> Path:
         json.dumps(
             {
                 "in_features": hidden,
-                "out_features": DIMENSION,
+                "out_features": dimension,
                 "bias": False,
                 "activation_function": "torch.nn.modules.linear.Identity",
                 "use_residual": False,
             }
         )
     )
-    weight = torch.randn(DIMENSION, hidden, generator=torch.Generator().manual_seed(seed + 1)) / hidden**0.5
+    weight = torch.randn(dimension, hidden, generator=torch.Generator().manual_seed(seed + 1)) / hidden**0.5
     save_file({"linear.weight": weight.contiguous()}, str(dense / "model.safetensors"))
     return out

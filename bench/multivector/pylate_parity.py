@@ -58,10 +58,9 @@ def pylate_model(pylate: Any, src: Path) -> Any:
     """PyLate's ColBERT over the directory's two modules: PyLate 1.6's loader does not run on sentence-transformers
     6 (it converts the directory to a pooled SentenceTransformer), so the modules are built here and PyLate's own
     tokenize / encode run as they are."""
+    from pylate.models.Dense import Dense
     from safetensors.torch import load_file
     from sentence_transformers.models import Transformer
-
-    from pylate.models.Dense import Dense
 
     settings = json.loads((src / "config_sentence_transformers.json").read_text())
     config = json.loads((src / "1_Dense/config.json").read_text())
