@@ -4,7 +4,7 @@ several settings. PyLate does not install beside this project's torch (it pins t
 sentence-transformers 5.3): run it from its wheel unpacked in a folder of its own, its unrelated imports stubbed.
 
     pip download pylate==1.6.0 --no-deps -d /tmp/pylate && unzip -q /tmp/pylate/*.whl -d /tmp/pylate-site
-    PYTHONPATH=$PWD python bench/multivector/pylate_parity.py /tmp/pylate-site /tmp/colbert-parity
+    PYTHONPATH=$PWD python bench/peers/pylate_parity.py /tmp/pylate-site /tmp/colbert-parity
 """
 
 from __future__ import annotations

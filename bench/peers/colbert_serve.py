@@ -6,7 +6,7 @@ process pinned to one CPU. The model: a random BERT with a small ColBERT's shape
 12 layers, hidden 384, 12 heads, vocabulary 30,522, 96-wide vectors; query 32, document 180 tokens), laid out as
 PyLate saves it.
 
-    PYTHONPATH=$PWD python bench/multivector/serve.py /tmp/colbert-bench [rounds] [fastembed site]
+    PYTHONPATH=$PWD python bench/peers/colbert_serve.py /tmp/colbert-bench [rounds] [fastembed site]
 
 fastembed does not install into this venv (it brings onnxruntime, which replaces onnxruntime-gpu's module):
 `pip install --no-deps --target SITE fastembed==0.9.1 loguru mmh3 py_rust_stemmers` and pass SITE.
