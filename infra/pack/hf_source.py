@@ -31,7 +31,7 @@ from infra.pack.hf_checks import (
     read_source_file,
     safetensors_shapes,
 )
-from infra.pack.multivector_source import LATE_DENSE, is_late_interaction, late_settings
+from infra.pack.multivector_source import LATE_DENSE, LATE_MODULE_TYPES, is_late_interaction, late_settings
 
 Task = Literal["embedding", "rerank", "classify", "multivector"]
 TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector"]
@@ -88,7 +88,6 @@ ST_MODULE_TYPES = {
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.models.Dense": "Dense",
     "sentence_transformers.base.modules.dense.Dense": "Dense",
-    "pylate.models.Dense.Dense": LATE_DENSE,  # a Linear on every token (PyLate's ColBERT): multivector_source
 }
 # sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
 # Tanh) -> the torch module put into the graph. Another path is refused (sentence-transformers itself would fall
@@ -247,6 +246,8 @@ def _module_kind(entry: Any, where: Path) -> tuple[str, str]:
         raise SourceError(f"{where}: module path {path!r} must be a folder inside the model directory")
     if type_name in ST_MODULE_TYPES:
         return ST_MODULE_TYPES[type_name], path
+    if type_name in LATE_MODULE_TYPES:  # PyLate's per-token Dense (a ColBERT): infra.pack.multivector_source
+        return LATE_MODULE_TYPES[type_name], path
     if not type_name.startswith(_ST_PACKAGE):
         raise UnsupportedModelError(
             f"{where}: module type {type_name!r} is the model's own code, not a sentence-transformers class; "

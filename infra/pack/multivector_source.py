@@ -21,8 +21,10 @@ from typing import Any
 
 from infra.pack.hf_checks import SourceError, is_int
 
-# modules.json type of PyLate's Dense (hf_source maps it to this kind; only this reader accepts it).
+# modules.json type of PyLate's Dense -> its module kind in hf_source (a Linear on every token; only a
+# multivector model may have it). sentence-transformers 6 aliases the same path to its own Dense.
 LATE_DENSE = "LateDense"
+LATE_MODULE_TYPES = {"pylate.models.Dense.Dense": LATE_DENSE}
 PYLATE_KEYS = (
     "query_prefix",
     "document_prefix",
