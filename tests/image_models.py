@@ -27,7 +27,11 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     },
-    "siglip": {"image_processor_type": "SiglipImageProcessor", "size": {"height": IMAGE, "width": IMAGE}, "resample": 2},
+    "siglip": {
+        "image_processor_type": "SiglipImageProcessor",
+        "size": {"height": IMAGE, "width": IMAGE},
+        "resample": 2,
+    },
     "siglip2": {"image_processor_type": "Siglip2ImageProcessor", "patch_size": PATCH, "max_num_patches": 16},
 }
 

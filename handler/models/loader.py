@@ -152,7 +152,9 @@ def load_model(
     cuda = probe_cuda(config.device)
     settings = BackendSettings(threads, cuda, plan.spin, own)
     backend.initialize(manifest, settings, timer)
-    backend = with_towers(backend, backend_spec, manifest, settings, timer, spec.gives)  # an image-text pack's two graphs
+    backend = with_towers(
+        backend, backend_spec, manifest, settings, timer, spec.gives
+    )  # an image-text pack's two graphs
     with timer.phase("device"):
         device = backend.warm_device()
     # After the session is built (weights mapped, prepacked): its RSS is what the runs' memory comes after.

@@ -83,7 +83,9 @@ class ImageTextTask(TextModel):
         if not isinstance(inputs, list) or not inputs:
             raise InvalidInputError('"inputs" must be a non-empty list of images (base64 strings or data URLs)')
         if len(inputs) > self.max_inputs:
-            raise TooManyInputsError(f"{len(inputs)} images; at most {self.max_inputs} per request (WARMSTART_MAX_INPUTS)")
+            raise TooManyInputsError(
+                f"{len(inputs)} images; at most {self.max_inputs} per request (WARMSTART_MAX_INPUTS)"
+            )
         return modality, inputs, fmt
 
     def pixels(self, inputs: Sequence[Any]) -> npt.NDArray[np.float32]:
@@ -210,12 +212,20 @@ SPEC = TaskSpec(
         "title": "image-text",
         "type": "object",
         "required": ["embeddings", "model", "usage"],
-        "properties": {"embeddings": {"type": "array", "items": VECTOR_OR_BASE64}, "model": {"type": "string"}, "usage": USAGE},
+        "properties": {
+            "embeddings": {"type": "array", "items": VECTOR_OR_BASE64},
+            "model": {"type": "string"},
+            "usage": USAGE,
+        },
     },
     fields=manifest_fields,
     routes=("/embeddings", "/v1/embeddings", *TEXT_ROUTES),
     batches=True,
     tei_kind="embedding",
-    tei_info=lambda manifest: {"pooling": "image-text", "modalities": list(MODALITIES), "dimension": manifest.dimension},
+    tei_info=lambda manifest: {
+        "pooling": "image-text",
+        "modalities": list(MODALITIES),
+        "dimension": manifest.dimension,
+    },
     tei_info_schema={"type": "object", "required": ["pooling"], "properties": {"pooling": {"type": "string"}}},
 )

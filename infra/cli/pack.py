@@ -71,7 +71,8 @@ def register(sub: Any) -> None:
         choices=TASK_CHOICES,
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
-        "another sequence classifier -> classify; a *ForCausalLM chat model -> generate; CLIPModel / SiglipModel -> image-text) or the task to pack",
+        "another sequence classifier -> classify; a *ForCausalLM chat model -> generate; CLIPModel / SiglipModel "
+        "-> image-text) or the task to pack",
     )
     p.add_argument(
         "--pooling",

@@ -88,8 +88,14 @@ def pack_from(
         from infra.pack.image_pack import pack_image_text
 
         return pack_image_text(
-            source_dir, out, model_id=model_id, version=version, backends=backends, force=force,
-            source_info=source_info, precision=precision,
+            source_dir,
+            out,
+            model_id=model_id,
+            version=version,
+            backends=backends,
+            force=force,
+            source_info=source_info,
+            precision=precision,
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     phase("reading the model directory")

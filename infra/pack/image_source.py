@@ -156,13 +156,17 @@ def read_recipe(path: Path, kind: str, image_size: int) -> ImageRecipe:
     raw = _read(path)
     ptype = raw.get("image_processor_type") or raw.get("feature_extractor_type")
     if ptype not in PROCESSORS[kind]:
-        raise SourceError(f"{path}: image_processor_type {ptype!r}; supported for {kind}: {', '.join(PROCESSORS[kind])}")
+        raise SourceError(
+            f"{path}: image_processor_type {ptype!r}; supported for {kind}: {', '.join(PROCESSORS[kind])}"
+        )
     for key in _MUST_BE_FALSE:
         if raw.get(key):
             raise SourceError(f"{path}: {key}=true is not supported")
     unknown = sorted(set(raw) - _IGNORED - _KNOWN - set(_MUST_BE_FALSE))
     if unknown:
-        raise SourceError(f"{path}: settings {', '.join(unknown)} are not supported; supported: {', '.join(sorted(_KNOWN))}")
+        raise SourceError(
+            f"{path}: settings {', '.join(unknown)} are not supported; supported: {', '.join(sorted(_KNOWN))}"
+        )
     if raw.get("do_convert_rgb") is False:
         raise SourceError(f"{path}: do_convert_rgb=false is not supported (images are always converted to RGB)")
     clip = kind == "clip"
@@ -186,8 +190,15 @@ def read_recipe(path: Path, kind: str, image_size: int) -> ImageRecipe:
         std = raw.get("image_std", clip_std if clip else [0.5, 0.5, 0.5])
     try:
         recipe = ImageRecipe.parse(
-            {"resize": resize, "size": list(size), "resample": resample, "crop": list(crop) if crop else None,
-             "scale": scale, "mean": mean, "std": std}
+            {
+                "resize": resize,
+                "size": list(size),
+                "resample": resample,
+                "crop": list(crop) if crop else None,
+                "scale": scale,
+                "mean": mean,
+                "std": std,
+            }
         )
     except ValueError as e:
         raise SourceError(f"{path}: {e}") from None
