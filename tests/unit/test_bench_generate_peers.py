@@ -51,6 +51,8 @@ def test_child_commands_run_llama_in_its_own_venv_with_our_thread_count() -> Non
     assert argv[3:5] == ["ours", "--model"]
     assert env["WARMSTART_MODEL"] == "/w/qwen3-0.6b/ours-int8"
     assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3008"  # 1.7 vCPU is a 3,008 MB Lambda
+    # Started as Lambda starts it on demand: no warm-up generation at init (the first request pays the first run).
+    assert env["AWS_LAMBDA_INITIALIZATION_TYPE"] == "on-demand" and env["AWS_LAMBDA_FUNCTION_NAME"]
     assert gp.child_command("ours-int4", p, 2, 2.0)[1]["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3538"
 
 
