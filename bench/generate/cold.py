@@ -3,12 +3,13 @@ own loop on the same pack (the engine without warmstart around it), under one CP
 Needs no llama.cpp (bench/generate/peers.py speed adds it); the pack is peers.py's (`prepare`).
 
     .venv/bin/python bench/generate/cold.py [--vcpus 1.7] [--rounds 5] [--variants ours,ours-lambda,genai]
-        [--ref main] [--model DIR]
+        [--ref main] [--model DIR] [--before-model DIR]
 
 variants: ours (handler.app's runtime as an HTTP host or a provisioned Lambda starts it: the warm-up generation at
 init), ours-lambda (as Lambda starts it on demand: AWS_LAMBDA_INITIALIZATION_TYPE=on-demand, no init warm-up, the
 first request pays the first run), genai (the engine's own loop), and with --ref REF the same two of ours as on
-git ref REF (`before-ours`, `before-ours-lambda`: handler/ extracted from REF, bench/runner.py's ref_checkout).
+git ref REF (`before-ours`, `before-ours-lambda`: handler/ extracted from REF, bench/runner.py's ref_checkout),
+on --before-model where the pack changed too.
 Each start is a fresh child (bench/generate/driver.py) in a cgroup of its own with the quota; the figure is spawn →
 its first generated token (a 16-token prompt, 1 token), the page cache warm. Ours' init phases (the init report's
 phases_ms) are kept per start. Ratios are taken within a round against genai, and against before-* with --ref.
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="ours,ours-lambda,genai", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--ref", default=None, help="also run ours as on this git ref (before/after)")
     ap.add_argument("--model", type=Path, default=PACK)
+    ap.add_argument("--before-model", type=Path, default=None, help="the before-* variants' pack (default --model)")
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for name in order(names, rnd):
                 load = os.getloadavg()[0]
-                argv_, env = child(name, args.model, args.vcpus, args.threads, before)
+                model = args.before_model if name.startswith("before-") and args.before_model else args.model
+                argv_, env = child(name, model, args.vcpus, args.threads, before)
                 c = Child(qs[name].wrap(argv_), env, MARK)
                 try:
                     rss = peak_rss_mb(c.pid)
