@@ -6,12 +6,14 @@ Init parses the tokenizer before the first token, so the rewrite is made once at
 is provably the same tokenizer: a BPE model whose merge parts hold no space (the string form splits at the
 space: byte-level BPE writes a space as `Ġ`), both files parsed and written back by `tokenizers` give the same
 JSON, and they encode the hard cases (infra.pack.wordpiece's, and the chat markers) to the same ids. Anything
-else keeps the file as it came.
+else keeps the file as it came. `warmstart pack --from` writes it; `warmstart optimize` rewrites a generate pack
+made before.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -60,4 +62,28 @@ def write_tokenizer(source: Path, dest: Path) -> bool:
         shutil.copyfile(source, dest)
         return False
     dest.write_text(compact, encoding="utf-8")
+    return True
+
+
+def compact_pack(model_dir: Path) -> bool:
+    """A pack made before this rewrite (`warmstart optimize`): its tokenizer.json rewritten in place, the manifest's
+    size and SHA-256 of it with it, where provably the same tokenizer; False where nothing changed."""
+    from handler.core.manifest import MANIFEST_NAME, sha256_file
+
+    manifest_path = model_dir / MANIFEST_NAME
+    raw = json.loads(manifest_path.read_text())
+    name = (raw.get("tokenizer") or {}).get("file")
+    if not name or name not in raw.get("files", {}):
+        return False
+    path = model_dir / name
+    compact = compact_merges(path.read_text(encoding="utf-8"))
+    if compact is None:
+        return False
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(compact, encoding="utf-8")
+    os.replace(tmp, path)
+    raw["files"][name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    tmp = manifest_path.with_name(f".{MANIFEST_NAME}.tmp")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    os.replace(tmp, manifest_path)
     return True

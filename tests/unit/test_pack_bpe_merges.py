@@ -44,3 +44,20 @@ def test_what_is_not_provably_the_same_is_packed_as_it_came(pairs_json: str, tmp
     src.write_text(json.dumps(spaced), encoding="utf-8")
     assert not write_tokenizer(src, tmp_path / "packed.json")
     assert (tmp_path / "packed.json").read_bytes() == src.read_bytes()
+
+
+def test_optimize_rewrites_a_pack_made_before_and_its_manifest(pairs_json: str, tmp_path: Path) -> None:
+    import hashlib
+
+    from infra.pack.bpe_merges import compact_pack
+
+    (tmp_path / "tokenizer.json").write_text(pairs_json, encoding="utf-8")
+    old = {"size": 1, "sha256": "0" * 64}
+    manifest = {"task": "generate", "tokenizer": {"file": "tokenizer.json"}, "files": {"tokenizer.json": old}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert compact_pack(tmp_path)
+    data = (tmp_path / "tokenizer.json").read_bytes()
+    assert data.decode() == compact_merges(pairs_json)
+    entry = json.loads((tmp_path / "manifest.json").read_text())["files"]["tokenizer.json"]
+    assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}  # what init's check reads
+    assert not compact_pack(tmp_path)  # once is enough
