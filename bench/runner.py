@@ -69,6 +69,12 @@ def lambda_env(vcpus: float, model: Path = MODEL, **extra: str) -> dict[str, str
     )
 
 
+def compile_bytecode(*dirs: Path) -> None:
+    """Byte-compile `dirs` as the images do (their Dockerfiles run compileall): a child started with
+    PYTHONDONTWRITEBYTECODE set would otherwise compile every handler module from source at each start."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *map(str, dirs)], check=True)
+
+
 def need_root() -> str | None:
     """Why quotas and cache drops cannot run here, or None."""
     if os.geteuid() != 0 or not CGROUP.is_dir():

@@ -15,10 +15,11 @@ prepare: the source directory (qwen3-0.6b: bench/pack/models.py's Qwen3-0.6B-sha
 speed: per --vcpus quota and round, every variant a fresh long-lived child (bench/generate/driver.py) in a cgroup
   of its own with that quota, in the rotated order of bench/runner.py `order`: spawn -> first token (cold; page
   cache warm), a --prompt-tokens prompt with --max-tokens greedy tokens twice (the second's time to first token
-  and decode tokens/s), peak RSS. ours = handler.app's runtime on the pack (the HTTP host's streamed path);
-  llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: built by hand, never on warmstart's run-time
-  path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread count warmstart takes
-  from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
+  and decode tokens/s), peak RSS. ours = handler.app's runtime on the pack (the HTTP host's streamed path),
+  started as Lambda starts it on demand (no warm-up generation at init), handler/ byte-compiled first as the
+  images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: built by hand, never on
+  warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
+  count warmstart takes from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
 quality: greedy agreement with float32 transformers (the prefix before the first divergence, on the pack gate's
   built-in prompts through the chat template, 16 tokens each) and perplexity on built-in text, for our int4 and
   int8 packs (the engine's own greedy loop) beside llama.cpp's Q4_0 and Q8_0 of the same directory.
@@ -48,8 +49,10 @@ from bench.runner import (
     Results,
     Stat,
     base_env,
+    compile_bytecode,
     csv,
     fmt_ratio,
+    lambda_env,
     need_root,
     order,
     peak_rss_mb,
@@ -363,8 +366,9 @@ def child_command(variant: str, p: dict[str, Path], threads: int, vcpus: float) 
     model = str(p[f"ours-{bits}"])
     if kind == "genai":
         return [sys.executable, DRIVER, "serve", "genai", "--model", model, "--threads", str(threads)], base_env()
-    memory = str(LAMBDA_MB.get(vcpus, round(vcpus * 1769)))
-    env = base_env(WARMSTART_MODEL=model, AWS_LAMBDA_FUNCTION_MEMORY_SIZE=memory)
+    # As Lambda starts a function of this quota's memory on demand: no warm-up generation at init (the first
+    # request pays the engine's first run once, as the peers' first token does).
+    env = lambda_env(vcpus, Path(model))
     return [sys.executable, DRIVER, "serve", "ours", "--model", model], env
 
 
@@ -378,6 +382,7 @@ def speed(args: argparse.Namespace) -> int:
     missing = [m for m in missing if not Path(m).exists()]
     if missing:
         raise SystemExit(f"not prepared: {', '.join(missing)} (run `peers.py prepare --model {args.model}`)")
+    compile_bytecode(ROOT / "handler")
     results = Results("generate-peers", {k: v for k, v in vars(args).items() if k != "func"})
     request = {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
     for vcpus in parse_vcpus(args.vcpus):

@@ -15,6 +15,7 @@ answer there.
 | path | API | served by (the built-in tasks' `routes`) | native request |
 |---|---|---|---|
 | `POST /v1/embeddings` | OpenAI | embedding | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
+| `POST /embeddings` | Infinity | image-text | `{"inputs", "modality"?, "encoding_format"?, "model"?}` |
 | `POST /embed` | TEI | embedding | `{"inputs", "dimensions"?, "prompt_name"?, "model"?}` |
 | `POST /similarity` | TEI | embedding | `{"inputs": [source, *sentences], "prompt_name"?, "model"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents", "model"?}` |
@@ -295,6 +296,18 @@ class OpenAIEmbeddings(Vectors):
             "model": body.get("model"),
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+
+
+class InfinityEmbeddings(OpenAIEmbeddings):
+    """`POST /embeddings`: Infinity's OpenAI-shaped embeddings with `"modality": "text" | "image"` (images as
+    base64 strings or data URLs, never fetched) → OpenAI's answer; served by image-text models."""
+
+    path = "/embeddings"
+    schema = "InfinityEmbeddingsRequest"
+    summary = "Infinity's embeddings: texts, or images with modality image, in one space"
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**super().native(body), **_given(body, "modality")}
 
 
 class TeiEmbed(Vectors):
@@ -843,6 +856,7 @@ ROUTES: dict[str, Route] = {
     for r in (
         NATIVE,
         OpenAIEmbeddings(),
+        InfinityEmbeddings(),
         TeiEmbed(),
         TeiSimilarity(),
         TeiRerank(),

@@ -71,6 +71,22 @@ SCHEMAS: dict[str, Schema] = {
             "user": _nullable(STRING),
         },
     },
+    "InfinityEmbeddingsRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": {
+                "anyOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}],
+                "description": 'texts, or with "modality": "image" images as base64 or data:image/...;base64, URLs '
+                "(a URL to fetch is refused)",
+            },
+            "modality": _nullable({"enum": ["text", "image"]}),
+            "model": MODEL,
+            "encoding_format": _nullable({"enum": ["float", "base64"]}),
+            "dimensions": POSITIVE,
+            "user": _nullable(STRING),
+        },
+    },
     "OpenAIEmbeddingsResponse": {
         "type": "object",
         "required": ["object", "data", "model", "usage"],

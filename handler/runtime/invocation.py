@@ -303,8 +303,9 @@ class Runtime(Instance):
                         self._settle(p, batch, e)
                 logs.enter(None)
                 if ready:
-                    run_prepared(
-                        cast(BatchModel, model.task),
+                    # A task with its own batch runner (image-text: texts and images apart) runs it.
+                    run = getattr(model.task, "run_batch", None) or partial(run_prepared, cast(BatchModel, model.task))
+                    run(
                         [prep for _, prep in ready],
                         max_tokens,
                         lambda j, outcome: self._settle(ready[j][0], batch, outcome),

@@ -26,6 +26,7 @@ BUILTIN_TASKS = {
     "classify": "handler.tasks.scored:CLASSIFY",
     "tensor": "handler.tasks.tensor:SPEC",
     "generate": "handler.tasks.generate:SPEC",
+    "image-text": "handler.tasks.image_text:SPEC",
     "multivector": "handler.tasks.multivector:SPEC",
 }
 

@@ -254,12 +254,14 @@ class GenerateTask:
         return self.gather(self.stream(payload))
 
     def warmup(self) -> None:
-        """Two greedy tokens off the request path (the engine's first run, the tokenizer's tables): nothing of
-        it is kept, each request gets its own generator and cache."""
-        ask: dict[str, Any] = {"prompt": "hello"}
+        """The first run's one-time costs paid off the request path, at the least compute: the chat template
+        compiled and rendered (jinja2 imported), the tokenizer's encode and incremental decode, and the engine's
+        first prefill and decode step, on a one-word raw prompt (2 tokens generated). The chat's own prompt is
+        rendered and tokenized but not run: its prefill would cost ~10 tokens' compute that no request reuses
+        (each request gets its own generator and cache; nothing of the warm-up is kept)."""
         if self.options["chat_template"] is not None:  # the template compiled now, not on the first chat
-            ask = {"messages": [{"role": "user", "content": "hello"}]}
-        for _ in self.stream({**ask, "max_tokens": 2, "temperature": 0}):
+            self.prompt_ids(check_request({"messages": [{"role": "user", "content": "hello"}]}, self.cap))
+        for _ in self.stream({"prompt": "hello", "max_tokens": 2, "temperature": 0}):
             pass
 
 

@@ -17,7 +17,8 @@ TASK_CHOICES = (
     "classify",
     "multivector",
     "generate",
-)  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
+    "image-text",
+)  # hf_source.TASK_CHOICES + generate (infra.pack.lm_pack), image-text (image_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
 # infra.pack.precision.QUANTIZATIONS, and int8-dynamic: accepted here so that Precision refuses it with the reason
 QUANTIZE_CHOICES = ("int8", "int8-block", "int8-dynamic", "int4")
@@ -71,8 +72,8 @@ def register(sub: Any) -> None:
         choices=TASK_CHOICES,
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
-        "another sequence classifier -> classify; a PyLate ColBERT -> multivector; a *ForCausalLM chat model -> "
-        "generate) or the task to pack",
+        "another sequence classifier -> classify; a *ForCausalLM chat model -> generate; CLIPModel / SiglipModel "
+        "-> image-text; a PyLate ColBERT -> multivector) or the task to pack",
     )
     p.add_argument(
         "--pooling",

@@ -82,6 +82,21 @@ def pack_from(
 
     if task == "generate" or (task == "auto" and is_causal_lm(Path(source_dir))):
         return _pack_generate(source_dir, out, model_id, version, backends, force, source_info, precision)
+    from infra.pack.image_source import is_image_text
+
+    if task == "image-text" or (task == "auto" and is_image_text(Path(source_dir))):
+        from infra.pack.image_pack import pack_image_text
+
+        return pack_image_text(
+            source_dir,
+            out,
+            model_id=model_id,
+            version=version,
+            backends=backends,
+            force=force,
+            source_info=source_info,
+            precision=precision,
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     phase("reading the model directory")
     source = read_source(Path(source_dir), task, pooling)

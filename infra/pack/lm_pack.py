@@ -5,7 +5,8 @@ read_lm_source (check everything, write nothing) -> check the tensors against th
 (config, tokenizer files, links to the weights: the user's directory is never written) -> the builder in a child
 process (infra/pack/lm_build_child.py: its config fixes, its memory freed when it exits) -> the gate
 (infra.pack.lm_quality: float32 exact, int8/int4 above --min-quality) -> publish: model.onnx, model.onnx.data,
-genai_config.json (eos and search defaults set to the manifest's), the user's tokenizer.json, the manifest
+genai_config.json (eos and search defaults set to the manifest's), the user's tokenizer.json (its BPE merges as
+strings where provably the same tokenizer: infra.pack.bpe_merges), the manifest
 (`generation`: what the task reads). The builder's own tokenizer files are not packed: the handler tokenizes
 with `tokenizers` and feeds ids.
 """
@@ -116,7 +117,9 @@ def pack_lm(
         def build(tmp: Path) -> dict[str, Any]:
             for name in (GENAI_CONFIG, MODEL_FILE, MODEL_DATA):
                 shutil.move(built / name, tmp / name)
-            shutil.copyfile(source.tokenizer_json, tmp / TOKENIZER_FILE)
+            from infra.pack.bpe_merges import write_tokenizer
+
+            write_tokenizer(source.tokenizer_json, tmp / TOKENIZER_FILE)  # merges as strings: parsed faster at init
             from infra.pack.lm_layout import align
 
             layout = align(tmp)  # the weights at page offsets, mapped in place (infra/pack/lm_layout.py)

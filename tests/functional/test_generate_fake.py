@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
+from handler.tasks import chat
 from tests.conftest import FakeContext
 from tests.fixtures.fake_engine import FakeEngine, fake_generate_pack, register
 
@@ -136,3 +137,21 @@ def test_a_json_response_format_gives_json(start: Any) -> None:
     assert got["text"] == '{"fake":true}' and got["finish_reason"] == "stop"
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     assert runtime.handle({**ask, "response_format": schema}, None)["text"] == "{}"
+
+
+def test_the_warm_up_runs_the_engine_on_a_short_prompt_and_only_compiles_the_chat(
+    pack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The warm-up is init's (a host's start, provisioned Lambda): the first run's one-time costs, not a chat's
+    # prefill that no request reuses. The chat template is compiled by it all the same.
+    register(monkeypatch)
+    chat.compile_template.cache_clear()
+    runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=True), environ={}, emit=None)
+    assert "warmup" in runtime.init_report["phases_ms"]
+    (request,) = engine(runtime).requests  # one engine run, on the raw one-word prompt
+    assert len(request["prompt_ids"]) <= 2 and request["max_tokens"] == 2 and request["temperature"] == 0
+    template = runtime.manifest.options["chat_template"]
+    assert template is not None and chat.compile_template.cache_info().currsize == 1
+    hits = chat.compile_template.cache_info().hits
+    chat.compile_template(template)
+    assert chat.compile_template.cache_info().hits == hits + 1  # the first chat finds it compiled

@@ -42,6 +42,10 @@ def classify_answer(p: dict[str, Any]) -> dict[str, Any]:
     return {"predictions": [[{"label": "pos", "score": 0.75}, {"label": "neg", "score": 0.25}] for _ in p["inputs"]]}
 
 
+def vectors_answer(p: dict[str, Any]) -> dict[str, Any]:
+    return {"embeddings": [[0.6, 0.8] for _ in p["inputs"]], "usage": {"tokens": 2}}
+
+
 # path → method → (model kind, a valid request, a bad request); every path in the document must be here.
 EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/": {
@@ -50,6 +54,7 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     },
     "/invocations": {"post": ("embedding", {"inputs": TEXTS}, {"inputs": []})},
     "/v1/embeddings": {"post": ("embedding", {"input": TEXTS, "model": "x", "dimensions": 8}, {"input": [[1]]})},
+    "/embeddings": {"post": ("image-text", {"input": "a", "modality": "text"}, {"input": ["x"], "modality": "audio"})},
     "/embed": {"post": ("embedding", {"inputs": TEXTS[0], "normalize": True}, {"inputs": "x", "normalize": False})},
     "/similarity": {
         "post": ("embedding", {"inputs": {"source_sentence": "a", "sentences": TEXTS}}, {"inputs": {"sentences": []}})
@@ -101,6 +106,7 @@ def clients(
         "embedding": client_for(runtime),
         "rerank": client_for(fake_runtime(runtime, FakeTask("rerank", rerank_answer))),
         "classify": client_for(fake_runtime(runtime, FakeTask("classify", classify_answer))),
+        "image-text": client_for(fake_runtime(runtime, FakeTask("image-text", vectors_answer))),
         "generate": client_for(generate),
     }
     for c in made.values():

@@ -51,6 +51,8 @@ def test_child_commands_run_llama_in_its_own_venv_with_our_thread_count() -> Non
     assert argv[3:5] == ["ours", "--model"]
     assert env["WARMSTART_MODEL"] == "/w/qwen3-0.6b/ours-int8"
     assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3008"  # 1.7 vCPU is a 3,008 MB Lambda
+    # Started as Lambda starts it on demand: no warm-up generation at init (the first request pays the first run).
+    assert env["AWS_LAMBDA_INITIALIZATION_TYPE"] == "on-demand" and env["AWS_LAMBDA_FUNCTION_NAME"]
     assert gp.child_command("ours-int4", p, 2, 2.0)[1]["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3538"
 
 
@@ -146,3 +148,23 @@ def test_quantize_uses_the_binary_or_the_same_library_call(tmp_path: Path) -> No
     compile(code, "quantize", "exec")  # the child's code is valid Python
     binary.write_text("")
     assert gp.quantize_command(src, dst, "Q4_0", binary) == [str(binary), str(src), str(dst), "Q4_0"]
+
+
+def test_cold_variants_start_as_a_host_as_lambda_and_as_the_before_ref() -> None:
+    from bench.generate import cold
+
+    pack, before = Path("/w/pack"), Path("/w/ref-main")
+    argv, env = cold.child("ours", pack, 1.7, 1, None)
+    assert argv[3:] == ["ours", "--model", "/w/pack"] and "AWS_LAMBDA_INITIALIZATION_TYPE" not in env  # warms up
+    env = cold.child("ours-lambda", pack, 1.7, 1, None)[1]
+    assert env["AWS_LAMBDA_INITIALIZATION_TYPE"] == "on-demand" and env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3008"
+    env = cold.child("before-ours-lambda", pack, 1.7, 1, before)[1]
+    assert env["PYTHONPATH"].split(":")[0] == "/w/ref-main" and env["AWS_LAMBDA_INITIALIZATION_TYPE"] == "on-demand"
+    assert cold.child("genai", pack, 1.7, 2, None)[0][3:] == ["genai", "--model", "/w/pack", "--threads", "2"]
+    rows = [
+        {"variant": v, "round": r, "load": 3.0, "cold_first_token_ms": ms, "peak_rss_mb": 700, "init": None}
+        for r, (a, b) in enumerate([(1200, 1000), (900, 1000)])
+        for v, ms in (("ours-lambda", a), ("genai", b))
+    ]
+    text = cold.markdown(rows, SimpleNamespace(vcpus=1.7), ["ours-lambda", "genai"])
+    assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text

@@ -1,0 +1,270 @@
+"""`warmstart pack --from DIR` for a CLIP / SigLIP directory: task `image-text`, two graphs in one pack.
+
+text/model.onnx: the text tower with its projection (transformers' `get_text_features`), image/model.onnx: the
+vision tower with its projection (`get_image_features`); both checked against the eager model before anything
+is published (their largest differences go into the manifest's `parity`). The image preprocessing is written
+as the manifest's `image` recipe (handler.tasks.pixels runs it with Pillow + numpy).
+
+Backends: onnx only. The torch backend's program interpreter (handler.backends.program) runs one exported
+program per pack; two towers would need two, which it does not load (recorded in `unsupported_backends`).
+int8: refused, for now: the quality gate's calibration is text (infra.pack.calibration), and the vision
+tower would need calibration images this pack does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from infra.pack.hf_checks import SourceError, one_line
+from infra.pack.image_source import ImageTextSource, read_image_text
+from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, OPSET
+from infra.pack.precision import Precision
+from infra.pack.progress import phase
+from infra.pack.publish import check_model_id, check_output, default_id, default_version, publish
+
+TASK = "image-text"
+TOWERS = ("text", "image")
+OUTPUTS = {"text": "text_embeds", "image": "image_embeds"}
+ATOL = 1e-4  # the graphs against eager transformers (float32)
+TORCH_REFUSED = (
+    "image-text packs two graphs (text and image towers); the torch backend loads one exported program per pack"
+)
+INT8_REFUSED = (
+    "image-text is packed float32: the int8 quality gate calibrates on text, and the vision tower needs "
+    "calibration images this pack does not have"
+)
+
+
+def pack_image_text(
+    source_dir: Path,
+    out: Path,
+    *,
+    model_id: str | None = None,
+    version: str | None = None,
+    backends: Iterable[str] | None = None,
+    force: bool = False,
+    source_info: dict[str, str] | None = None,
+    precision: Precision | None = None,
+) -> Path:
+    """Pack the CLIP / SigLIP directory `source_dir` into `out`; refusals (SourceError) before any write."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
+    phase("reading the model directory")
+    source = read_image_text(Path(source_dir))
+    chosen = tuple(dict.fromkeys(b.strip() for b in backends or ("onnx",) if b.strip()))
+    if chosen != ("onnx",):
+        bad = [b for b in chosen if b != "onnx"] or ["(none)"]
+        why = TORCH_REFUSED if bad == ["torch"] else "valid: onnx"
+        raise SourceError(f"backend {', '.join(bad)} for task {TASK}: {why}")
+    if precision is not None and precision.reduced:
+        raise SourceError(f"--dtype/--quantize for task {TASK}: {INT8_REFUSED}")
+    model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
+    out = check_output(out, force, [source.root])
+    phase("loading the weights")
+    model, tokenizer = load(source)
+    digest = _content_sha256(source)
+    version = version or default_version(digest, TASK, "float32")
+
+    def build(tmp: Path) -> dict[str, Any]:
+        pad_id = write_tokenizer(source, tokenizer, tmp / "tokenizer.json")
+        parity = {}
+        for tower in TOWERS:
+            phase(f"exporting the {tower} tower")
+            parity[tower] = export_tower(source, model, tower, tmp / tower)
+        return manifest_for(source, model_id, version, pad_id, parity, digest, source_info)
+
+    return publish(build, out, force, [source.root])
+
+
+def _content_sha256(source: ImageTextSource) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("config.json", "preprocessor_config.json", "model.safetensors"):
+        with open(source.root / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def load(source: ImageTextSource) -> tuple[Any, Any]:
+    """transformers' two-tower model (float32, eval) and fast tokenizer, from the directory only."""
+    import transformers  # pack time only
+
+    try:
+        model = transformers.AutoModel.from_pretrained(str(source.root), local_files_only=True, dtype="float32")
+    except Exception as e:
+        raise SourceError(f"{source.root}: transformers cannot load the model ({one_line(e)})") from None
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.root), local_files_only=True, use_fast=True)
+    except Exception as e:
+        raise SourceError(f"{source.root}: transformers cannot load its tokenizer ({one_line(e)})") from None
+    return model.eval(), tokenizer
+
+
+def write_tokenizer(source: ImageTextSource, tokenizer: Any, dest: Path) -> int:
+    if (source.root / "tokenizer.json").is_file():
+        shutil.copyfile(source.root / "tokenizer.json", dest)
+    else:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise SourceError(f"{source.root}: transformers built no fast tokenizer ({type(tokenizer).__name__})")
+        backend.save(str(dest))
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else 0)
+
+
+class _Tower:
+    """One tower as a module whose forward is transformers' get_*_features' pooled, projected output."""
+
+    @staticmethod
+    def module(model: Any, tower: str, inputs: tuple[str, ...]) -> Any:
+        import torch
+
+        class Tower(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args: Any) -> Any:
+                feeds = dict(zip(inputs, args, strict=True))
+                if tower == "text":
+                    return self.model.get_text_features(**feeds).pooler_output
+                return self.model.get_image_features(**feeds).pooler_output
+
+        return Tower().eval()
+
+
+def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[str, Any]]:
+    """Inputs the graph is checked on: two batch shapes, padded rows for CLIP's mask."""
+    rng = np.random.default_rng(0)
+    if tower == "image":
+        size = source.image_size
+        return [{"pixel_values": rng.standard_normal((n, 3, size, size)).astype(np.float32)} for n in (1, 3)]
+    out = []
+    for n, length in ((1, 7), (3, 11)):
+        length = source.max_seq_length if source.padding == "max_length" else length
+        ids = rng.integers(5, vocab_size, (n, length)).astype(np.int64)
+        eos = source.config.get("text_config", {}).get("eos_token_id")
+        if source.kind == "clip" and isinstance(eos, int):
+            ids[:, -1] = eos
+        feed = {"input_ids": ids}
+        if source.kind == "clip":
+            mask = np.ones((n, length), np.int64)
+            if n > 1:  # a shorter row, padded: its end-of-text sits before the padding
+                mask[1, length // 2 :] = 0
+                if isinstance(eos, int):
+                    ids[1, length // 2 - 1] = eos
+            feed["attention_mask"] = mask
+        out.append(feed)
+    return out
+
+
+def tower_inputs(source: ImageTextSource, tower: str) -> tuple[str, ...]:
+    return ("pixel_values",) if tower == "image" else source.text_inputs
+
+
+def export_tower(source: ImageTextSource, model: Any, tower: str, where: Path) -> float:
+    """Export one tower to `where`/model.onnx(+.data); the largest difference from eager on the probes."""
+    import onnxruntime as ort
+    import torch
+
+    from infra.pack.onnx_io import save_onnx_file
+
+    names = tower_inputs(source, tower)
+    vocab = int(source.config.get("text_config", {}).get("vocab_size") or model.config.text_config.vocab_size)
+    feeds = probes(source, tower, vocab)
+    module = _Tower.module(model, tower, names)
+    with torch.no_grad():
+        want = [module(*(torch.from_numpy(f[n]) for n in names)).numpy() for f in feeds]
+    dynamic: dict[str, dict[int, str]] = {n: {0: "batch"} for n in names}
+    if tower == "text" and source.padding == "longest":
+        dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
+    dynamic[OUTPUTS[tower]] = {0: "batch"}
+    example = tuple(torch.from_numpy(feeds[-1][n]) for n in names)
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings: checked below
+        path = Path(tmp) / ONNX_FILE
+        try:
+            torch.onnx.export(
+                module,
+                example,
+                str(path),
+                input_names=list(names),
+                output_names=[OUTPUTS[tower]],
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+        except Exception as e:
+            raise SourceError(f"{source.root}: the {tower} tower does not export to ONNX ({one_line(e)})") from None
+        save_onnx_file(path, where)
+    session = ort.InferenceSession(str(where / ONNX_FILE), providers=["CPUExecutionProvider"])
+    got = [session.run(None, f)[0] for f in feeds]
+    diff = max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
+    if not diff <= ATOL:
+        raise SourceError(f"{source.root}: the exported {tower} tower differs from transformers by {diff:.3g}")
+    return diff
+
+
+def manifest_for(
+    source: ImageTextSource,
+    model_id: str,
+    version: str,
+    pad_id: int,
+    parity: dict[str, float],
+    digest: str,
+    source_info: dict[str, str] | None,
+) -> dict[str, Any]:
+    """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`."""
+    size = source.image_size
+    sequence: int | str = source.max_seq_length if source.padding == "max_length" else "sequence"
+    text_files = [f"text/{ONNX_FILE}", f"text/{ONNX_DATA}"]
+    image_files = [f"image/{ONNX_FILE}", f"image/{ONNX_DATA}"]
+    vector = TensorSpec("", "float32", ("batch", source.dimension))
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "id": model_id,
+        "version": version,
+        "task": TASK,
+        "default_backend": "onnx",
+        "source": {
+            "dir": source.root.resolve().name,
+            "architecture": source.config.get("architectures", ["?"])[0],
+            "content_sha256": digest,
+            **(source_info or {}),
+        },
+        "backends": {"onnx": {"model": text_files[0], "files": [*text_files, *image_files]}},
+        "unsupported_backends": {"torch": TORCH_REFUSED},
+        "inputs": [TensorSpec(n, "int64", ("batch", sequence)).to_json() for n in source.text_inputs],
+        "outputs": [{**vector.to_json(), "name": OUTPUTS["text"]}],
+        "towers": {
+            "image": {
+                "backends": {"onnx": {"model": image_files[0], "files": image_files}},
+                "inputs": [TensorSpec("pixel_values", "float32", ("batch", 3, size, size)).to_json()],
+                "outputs": [{**vector.to_json(), "name": OUTPUTS["image"]}],
+            }
+        },
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "truncation": source.max_seq_length,
+            "padding": source.padding,
+            "pad_id": pad_id,
+        },
+        "image": source.recipe.to_json(),
+        "max_seq_length": source.max_seq_length,
+        "dimension": source.dimension,
+        "pooling": {"normalize": True, "in_graph": False},
+        "parity": {f"{tower}_max_abs_diff": value for tower, value in parity.items()},
+        "precision": {"dtype": "float32", "quantization": None, "why_not_int8": INT8_REFUSED},
+    }

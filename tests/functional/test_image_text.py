@@ -1,0 +1,159 @@
+"""image-text: tiny random CLIP and SigLIP directories packed by `pack --from` (two graphs), served, and compared
+with transformers' get_text_features / get_image_features (normalized); Infinity's `/embeddings` over HTTP;
+batches of texts and images; refusals."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from starlette.testclient import TestClient
+
+from handler.core.errors import InvalidInputError
+from handler.http_host.host import Host
+from handler.http_host.routes import create_app
+from handler.runtime.invocation import Runtime
+from handler.runtime.workers import Sizing, WorkerPool
+from handler.tasks.pixels import InvalidImageError
+from infra.pack.hf_checks import SourceError
+from infra.pack.hf_pack import pack_from
+from infra.pack.precision import Precision
+from tests.conftest import start
+from tests.image_models import TEXT_POSITIONS, make_image_text_dir
+
+TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "paris"]
+
+
+def _images() -> list[Image.Image]:
+    rng = np.random.default_rng(1)
+    return [
+        Image.fromarray(rng.integers(0, 256, (40, 33, 3), dtype=np.uint8)),
+        Image.fromarray(rng.integers(0, 256, (20, 50, 4), dtype=np.uint8), "RGBA"),
+    ]
+
+
+def _b64(image: Image.Image, fmt: str = "PNG") -> str:
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Runtime]]:
+    tmp = tmp_path_factory.mktemp("image-text")
+    out = {}
+    for kind in ("clip", "siglip"):
+        source = make_image_text_dir(tmp, kind)
+        packed = pack_from(source, tmp / f"packed-{kind}")  # task auto → image-text
+        out[kind] = (source, start(packed, "onnx"))
+    return out
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_vectors_match_transformers(packs: dict[str, tuple[Path, Runtime]], kind: str) -> None:
+    import torch
+    import transformers
+
+    source, runtime = packs[kind]
+    model = transformers.AutoModel.from_pretrained(str(source)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    processor = transformers.AutoImageProcessor.from_pretrained(str(source))
+    padding: dict[str, Any] = (
+        {"padding": True} if kind == "clip" else {"padding": "max_length", "max_length": TEXT_POSITIONS}
+    )
+    encoded = tokenizer(TEXTS, return_tensors="pt", **padding)
+    feeds = (
+        dict(encoded) if kind == "clip" else {"input_ids": encoded["input_ids"]}
+    )  # SigLIP: no mask, as its processor
+    pixels = processor(images=_images(), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        want_text = _unit(model.get_text_features(**feeds).pooler_output.numpy())
+        want_image = _unit(model.get_image_features(pixel_values=pixels).pooler_output.numpy())
+    text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
+    image = np.asarray(runtime.task({"inputs": [_b64(i) for i in _images()], "modality": "image"})["embeddings"])
+    text_diff, image_diff = float(np.abs(text - want_text).max()), float(np.abs(image - want_image).max())
+    print(f"{kind}: text vectors max abs diff {text_diff:.3g}, image vectors {image_diff:.3g}")
+    assert text_diff < 1e-5 and image_diff < 1e-5
+    assert text.shape[1] == image.shape[1]  # one space
+    manifest = runtime.manifest.raw
+    assert manifest["task"] == "image-text" and set(manifest["backends"]) == {"onnx"}
+    assert manifest["parity"]["image_max_abs_diff"] < 1e-4 and "torch" in manifest["unsupported_backends"]
+
+
+@pytest.fixture(scope="module")
+def client(packs: dict[str, tuple[Path, Runtime]]) -> Iterator[TestClient]:
+    runtime = packs["clip"][1]
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=2)
+    with TestClient(create_app(Host(lambda: runtime, workers))) as c:
+        yield c
+
+
+def test_infinity_embeddings_route_takes_images_and_texts(
+    client: TestClient, packs: dict[str, tuple[Path, Runtime]]
+) -> None:
+    runtime = packs["clip"][1]
+    image = _images()[0]
+    url = f"data:image/jpeg;base64,{_b64(image, 'JPEG')}"
+    r = client.post("/embeddings", json={"input": [url], "modality": "image", "model": "any"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    native = runtime.task({"inputs": [url], "modality": "image"})["embeddings"]
+    np.testing.assert_allclose(body["data"][0]["embedding"], native[0], atol=1e-6)
+    r = client.post("/embeddings", json={"input": "hello world"})  # modality defaults to text
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == len(native[0])
+    r = client.post("/embeddings", json={"input": ["https://example.com/cat.jpg"], "modality": "image"})
+    assert r.status_code == 400 and "never fetched" in r.text and "InvalidImageError" in r.text
+    r = client.post("/embeddings", json={"input": ["x"], "modality": "audio"})
+    assert r.status_code == 400
+    info = client.get("/info").json()
+    assert info["model_type"]["embedding"]["modalities"] == ["text", "image"]
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/embeddings" in paths
+
+
+def test_texts_and_images_batch_together_each_with_its_own_answer(packs: dict[str, tuple[Path, Runtime]]) -> None:
+    task: Any = packs["siglip"][1].task
+    images = [_b64(i) for i in _images()]
+    requests = [
+        {"inputs": [images[0]], "modality": "image"},
+        {"inputs": TEXTS[:2]},
+        {"inputs": images, "modality": "image", "encoding_format": "base64"},
+        {"inputs": TEXTS[2:]},
+    ]
+    results = task.run_batch([task.prepare(r) for r in requests], 1 << 20)
+    for request, got in zip(requests, results, strict=True):
+        want = task(request)["embeddings"]
+        if request.get("encoding_format") == "base64":
+            assert got["embeddings"] == want
+        else:
+            np.testing.assert_allclose(got["embeddings"], want, atol=1e-6)
+    with pytest.raises(InvalidImageError):
+        task.prepare({"inputs": ["aGVsbG8="], "modality": "image"})  # base64 of "hello": not an image
+    with pytest.raises(InvalidInputError, match="modality"):
+        task.prepare({"inputs": ["x"], "modality": "video"})
+
+
+def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runtime]]) -> None:
+    clip = packs["clip"][0]
+    refusals = [
+        (lambda: pack_from(clip, tmp_path / "a", backends=["torch"]), "torch backend loads one"),
+        (lambda: pack_from(clip, tmp_path / "b", precision=Precision(quantize="int8")), "calibration images"),
+    ]
+    siglip2 = make_image_text_dir(tmp_path, "siglip2")
+    refusals.append((lambda: pack_from(siglip2, tmp_path / "c"), "NaFlex"))
+    for call, words in refusals:
+        with pytest.raises(SourceError, match=words) as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert not any((tmp_path / n).exists() for n in "abc")
