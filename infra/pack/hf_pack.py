@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
+from infra.pack import multivector_source
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -109,16 +110,7 @@ def pack_from(
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
     if source.task == "multivector":  # its token ids resolved by the model's tokenizer: refusals before a write
-        from dataclasses import replace
-
-        from infra.pack.multivector_source import token_ids
-
-        if precision.dtype != "float32":
-            raise PrecisionError(
-                f"--dtype {precision.dtype} is not served for multivector (its gate compares pooled outputs); "
-                "use --quantize int8 (gated by MaxSim ranking agreement) or float32"
-            )
-        source = replace(source, late=token_ids(source.late, tokenizer, int(source.config["vocab_size"]), source.root))
+        source = multivector_source.resolved(source, tokenizer, precision.dtype)
     version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration, calibration_texts = None, None
     if precision.reduced:
@@ -446,12 +438,7 @@ def manifest_for(
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
     elif source.task == "multivector":
-        manifest["dimension"] = source.dimension
-        manifest["late_interaction"] = dict(source.late)  # with its token ids (pack_from resolved them)
-        # The tokenizer's cut for documents (PyLate's: one short of the length when a marker goes in; queries'
-        # own is the task's); the graph itself takes the longer of the two lengths (max_seq_length).
-        marker = source.late["document_prefix_id"] is not None
-        manifest["tokenizer"]["truncation"] = source.late["document_length"] - marker
+        multivector_source.add_to_manifest(manifest, source)
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

@@ -135,3 +135,26 @@ def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) 
     skip = {tokenizer.convert_tokens_to_ids(w) for w in late.skiplist_words}
     out["skip_ids"] = sorted(int(i) for i in skip if i is not None)
     return out
+
+
+def resolved(source: Any, tokenizer: Any, dtype: str) -> Any:
+    """`source` (an HFSource) with its settings' token ids (`token_ids`); --dtype refused (the torch program's
+    gate compares pooled outputs), --quantize int8 has its own gate (infra.pack.late_quality)."""
+    from dataclasses import replace
+
+    if dtype != "float32":
+        raise SourceError(
+            f"--dtype {dtype} is not served for multivector (its gate compares pooled outputs); "
+            "use --quantize int8 (gated by MaxSim ranking agreement) or float32"
+        )
+    return replace(source, late=token_ids(source.late, tokenizer, int(source.config["vocab_size"]), source.root))
+
+
+def add_to_manifest(manifest: dict[str, Any], source: Any) -> None:
+    """The manifest's multivector fields: the width, `late_interaction` (with its token ids) and the tokenizer's
+    cut for documents (PyLate's: one short of the length when a marker goes in; queries' own is the task's; the
+    graph takes the longer of the two lengths, `max_seq_length`)."""
+    manifest["dimension"] = source.dimension
+    manifest["late_interaction"] = dict(source.late)
+    marker = source.late["document_prefix_id"] is not None
+    manifest["tokenizer"]["truncation"] = source.late["document_length"] - marker
