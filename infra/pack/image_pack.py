@@ -87,9 +87,11 @@ def pack_image_text(
 def _content_sha256(source: ImageTextSource) -> str:
     import hashlib
 
+    from infra.pack.hf_checks import open_source
+
     h = hashlib.sha256()
     for name in ("config.json", "preprocessor_config.json", "model.safetensors"):
-        with open(source.root / name, "rb") as f:
+        with open_source(source.root / name) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()

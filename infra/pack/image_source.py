@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.tasks.pixels import RESAMPLE, ImageRecipe
-from infra.pack.hf_checks import SourceError
+from infra.pack.hf_checks import SourceError, read_source_file
 
 # config.json model_type → the architecture packed and how its text tower is fed.
 KINDS = {"clip": "CLIPModel", "siglip": "SiglipModel"}
@@ -60,7 +60,8 @@ _MUST_BE_FALSE = ("do_pad", "do_reduce_labels")
 def is_image_text(root: Path) -> bool:
     """A directory whose config.json names a two-tower image-text model (refused or not)."""
     try:
-        config = json.loads((root / "config.json").read_text())
+        # read_source_file refuses a FIFO or a device (SourceError, a ValueError): a plain read would block.
+        config = json.loads(read_source_file(root / "config.json"))
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and config.get("model_type") in (*KINDS, *REFUSED)
@@ -85,9 +86,11 @@ class ImageTextSource:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(read_source_file(path))
     except FileNotFoundError:
         raise SourceError(f"{path}: missing") from None
+    except SourceError:
+        raise
     except (OSError, ValueError) as e:
         raise SourceError(f"{path}: unreadable or not JSON ({e})") from None
     if not isinstance(value, dict):
