@@ -101,6 +101,40 @@ def test_single_model_init_imports_no_deferred_module(model_dir: Path) -> None:
     assert json.loads(run_python(code, env)) == []
 
 
+# A direct invoke's path (init, then the first answer): the compatible APIs, the OIP, media types, admin
+# events, response streaming and base64 are HTTP events' or control events' modules, loaded by their first use.
+LAMBDA_DEFERRED = {
+    "handler.api.compat",
+    "handler.api.oip",
+    "handler.api.media",
+    "handler.api.sse",
+    "handler.models.admin",
+    "handler.runtime.streamed",
+    "base64",
+}
+
+
+def test_a_direct_invoke_loads_no_http_or_control_module(model_dir: Path) -> None:
+    code = (
+        "import json, sys, handler.app\n"
+        "answer = json.loads(handler.app.lambda_handler({'inputs': ['a cold start']}, None))\n"
+        f"loaded = sorted(m for m in {sorted(LAMBDA_DEFERRED)!r} if m in sys.modules)\n"
+        "print(json.dumps([len(answer['embeddings']), loaded]))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
+    assert json.loads(run_python(code, env)) == [1, []]
+
+
+def test_http_and_control_events_load_the_deferred_modules(new_runtime: Any) -> None:
+    runtime = new_runtime()
+    url = {"version": "2.0", "requestContext": {"http": {"method": "POST", "path": "/v1/embeddings"}}}
+    body = json.dumps({"input": ["hello"], "encoding_format": "base64"})
+    answer = json.loads(runtime.handle({**url, "body": body})["body"])
+    assert isinstance(answer["data"][0]["embedding"], str)  # OpenAI's route, base64 vectors
+    status, refused, _ = runtime.handle_http(b'{"warmstart": "reload"}')  # the native route (None)
+    assert status == 403 and b"direct invokes only" in refused
+
+
 def test_status_and_admin_events_still_load_what_they_need(new_runtime: Any) -> None:
     runtime = new_runtime()
     assert runtime.handle({"warmstart": "status"})["warmstart"] == "status"
