@@ -34,7 +34,7 @@ from handler.core.records import record
 from handler.core.types import JSON, Event
 from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
-from handler.runtime import control, init
+from handler.runtime import init
 from handler.runtime.instance import Instance, check_served, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
@@ -64,15 +64,21 @@ class Runtime(Instance):
         """The init phase (`handler.runtime.init`), building this class."""
         return init.start(cls, config, environ, emit, sources)
 
-    # -- control replies (handler.runtime.control) ---------------------------------------------------------
+    # -- control replies (handler.runtime.control, loaded by the first: an inference never needs it) -----------
 
     def ping(self, payload: dict[str, Any], context: Any, cold: bool, count: int) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.ping(self, payload, context, cold, count)
 
     def status(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.status(self, payload)
 
     def health(self) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.health(self)
 
     # -- the request paths ---------------------------------------------------------------------------------
