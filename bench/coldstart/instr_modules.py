@@ -89,10 +89,10 @@ bs._find_and_load = find_and_load
 
 stack[0] = "top:awslambdaric"
 import awslambdaric.bootstrap, awslambdaric.lambda_runtime_client
-mark(); stack[0] = "top:handler module"
+mark(); stack[0] = "top:handler-module"
 module, _, name = {handler!r}.rpartition(".")
 handler = getattr(importlib.import_module(module), name)
-mark(); stack[0] = "top:first call"
+mark(); stack[0] = "top:first-call"
 answer = handler({event!r}, None)
 mark(); stack[0] = "top:after"
 sys.stdout.write(answer.decode()[:80] if isinstance(answer, bytes) else __import__("json").dumps(answer)[:80])
