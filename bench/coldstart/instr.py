@@ -1,14 +1,16 @@
 """Instruction counts of a start (callgrind): steady under load, where wall times on a shared host are not.
 
     .venv/bin/python bench/coldstart/instr.py [--variants ours,floor_ort,main] [--ref main] [--vcpus 1.0]
-        [--imports-only] [--keep DIR]
+        [--imports-only] [--keep DIR] [--at-answer]
 
 Each variant (bench/coldstart/run.py's VARIANTS, its environment) runs under `valgrind --tool=callgrind
 --separate-threads=yes` as `python -c` of what `python -m awslambdaric HANDLER` does up to the first answer:
 import awslambdaric's bootstrap and runtime client, import the handler's module (the init phase), call the
-handler once with the bench's event. Reported: instructions (Ir) of the main thread, of the other threads
-(the prefetch, ONNX Runtime's pool), in millions. --imports-only: the interpreter start and awslambdaric's
-imports only (the part every variant shares). About 2 minutes a variant (valgrind runs ~50x slower).
+handler once with the bench's event (--at-answer: and end the process there with `os._exit`, so the count is
+spawn -> first answer, what run.py times, without the interpreter's teardown). Reported: instructions (Ir) of
+the main thread, of the other threads (the prefetch, ONNX Runtime's pool), in millions. --imports-only: the
+interpreter start and awslambdaric's imports only (the part every variant shares). About 2 minutes a variant
+(valgrind runs ~50x slower).
 """
 
 from __future__ import annotations
@@ -28,22 +30,31 @@ from bench import runner  # noqa: E402
 from bench.coldstart import run  # noqa: E402
 
 DRIVER = """
-import importlib, json, sys
+import importlib, json, os, sys
 import awslambdaric.bootstrap, awslambdaric.lambda_runtime_client
 if {call}:
     module, _, name = {handler!r}.rpartition(".")
     answer = getattr(importlib.import_module(module), name)({event!r}, None)
     sys.stdout.write(answer.decode()[:80] if isinstance(answer, bytes) else json.dumps(answer)[:80])
+if {stop}:
+    sys.stdout.flush()
+    os._exit(0)
 """
 
 
 def count(
-    name: str, vcpus: float, ref_root: Path | None = None, imports_only: bool = False, keep: Path | None = None
+    name: str,
+    vcpus: float,
+    ref_root: Path | None = None,
+    imports_only: bool = False,
+    keep: Path | None = None,
+    at_answer: bool = False,
 ) -> dict[str, float]:
     """Millions of instructions of a variant's start: the main thread's and the other threads' together (`keep`:
-    a folder the callgrind files are copied to, for callgrind_annotate)."""
+    a folder the callgrind files are copied to, for callgrind_annotate; `at_answer`: stop counting at the first
+    answer, as `os._exit` ends the process there, without the interpreter's teardown)."""
     _, env, cwd = run.command(name, vcpus, ref_root, runner.OPTIMIZED)
-    code = DRIVER.format(call=not imports_only, handler=run.VARIANTS[name][1], event=runner.EVENT)
+    code = DRIVER.format(call=not imports_only, stop=at_answer, handler=run.VARIANTS[name][1], event=runner.EVENT)
     with tempfile.TemporaryDirectory(prefix="callgrind-") as tmp:
         out = Path(tmp) / "cg.out"
         argv = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}"]
@@ -68,6 +79,9 @@ def main() -> int:
     ap.add_argument("--ref", default="main", help="git ref of the `main` variants")
     ap.add_argument("--imports-only", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="copy the callgrind files here")
+    ap.add_argument(
+        "--at-answer", action="store_true", help="end at the first answer (os._exit): spawn -> first embedding only"
+    )
     args = ap.parse_args()
     names = runner.csv(args.variants, run.VARIANTS)
     runner.prepare_optimized()
@@ -78,7 +92,10 @@ def main() -> int:
     for tree in trees:  # bytecode compiled up front, as run.py does
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True)
     for n in names:
-        print(json.dumps({"variant": n, **count(n, args.vcpus, ref_root, args.imports_only, args.keep)}), flush=True)
+        print(
+            json.dumps({"variant": n, **count(n, args.vcpus, ref_root, args.imports_only, args.keep, args.at_answer)}),
+            flush=True,
+        )
     return 0
 
 

@@ -7,8 +7,6 @@ error so the runtime client reports its class name as `errorType`.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from typing import Any, Protocol
 
@@ -102,9 +100,11 @@ class _Http:
         if event.get("isBase64Encoded"):
             if len(body) > LAMBDA_PAYLOAD_LIMIT * 4 // 3 + 4:
                 raise PayloadTooLargeError(f"body is over the limit of {LAMBDA_PAYLOAD_LIMIT} bytes (Lambda's 6 MB)")
+            import base64  # deferred: a base64 body only (a direct invoke never decodes one)
+
             try:
                 raw = base64.b64decode(body, validate=True)
-            except (binascii.Error, ValueError) as e:
+            except ValueError as e:  # binascii.Error is a ValueError
                 raise InvalidEncodingError(f"isBase64Encoded is true but the body is not valid base64: {e}") from None
         else:
             try:

@@ -139,7 +139,7 @@ def load_manifest(root: Path, task_fields: TaskFields | None = None) -> Manifest
     if not os.path.lexists(path):
         raise ModelLoadError(f"{path}: missing; {root} is not a packed model (run `warmstart pack`)")
     try:
-        raw = parse_json(read_regular(path))
+        raw = _parsed(path)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     try:
@@ -176,6 +176,38 @@ _CONTAINERS = frozenset((dict, list))  # what json.loads makes that holds values
 
 def _too_deep() -> ValueError:
     return ValueError(f"nested more than {MAX_DEPTH} levels deep")
+
+
+# A start parses its manifest once: the prefetch (handler.runtime.prefetch) reads it first, before the imports,
+# and hands its parse to the load that follows, which takes it only while the file it opens is the one that was
+# read (same device, inode, size and mtime); otherwise, and for every later load, the file is read again.
+_early: tuple[tuple[int, int, int, int], Any] | None = None
+
+
+def _identity(fd: int) -> tuple[int, int, int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_early(path: Path) -> Any:
+    """The manifest at `path` parsed and checked as `load_manifest` parses it (`open_regular`'s refusals,
+    `parse_json`'s), kept for the first `load_manifest` of the same file."""
+    global _early
+    with os.fdopen(open_regular(path), "rb") as f:
+        identity = _identity(f.fileno())
+        value = parse_json(f.read())
+    _early = (identity, value)
+    return value
+
+
+def _parsed(path: Path) -> Any:
+    """`read_early`'s parse when it is of this very file (the descriptor opened now), else the file parsed."""
+    global _early
+    early, _early = _early, None
+    with os.fdopen(open_regular(path), "rb") as f:
+        if early is not None and early[0] == _identity(f.fileno()):
+            return early[1]
+        return parse_json(f.read())
 
 
 def parse_json(data: bytes | str) -> Any:

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from handler.api.compat import check_served, model_list
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
 from handler.core.config import Config
@@ -258,7 +257,17 @@ class Instance:
         default = self.registry.default_key
         pairs = sorted(self.registry.tasks().items(), key=lambda pair: pair[0] != default)
         created = int(time.time() - (time.monotonic() - self.started))  # when this instance started
+        from handler.api.compat import model_list  # deferred: see check_served
+
         return model_list(pairs, created)
+
+
+def check_served(check: Check, task: str, key: str, tasks: Callable[[], dict[str, str]]) -> None:
+    # Deferred: the compatible APIs (handler.api.compat and what it imports) load with the first request on
+    # one of their routes, never on a plain Lambda init (bench/coldstart/instr.py counts what that saves).
+    from handler.api import compat
+
+    compat.check_served(check, task, key, tasks)
 
 
 def usage(inv: logs.Invocation, payload: JSON, reply: JSON) -> None:

@@ -24,10 +24,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from handler.api import compat, oip
-from handler.api.compat import LAMBDA_PATHS, NATIVE, ROOT, ROUTES, Base, Route, check_served, model_field
 from handler.api.encode import dumps
-from handler.api.media import MEDIA_TYPES, Kind, NotAcceptableError, UnsupportedMediaTypeError, npy_request
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
 from handler.core import deadline
@@ -35,16 +32,17 @@ from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.records import record
 from handler.core.types import JSON, Event
-from handler.models.admin import AdminNotAllowedError, admin_action
 from handler.models.registry import requested_model
 from handler.observability import logs, report, trace
-from handler.runtime import control, init, streamed
-from handler.runtime.instance import Instance, usage
+from handler.runtime import init
+from handler.runtime.instance import Instance, check_served, usage
 from handler.tasks import catalog
 from handler.tasks.batch import BatchModel, Prepared, run_prepared
 from handler.tasks.streaming import all_pieces, wants_stream
 
 if TYPE_CHECKING:
+    from handler.api.compat import Route
+    from handler.api.media import Kind
     from handler.models.origins import ModelSources
     from handler.runtime.streamed import Frame
     from handler.runtime.workers import Batch  # loaded by HTTP hosts only, never on Lambda's init path
@@ -66,15 +64,21 @@ class Runtime(Instance):
         """The init phase (`handler.runtime.init`), building this class."""
         return init.start(cls, config, environ, emit, sources)
 
-    # -- control replies (handler.runtime.control) ---------------------------------------------------------
+    # -- control replies (handler.runtime.control, loaded by the first: an inference never needs it) -----------
 
     def ping(self, payload: dict[str, Any], context: Any, cold: bool, count: int) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.ping(self, payload, context, cold, count)
 
     def status(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.status(self, payload)
 
     def health(self) -> dict[str, Any]:
+        from handler.runtime import control
+
         return control.health(self)
 
     # -- the request paths ---------------------------------------------------------------------------------
@@ -127,6 +131,8 @@ class Runtime(Instance):
     def lambda_frames(self, event: Event, context: Any = None) -> Generator[Frame, None, None]:
         """One Lambda invocation as the streaming loop posts it (`handler.runtime.streamed`): how the answer
         goes out (one buffered body, or a response stream), then the stream's chunks as they are made."""
+        from handler.runtime import streamed  # deferred: a response-streaming function's path only
+
         return streamed.frames(self, event, context)
 
     def handle(self, event: Event, context: Any = None) -> JSON:
@@ -141,6 +147,9 @@ class Runtime(Instance):
     def _handle(self, event: Event, context: Any, count: int, inv: logs.Invocation) -> JSON:
         source = infer_source(event)
         try:
+            # Deferred (the compatible APIs, the OIP): an HTTP event's modules, never loaded by a direct invoke.
+            if source.http:
+                from handler.api import compat, oip
             oip_route = oip.match(source.path(event)) if source.http else None  # type: ignore[attr-defined]
             if oip_route is not None:  # the Open Inference Protocol (KServe v2): its own paths, answers, errors
                 if oip_route[0] != "infer":  # answered without a model run, as a status request is
@@ -169,17 +178,17 @@ class Runtime(Instance):
                     inv.kind = "status"
                     self.count("status")
                     return self.status(payload)
-                if control_event and admin_action(payload):
+                if control_event and _admin_action(payload):
                     inv.kind = "status"
                     self.count("status")  # an admin event is a status-like request: no model run
                     remaining = context.get_remaining_time_in_millis() if context is not None else None
                     return self.reloader.admin(payload, remaining)
-            elif control_event and admin_action(payload):
-                raise AdminNotAllowedError(ADMIN_OVER_HTTP)
+            elif control_event and _admin_action(payload):
+                _admin_over_http()
             else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
                 path = source.path(event)  # type: ignore[attr-defined]
-                if path in LAMBDA_PATHS:
-                    route = ROUTES[path]
+                if path in compat.LAMBDA_PATHS:
+                    route = compat.ROUTES[path]
                     native = route.request(payload, self.find)
                     if wants_stream(payload) and hasattr(route, "pieces"):  # buffered: one body of events
                         answer = self.infer(native, inv, route.check, all_pieces)
@@ -206,7 +215,7 @@ class Runtime(Instance):
     def handle_http(
         self,
         raw: bytes,
-        route: Route = NATIVE,
+        route: Route | None = None,
         content: Kind = "json",
         accept: Kind = "json",
         limit: int = LAMBDA_PAYLOAD_LIMIT,
@@ -225,12 +234,17 @@ class Runtime(Instance):
                 return self._http_error(e)
 
     def _http_request(
-        self, raw: bytes, route: Route, content: Kind, accept: Kind, limit: int
+        self, raw: bytes, route: Route | None, content: Kind, accept: Kind, limit: int
     ) -> tuple[Route, JSON, JSON]:
-        """A POSTed body → (the route that serves it, the client's payload, the native request), checked."""
+        """A POSTed body → (the route that serves it, the client's payload, the native request), checked.
+        `route` None: the native one."""
+        from handler.api.compat import NATIVE, ROOT, model_field  # loaded by the HTTP host's routes already
+        from handler.api.media import npy_request
+
+        route = NATIVE if route is None else route
         payload = self._npy_request(raw) if content == "npy" else decode_body(raw, limit)
-        if isinstance(payload, dict) and "warmstart" in payload and admin_action(payload):
-            raise AdminNotAllowedError(ADMIN_OVER_HTTP)
+        if isinstance(payload, dict) and "warmstart" in payload and _admin_action(payload):
+            _admin_over_http()
         if route is ROOT:  # TEI's default route: the served model's task's route
             named = model_field(payload, self.find)
             route = ROOT.pick(payload, self.task_name(named), self.served_key(named), self.registry.tasks())
@@ -243,6 +257,8 @@ class Runtime(Instance):
     def _http_answer(
         self, inv: logs.Invocation, route: Route, payload: JSON, native: JSON, answer: dict[str, Any], accept: Kind
     ) -> tuple[int, bytes, str]:
+        from handler.api.media import MEDIA_TYPES
+
         usage(inv, native, answer)
         if accept == "npy":
             return 200, route.npy(answer, payload), MEDIA_TYPES["npy"]  # the route's answer, as one array
@@ -349,13 +365,15 @@ class Runtime(Instance):
             self._end(p.inv, p.started)
 
     def _http_error(self, error: Exception) -> tuple[int, bytes, str]:
+        from handler.api.media import MEDIA_TYPES
+
         status, body = self._failure(error, "http")
         return status, dumps(body), MEDIA_TYPES["json"]
 
     def handle_http_stream(
         self,
         raw: bytes,
-        route: Route = NATIVE,
+        route: Route | None = None,
         content: Kind = "json",
         accept: Kind = "json",
         limit: int = LAMBDA_PAYLOAD_LIMIT,
@@ -374,6 +392,9 @@ class Runtime(Instance):
                     answer = self.serve(native, route.check)
                     yield self._http_answer(inv, route, payload, native, answer, accept)
                     return
+                from handler.api import compat
+                from handler.api.media import NotAcceptableError
+
                 if accept == "npy":
                     raise NotAcceptableError('a "stream": true answer is text/event-stream; .npy is for one answer')
                 pieces = compat.chunks(route, self.serve_stream(native, route.check), payload, self.served_key(native))
@@ -401,6 +422,8 @@ class Runtime(Instance):
 
     def _npy_request(self, raw: bytes) -> JSON:
         """An `application/x-npy` body as the default tensor model's one input."""
+        from handler.api.media import UnsupportedMediaTypeError
+
         inputs = getattr(self.task, "inputs", None)
         if not catalog.spec(self.task.name).npy_input or not isinstance(inputs, dict):
             takes = " or ".join(catalog.having(lambda spec: spec.npy_input))
@@ -444,7 +467,7 @@ class HttpCall:
     """One POSTed body as the HTTP host queues it for `Runtime.handle_http_batch`."""
 
     raw: bytes
-    route: Route = NATIVE
+    route: Route | None = None  # None: the native route
     content: Kind = "json"
     accept: Kind = "json"
     limit: int = LAMBDA_PAYLOAD_LIMIT
@@ -475,7 +498,22 @@ class _Pending:
 def batchable(route: Route) -> bool:
     """An inference route whose run is the task's own call (not `/tokenize`, not a route that checks more
     in its run): its requests may share a model run."""
+    from handler.api.compat import Base
+
     return getattr(type(route), "run", None) is Base.run
+
+
+def _admin_action(payload: JSON) -> str | None:
+    # Deferred: the admin module loads when a control event arrives, as the status module does.
+    from handler.models.admin import admin_action
+
+    return admin_action(payload)
+
+
+def _admin_over_http() -> None:
+    from handler.models.admin import AdminNotAllowedError
+
+    raise AdminNotAllowedError(ADMIN_OVER_HTTP)
 
 
 def _is_status(payload: JSON) -> bool:

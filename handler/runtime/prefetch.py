@@ -8,14 +8,13 @@ On a warm page cache (sampled: startfiles.warm) nothing is issued. On a cold one
 image's chunks lazily from the network) every page fault of an import or of the session would otherwise wait
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
-Stdlib only, and of handler only `startfiles` and the backend's spec (handler.backends.registry: spec modules import
-nothing heavy): it runs before numpy is imported. Switch:
+Stdlib only, and of handler only `startfiles`, the manifest reader (handler.core.manifest) and the backend's spec
+(handler.backends.registry: spec modules import nothing heavy): it runs before numpy is imported. Switch:
 WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -156,9 +155,15 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
     model_dir = _model_dir(env)
     if model_dir is None:
         return "", []
-    from handler.runtime.startfiles import read_regular
+    from handler.core.errors import ModelLoadError
+    from handler.core.manifest import read_early
 
-    raw = json.loads(read_regular(model_dir / "manifest.json"))  # never a plain open: a FIFO there would hang init
+    # Never a plain open (a FIFO there would hang init); the parse is handed to init's manifest load, which takes
+    # it while the file is unchanged instead of reading it again.
+    try:
+        raw = read_early(model_dir / "manifest.json")
+    except ModelLoadError as e:  # absent, or not a regular file: as before, init's error to report
+        raise FileNotFoundError(str(e)) from None
     backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
     entry = raw["backends"].get(backend)
     if entry is None:

@@ -3,7 +3,6 @@ rows. Float answers stay float32 arrays: `handler.api.encode` writes them, at th
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +146,8 @@ def prompt_for(
 
 def base64_rows(array: npt.NDArray[np.float32]) -> list[str]:
     """Each row as base64 of its little-endian float32 bytes (OpenAI's `encoding_format: "base64"`)."""
+    import base64  # deferred: asked for by a request only, never on the init path
+
     rows = np.ascontiguousarray(array, dtype="<f4")
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
 

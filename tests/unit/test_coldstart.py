@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from handler.backends.fingerprint import cpu_fingerprint, cpu_flags
+from handler.core import manifest as manifest_module
 from handler.core.config import Config
 from handler.runtime import prefetch
 from handler.runtime.invocation import Runtime
@@ -99,6 +100,74 @@ def test_single_model_init_imports_no_deferred_module(model_dir: Path) -> None:
     )
     env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "WARMSTART_WARMUP": "0"}
     assert json.loads(run_python(code, env)) == []
+
+
+# A direct invoke's path (init, then the first answer): the compatible APIs, the OIP, media types, admin
+# events, pings, response streaming and base64 are HTTP events' or control events' modules, loaded by their
+# first use.
+LAMBDA_DEFERRED = {
+    "handler.api.compat",
+    "handler.api.oip",
+    "handler.api.media",
+    "handler.api.sse",
+    "handler.models.admin",
+    "handler.runtime.streamed",
+    "handler.runtime.control",
+    "base64",
+}
+
+
+def test_a_direct_invoke_loads_no_http_or_control_module(model_dir: Path) -> None:
+    code = (
+        "import json, sys, handler.app\n"
+        "answer = json.loads(handler.app.lambda_handler({'inputs': ['a cold start']}, None))\n"
+        f"loaded = sorted(m for m in {sorted(LAMBDA_DEFERRED)!r} if m in sys.modules)\n"
+        "print(json.dumps([len(answer['embeddings']), loaded]))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
+    assert json.loads(run_python(code, env)) == [1, []]
+
+
+def test_a_start_parses_its_manifest_once(model_dir: Path) -> None:
+    # The prefetch reads the manifest before the imports; the load after them takes that parse.
+    code = (
+        "import json, sys\n"
+        "calls = []\n"
+        "_loads = json.loads\n"
+        "def loads(data, **kw):\n"
+        "    calls.append(b'format_version' in (data if isinstance(data, bytes) else data.encode()))\n"
+        "    return _loads(data, **kw)\n"
+        "json.loads = loads\n"
+        "import handler.app\n"
+        "print(json.dumps(sum(calls)))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
+    assert json.loads(run_python(code, env)) == 1
+
+
+def test_the_early_parse_is_taken_once_and_only_for_the_same_file(model_dir: Path, tmp_path: Path) -> None:
+    early = manifest_module.read_early(model_dir / "manifest.json")
+    assert manifest_module.load_manifest(model_dir).raw is early
+    assert manifest_module.load_manifest(model_dir).raw is not early  # taken once: a later load reads the file
+    # The same bytes, rewritten after the early read: another file now (its mtime), so read again.
+    for f in model_dir.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "manifest.json").write_bytes((model_dir / "manifest.json").read_bytes())
+    early = manifest_module.read_early(tmp_path / "manifest.json")
+    os.utime(tmp_path / "manifest.json", ns=(0, 10**9))
+    again = manifest_module.load_manifest(tmp_path).raw
+    assert again is not early and again == early
+
+
+def test_http_and_control_events_load_the_deferred_modules(new_runtime: Any) -> None:
+    runtime = new_runtime()
+    url = {"version": "2.0", "requestContext": {"http": {"method": "POST", "path": "/v1/embeddings"}}}
+    body = json.dumps({"input": ["hello"], "encoding_format": "base64"})
+    answer = json.loads(runtime.handle({**url, "body": body})["body"])
+    assert isinstance(answer["data"][0]["embedding"], str)  # OpenAI's route, base64 vectors
+    status, refused, _ = runtime.handle_http(b'{"warmstart": "reload"}')  # the native route (None)
+    assert status == 403 and b"direct invokes only" in refused
 
 
 def test_status_and_admin_events_still_load_what_they_need(new_runtime: Any) -> None:
