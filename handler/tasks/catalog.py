@@ -26,6 +26,7 @@ BUILTIN_TASKS = {
     "classify": "handler.tasks.scored:CLASSIFY",
     "tensor": "handler.tasks.tensor:SPEC",
     "generate": "handler.tasks.generate:SPEC",
+    "sparse": "handler.tasks.sparse:SPEC",
 }
 
 

@@ -379,7 +379,7 @@ def manifest_for(
     inputs = [TensorSpec(n, "int64", ("batch", "sequence")).to_json() for n in input_names(source)]
     output = OUTPUT_NAMES[source.task]
     shape: tuple[int | str, ...]
-    if source.task == "embedding":
+    if source.task in ("embedding", "sparse"):
         shape = ("batch", source.dimension)
     elif source.task == "rerank":
         shape = ("batch",)
@@ -414,6 +414,12 @@ def manifest_for(
         manifest["unsupported_backends"] = dict(unsupported)
     if source.task == "embedding":
         manifest["pooling"] = {"mode": source.pooling, "normalize": source.normalize, "in_graph": True}
+        manifest["dimension"] = source.dimension
+        manifest["prompts"] = dict(source.prompts)
+        manifest["default_prompt_name"] = source.default_prompt_name
+    elif source.task == "sparse":
+        assert source.splade is not None
+        manifest["splade"] = source.splade.to_json()
         manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
