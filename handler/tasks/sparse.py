@@ -82,7 +82,7 @@ class SparseTask(TextModel):
             indices = np.sort(indices[keep])
         values = row[indices].astype(np.float32)  # a copy: the row is a pooled buffer's
         if fmt == "milvus":
-            entry: dict[str, Any] = {"sparse": {str(int(i)): float(v) for i, v in zip(indices, values, strict=True)}}
+            entry: dict[str, Any] = {"sparse": {str(i): v for i, v in zip(indices.tolist(), values, strict=True)}}
         else:
             entry = {"indices": indices.tolist(), "values": values}
         if with_tokens:

@@ -15,6 +15,7 @@ TASK_CHOICES = (
     "embedding",
     "rerank",
     "classify",
+    "sparse",
     "generate",
 )  # infra.pack.hf_source.TASK_CHOICES + generate (infra.pack.lm_pack) (not imported: cheap --help)
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # infra.pack.precision.DTYPES
