@@ -303,9 +303,8 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     if modules is not None and not (isinstance(modules, list) and modules):
         raise SourceError(f"{root / 'modules.json'}: expected a non-empty list of modules")
     if modules is not None and is_sparse(modules, _optional_object(root / "config_sentence_transformers.json")):
-        for m in modules:
-            _module_kind(m, root / "modules.json")  # the model's own code, a folder outside: refused first
-        kinds, splade = sparse_modules(root, modules, _read_json)
+        found = [_module_kind(m, root / "modules.json") for m in modules]  # the model's own code: refused
+        kinds, splade = sparse_modules(root, found, _read_json, UnsupportedModelError)
     elif modules is not None:
         kinds = [_module_kind(m, root / "modules.json") for m in modules]
         unsupported = [k for k, _ in kinds if k not in SUPPORTED_MODULES]

@@ -10,9 +10,12 @@ Plain JSON reads only, as in `hf_source`: nothing imported from torch or sentenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from infra.pack.hf_checks import SourceError
 
 # modules.json `type` -> kind, as sentence-transformers 5.x (`...sparse_encoder.models.X`) and 6.x
 # (`...sparse_encoder.modules.<module>.X`, the base Transformer) write them.
@@ -46,46 +49,38 @@ def is_sparse(modules: list[Any], st_meta: dict[str, Any]) -> bool:
     return any(isinstance(m, dict) and any(k in str(m.get("type", "")) for k in _MARKERS) for m in modules)
 
 
-def sparse_modules(root: Path, modules: list[Any], read_json: Any) -> tuple[list[tuple[str, str]], Splade]:
-    """The modules as (kind, folder): the MLM transformer's as `Transformer`, then `SpladePooling`'s; and the
-    pooling's settings. UnsupportedModelError for any other module list (one line: found, supported)."""
-    from infra.pack.hf_checks import SourceError
-    from infra.pack.hf_source import ST_MODULE_TYPES, UnsupportedModelError
-
+def sparse_modules(
+    root: Path, found: list[tuple[str, str]], read_json: Callable[[Path], Any], refuse: type[SourceError]
+) -> tuple[list[tuple[str, str]], Splade]:
+    """`found`: modules.json's (kind or type, folder) pairs, as `hf_source` reads them. The modules as (kind,
+    folder), the MLM transformer's as `Transformer`, then `SpladePooling`'s; and the pooling's settings.
+    `refuse` (hf_source's UnsupportedModelError) for any other module list: one line, found and supported."""
     where = root / "modules.json"
-    kinds: list[tuple[str, str]] = []
-    for m in modules:
-        type_name = str(m.get("type", "")) if isinstance(m, dict) else ""
-        kind = SPARSE_TYPES.get(type_name) or ST_MODULE_TYPES.get(type_name) or type_name.rsplit(".", 1)[-1] or "?"
-        kinds.append((kind, str(m.get("path", "")) if isinstance(m, dict) else ""))
+    kinds = [(SPARSE_TYPES.get(kind) or kind.rsplit(".", 1)[-1] or "?", path) for kind, path in found]
     order = [k for k, _ in kinds]
     if len(order) != 2 or order[0] not in ("MLMTransformer", "Transformer") or order[1] != "SpladePooling":
         hint = ""
         if "Router" in order:
             hint = " (a Router: an inference-free query encoder, not served yet; pack the document encoder alone)"
-        raise UnsupportedModelError(
-            f"{where}: SparseEncoder modules {' -> '.join(order)}{hint}; supported: {SUPPORTED}"[:600]
-        )
+        raise refuse(f"{where}: SparseEncoder modules {' -> '.join(order)}{hint}; supported: {SUPPORTED}"[:600])
     mlm_path, pool_path = kinds[0][1], kinds[1][1]
     if order[0] == "Transformer":
         st_config = read_json(root / mlm_path / "sentence_bert_config.json")
         task = st_config.get("transformer_task") if isinstance(st_config, dict) else None
         if task != "fill-mask":
-            raise UnsupportedModelError(
-                f"{where}: a SparseEncoder Transformer with transformer_task {task!r}; supported: {SUPPORTED}"
-            )
+            raise refuse(f"{where}: a SparseEncoder Transformer with transformer_task {task!r}; supported: {SUPPORTED}")
     config = read_json(root / pool_path / "config.json")
     if not isinstance(config, dict):
         raise SourceError(f"{root / pool_path / 'config.json'}: expected a JSON object")
     pooling = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     if pooling not in POOLING_STRATEGIES:
-        raise UnsupportedModelError(
+        raise refuse(
             f"{root / pool_path / 'config.json'}: pooling_strategy {pooling!r}; supported: "
             f"{', '.join(POOLING_STRATEGIES)}"
         )
     if activation not in ACTIVATIONS:
-        raise UnsupportedModelError(
+        raise refuse(
             f"{root / pool_path / 'config.json'}: activation_function {activation!r}; supported: "
             f"{', '.join(ACTIVATIONS)}"
         )
