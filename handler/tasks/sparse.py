@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with r
     import numpy.typing as npt
 
 SPARSE_FORMATS = ("indices", "milvus")  # Qdrant's SparseVector (and the native shape), Milvus' dict
+INPUT_TYPES = ("document", "query")  # "query": a model with an inference-free query encoder uses it
 POOLINGS, ACTIVATIONS = ("max", "sum"), ("relu", "log1p_relu")  # infra.pack.sparse_source's, as packed
 
 
@@ -53,6 +54,25 @@ class SparseTask(TextModel):
         self.dimension = manifest.dimension or (width if isinstance(width, int) else None)
         self.prompts: dict[str, str] = manifest.options.get("prompts", {})
         self.default_prompt: str | None = manifest.options.get("default_prompt_name")
+        query = manifest.options["splade"].get("query")
+        # An inference-free query encoder: one weight per token id, mapped (a query runs no model).
+        self.query_weights = (
+            np.load(manifest.path(query["file"]), mmap_mode="r", allow_pickle=False) if query is not None else None
+        )
+
+    def _static(self, body: dict[str, Any], texts: list[str]) -> tuple[npt.NDArray[np.float32], int] | None:
+        """A query's rows from the static query encoder, as SparseStaticEmbedding computes them (each token
+        present, special tokens not added, weighs its own weight once); None where the model runs."""
+        if self.query_weights is None or choice(body, "input_type", INPUT_TYPES, "document") != "query":
+            return None
+        rows = np.zeros((len(texts), len(self.query_weights)), np.float32)
+        tokens = 0
+        for row, text in zip(rows, texts, strict=True):
+            ids = np.array([t[0] for t in self.encoder.spans(text, add_special_tokens=False)], np.int64)
+            ids = ids[ids < len(row)]
+            row[ids] = self.query_weights[ids]
+            tokens += len(ids)
+        return rows, tokens
 
     def _options(self, payload: JSON) -> tuple[list[str], int | None, bool, str]:
         body = require_object(payload, "inputs")
@@ -62,6 +82,7 @@ class SparseTask(TextModel):
         top_k = positive_int(body, "top_k")
         tokens = flag(body, "return_tokens")
         fmt = choice(body, "sparse_format", SPARSE_FORMATS, "indices")
+        choice(body, "input_type", INPUT_TYPES, "document")  # checked for every model, used by `_static`
         return ([prompt + t for t in texts] if prompt else texts), top_k, tokens, fmt
 
     def _answer(
@@ -91,6 +112,9 @@ class SparseTask(TextModel):
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
         texts, top_k, with_tokens, fmt = self._options(payload)
+        static = self._static(require_object(payload), texts)
+        if static is not None:
+            return self._answer(*static, top_k, with_tokens, fmt)
         with self.pool.request():
             rows, tokens = self._run(texts)
             return self._answer(rows, tokens, top_k, with_tokens, fmt)
@@ -98,6 +122,10 @@ class SparseTask(TextModel):
     def prepare(self, payload: JSON) -> Prepared:
         """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
         texts, top_k, with_tokens, fmt = self._options(payload)
+        static = self._static(require_object(payload), texts)
+        if static is not None:  # nothing for the model to run: answered as it is
+            answer = self._answer(*static, top_k, with_tokens, fmt)
+            return Prepared([], lambda rows, tokens: answer)
         return Prepared(
             self.encoder.tokenize(texts), lambda rows, tokens: self._answer(rows, tokens, top_k, with_tokens, fmt)
         )
@@ -120,8 +148,13 @@ def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"splade pooling {splade.get('pooling')!r}; valid: {', '.join(POOLINGS)}")
     if splade.get("activation") not in ACTIVATIONS:
         raise ValueError(f"splade activation {splade.get('activation')!r}; valid: {', '.join(ACTIVATIONS)}")
+    query = splade.get("query")
+    if query is not None and not (
+        isinstance(query, dict) and query.get("kind") == "static" and isinstance(query.get("file"), str)
+    ):
+        raise ValueError('splade query must be {"kind": "static", "file": "<weights .npy>"}')
     fields = prompt_fields({k: v for k, v in raw.items() if k != "pooling"})
-    return {**fields, "splade": {"pooling": splade["pooling"], "activation": splade["activation"]}}
+    return {**fields, "splade": {"pooling": splade["pooling"], "activation": splade["activation"], "query": query}}
 
 
 SPARSE_VECTOR = {
@@ -151,6 +184,9 @@ SPEC = TaskSpec(
             "top_k": POSITIVE,
             "return_tokens": FLAG,
             "sparse_format": nullable({"enum": list(SPARSE_FORMATS)}),
+            "input_type": nullable(
+                {"enum": list(INPUT_TYPES), "description": "query: the model's inference-free query encoder, if any"}
+            ),
         },
     },
     example={"inputs": "hello"},

@@ -151,6 +151,10 @@ def pack_from(
             quantizing = exported is not None and precision.quantize is not None
             phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
+            if source.splade is not None and source.splade.static_query is not None:
+                from infra.pack.sparse_source import write_static_query
+
+                write_static_query(source.root, source.splade, tmp)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if exported is not None and precision.quantize is not None:

@@ -32,7 +32,7 @@ from infra.pack.hf_checks import (
     safetensors_shapes,
 )
 from infra.pack.sparse_source import SUPPORTED as SPARSE_SUPPORTED
-from infra.pack.sparse_source import Splade, is_sparse, sparse_modules
+from infra.pack.sparse_source import Splade, check_static_query, is_sparse, sparse_modules
 
 Task = Literal["embedding", "rerank", "classify", "sparse"]
 TaskChoice = Literal["auto", "embedding", "rerank", "classify", "sparse"]
@@ -399,6 +399,8 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     hashed += [p for p in _tokenizer_files(root, model_root, tokenizer_json, family) if p.is_file()]
     hashed += [p for p in _st_files(root, kinds) if p.is_file()]
     hashed += [layer.weights for layer in fields.get("dense", ())]
+    if splade is not None and splade.static_query is not None:
+        hashed += check_static_query(root, splade, tokenizer_json, int(config["vocab_size"]), UnsupportedModelError)
     return HFSource(
         root=root,
         model_root=model_root,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from infra.pack.hf_checks import SourceError
@@ -24,11 +24,22 @@ SPARSE_TYPES = {
     "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer": "MLMTransformer",
     "sentence_transformers.sparse_encoder.models.SpladePooling": "SpladePooling",
     "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling": "SpladePooling",
+    "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding": "SparseStaticEmbedding",
+    "sentence_transformers.sparse_encoder.modules.sparse_static_embedding."
+    "SparseStaticEmbedding": "SparseStaticEmbedding",
+    "sentence_transformers.models.Router": "Router",
+    "sentence_transformers.base.modules.router.Router": "Router",
+    "sentence_transformers.base.modules.transformer.Transformer": "Transformer",
+    "sentence_transformers.models.Transformer": "Transformer",
 }
+QUERY_WEIGHTS_FILE = "query_weights.npy"  # the static query encoder's weights in a pack: float32, one per token id
 _MARKERS = (".sparse_encoder.", "SparseEncoder")
 POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
-SUPPORTED = "MLMTransformer (or Transformer with transformer_task fill-mask) -> SpladePooling"
+SUPPORTED = (
+    "MLMTransformer (or Transformer with transformer_task fill-mask) -> SpladePooling, alone or as a Router's "
+    "document route beside a query route of one SparseStaticEmbedding"
+)
 
 
 @dataclass(frozen=True)
@@ -37,9 +48,15 @@ class Splade:
 
     pooling: str  # POOLING_STRATEGIES
     activation: str  # ACTIVATIONS
+    # A Router's inference-free query encoder: its SparseStaticEmbedding's folder (relative to the directory),
+    # one weight per token id; None: queries run the model too.
+    static_query: str | None = None
 
-    def to_json(self) -> dict[str, str]:
-        return {"pooling": self.pooling, "activation": self.activation}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pooling": self.pooling, "activation": self.activation}
+        if self.static_query is not None:
+            out["query"] = {"kind": "static", "file": QUERY_WEIGHTS_FILE}
+        return out
 
 
 def is_sparse(modules: list[Any], st_meta: dict[str, Any]) -> bool:
@@ -57,12 +74,13 @@ def sparse_modules(
     `refuse` (hf_source's UnsupportedModelError) for any other module list: one line, found and supported."""
     where = root / "modules.json"
     kinds = [(SPARSE_TYPES.get(kind) or kind.rsplit(".", 1)[-1] or "?", path) for kind, path in found]
+    static_query = None
+    if [k for k, _ in kinds] == ["Router"]:
+        where = root / kinds[0][1] / "router_config.json"
+        kinds, static_query = _routes(root, kinds[0][1], read_json, refuse)
     order = [k for k, _ in kinds]
     if len(order) != 2 or order[0] not in ("MLMTransformer", "Transformer") or order[1] != "SpladePooling":
-        hint = ""
-        if "Router" in order:
-            hint = " (a Router: an inference-free query encoder, not served yet; pack the document encoder alone)"
-        raise refuse(f"{where}: SparseEncoder modules {' -> '.join(order)}{hint}; supported: {SUPPORTED}"[:600])
+        raise refuse(f"{where}: SparseEncoder modules {' -> '.join(order)}; supported: {SUPPORTED}"[:600])
     mlm_path, pool_path = kinds[0][1], kinds[1][1]
     if order[0] == "Transformer":
         st_config = read_json(root / mlm_path / "sentence_bert_config.json")
@@ -84,7 +102,60 @@ def sparse_modules(
             f"{root / pool_path / 'config.json'}: activation_function {activation!r}; supported: "
             f"{', '.join(ACTIVATIONS)}"
         )
-    return [("Transformer", mlm_path), ("SpladePooling", pool_path)], Splade(str(pooling), str(activation))
+    kinds = [("Transformer", mlm_path), ("SpladePooling", pool_path)]
+    return kinds, Splade(str(pooling), str(activation), static_query)
+
+
+def _routes(
+    root: Path, router: str, read_json: Callable[[Path], Any], refuse: type[SourceError]
+) -> tuple[list[tuple[str, str]], str]:
+    """A Router's routes (router_config.json): the document route's modules as (kind, folder) and the query
+    route's one SparseStaticEmbedding folder; anything else refused."""
+    where = root / router / "router_config.json"
+    config = read_json(where)
+    if not isinstance(config, dict) or not isinstance(config.get("structure"), dict):
+        raise SourceError(f"{where}: expected an object with a `structure` of routes")
+    types, structure = config.get("types") or {}, config["structure"]
+    default = (config.get("parameters") or {}).get("default_route")
+
+    def kinds(route: str) -> list[tuple[str, str]]:
+        folders = structure.get(route) or []
+        out = []
+        for f in folders:
+            kind = str(types.get(f))
+            out.append((SPARSE_TYPES.get(kind, kind.rsplit(".", 1)[-1]), str(PurePosixPath(router) / str(f))))
+        return out
+
+    shown = "; ".join(f"{r}: {' -> '.join(k for k, _ in kinds(r)) or 'none'}" for r in structure)
+    query, document = kinds("query"), kinds("document")
+    if sorted(structure) != ["document", "query"] or [k for k, _ in query] != ["SparseStaticEmbedding"]:
+        raise refuse(f"{where}: Router routes {shown}; supported: {SUPPORTED}"[:600])
+    if default not in (None, "document"):
+        raise refuse(f"{where}: Router default_route {default!r}; supported: document")
+    return document, query[0][1]
+
+
+def check_static_query(
+    root: Path, splade: Splade, tokenizer: Path | None, vocab_size: int, refuse: type[SourceError]
+) -> list[Path]:
+    """The query encoder's files (its weights: one float per token id; its tokenizer: the document encoder's
+    own, byte for byte, as the pack keeps one), checked; what the content hash covers."""
+    from infra.pack.hf_checks import read_source_file, safetensors_shapes
+
+    assert splade.static_query is not None
+    folder = root / splade.static_query
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise SourceError(f"{folder}: no weights; expected model.safetensors (a SparseStaticEmbedding's `weight`)")
+    shapes = safetensors_shapes(weights)
+    if shapes != {"weight": [vocab_size]}:
+        raise SourceError(f"{weights}: tensors {shapes}; a SparseStaticEmbedding holds weight [{vocab_size}]"[:400])
+    own = folder / "tokenizer.json"
+    if own.is_file() and (tokenizer is None or read_source_file(own) != read_source_file(tokenizer)):
+        raise refuse(
+            f"{own}: the query encoder's tokenizer differs from the document encoder's; supported: one tokenizer"
+        )
+    return [p for p in (weights, folder / "config.json", own, folder.parent / "router_config.json") if p.is_file()]
 
 
 def splade(logits: Any, attention_mask: Any, settings: Splade) -> Any:
@@ -97,3 +168,13 @@ def splade(logits: Any, attention_mask: Any, settings: Splade) -> Any:
     if settings.activation == "log1p_relu":
         values = torch.log1p(values)
     return values.amax(dim=1) if settings.pooling == "max" else values.sum(dim=1)
+
+
+def write_static_query(root: Path, splade: Splade, out: Path) -> None:
+    """The query encoder's weights into the pack, as a float32 .npy (the run time maps it: no torch)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    assert splade.static_query is not None
+    weight = load_file(str(root / splade.static_query / "model.safetensors"))["weight"]
+    np.save(out / QUERY_WEIGHTS_FILE, np.ascontiguousarray(weight, dtype="<f4"), allow_pickle=False)

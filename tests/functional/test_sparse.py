@@ -29,14 +29,15 @@ TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a", "que
 PROMPTS = {"query": "query: ", "document": ""}
 
 
-def make_splade(where: Path, pooling: str = "max") -> Path:
-    """A SparseEncoder directory as sentence-transformers 6 saves one: Transformer (fill-mask) + SpladePooling."""
+def make_splade(where: Path, pooling: str = "max", router: bool = False) -> Path:
+    """A SparseEncoder directory as sentence-transformers 6 saves one: Transformer (fill-mask) + SpladePooling;
+    `router`: as the document route of a Router whose query route is a SparseStaticEmbedding (random weights)."""
     import tempfile
 
     import torch
     import transformers
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from sentence_transformers.sparse_encoder.modules import Router, SparseStaticEmbedding, SpladePooling, Transformer
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -50,13 +51,34 @@ def make_splade(where: Path, pooling: str = "max") -> Path:
         model.save_pretrained(hf)
         tokenizer.save_pretrained(hf)
         mlm = Transformer(hf, transformer_task="fill-mask", model_kwargs={"local_files_only": True})
-        SparseEncoder(modules=[mlm, SpladePooling(pooling)], prompts=PROMPTS).save(str(where))
+        modules: list[Any] = [mlm, SpladePooling(pooling)]
+        if router:  # idf-like weights, a third of them 0 (terms a query never weighs)
+            weight = torch.rand(vocab_size) * 3 * (torch.rand(vocab_size) > 0.33)
+            query = SparseStaticEmbedding(tokenizer=mlm.tokenizer, weight=weight, frozen=True)
+            modules = [Router.for_query_document(query_modules=[query], document_modules=modules)]
+        SparseEncoder(modules=modules, prompts=PROMPTS).save(str(where))
     return where
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_splade(tmp_path_factory.mktemp("splade") / "src")
+    """The packed model: a Router (inference-free queries) whose document route is a plain SPLADE model."""
+    return make_splade(tmp_path_factory.mktemp("splade") / "src", router=True)
+
+
+@pytest.fixture(scope="module")
+def plain(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The document route alone, as a plain SparseEncoder directory (Transformer -> SpladePooling)."""
+    where = tmp_path_factory.mktemp("plain") / "src"
+    shutil.copytree(source, where)
+    (where / "router_config.json").unlink()
+    shutil.rmtree(where / "query_0_SparseStaticEmbedding")
+    modules = [
+        {"idx": 0, "name": "0", "path": "document_0_Transformer", "type": ST6 + "base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "document_1_SpladePooling", "type": ST6 + SPLADE_POOLING},
+    ]
+    (where / "modules.json").write_text(json.dumps(modules))
+    return where
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +98,14 @@ def runtimes(packed: Path) -> dict[str, Runtime]:
 
 @pytest.fixture(scope="module")
 def reference(source: Path) -> Callable[..., np.ndarray[Any, Any]]:
+    """`encode_document` (`query=True`: `encode_query`) as dense float32 rows."""
     from sentence_transformers import SparseEncoder
 
     encoder = SparseEncoder(str(source), device="cpu")
 
-    def encode(texts: list[str], **kwargs: Any) -> np.ndarray[Any, Any]:
-        return np.asarray(encoder.encode(texts, convert_to_tensor=True, **kwargs).to_dense().numpy())
+    def encode(texts: list[str], query: bool = False, **kwargs: Any) -> np.ndarray[Any, Any]:
+        method = encoder.encode_query if query else encoder.encode_document
+        return np.asarray(method(texts, convert_to_tensor=True, **kwargs).to_dense().numpy())
 
     return encode
 
@@ -106,9 +130,18 @@ def test_the_same_terms_and_weights_as_sparse_encoder(
         assert 0 < len(entry["indices"]) < width  # sparse, not empty: the test can tell a wrong pooling
     assert np.abs(_dense(got["embeddings"], width) - want).max() <= 1e-5
     assert float(want.max()) > 1.0  # the scaled weights' values vary widely
-    # The query prompt, as encode_query prepends it.
-    query = runtimes[backend].serve({"inputs": TEXTS[:2], "prompt_name": "query"})
-    assert np.abs(_dense(query["embeddings"], width) - reference(TEXTS[:2], prompt_name="query")).max() <= 1e-5
+    # The document route with the query prompt, as encode_document(prompt_name="query") prepends it.
+    prompted = runtimes[backend].serve({"inputs": TEXTS[:2], "prompt_name": "query"})
+    assert np.abs(_dense(prompted["embeddings"], width) - reference(TEXTS[:2], prompt_name="query")).max() <= 1e-5
+
+
+def test_queries_use_the_inference_free_encoder(runtimes: dict[str, Runtime], reference: Callable[..., Any]) -> None:
+    want = reference(TEXTS, query=True)  # encode_query: the static weights of the tokens present, the prompt
+    got = runtimes["onnx"].serve({"inputs": TEXTS, "input_type": "query", "prompt_name": "query"})
+    for row, entry in zip(want, got["embeddings"], strict=True):
+        assert entry["indices"] == np.flatnonzero(row).tolist()
+        assert entry["values"].tolist() == row[entry["indices"]].tolist()  # the weights themselves
+    assert got["usage"]["tokens"] > 0
 
 
 def test_top_k_tokens_and_the_milvus_shape(runtimes: dict[str, Runtime], reference: Callable[..., Any]) -> None:
@@ -144,9 +177,12 @@ def test_bad_requests_name_their_field(runtimes: dict[str, Runtime], request_: d
 def test_embed_sparse_batched_on_the_http_host(runtimes: dict[str, Runtime]) -> None:
     rt = runtimes["onnx"]
     alone = [rt.serve({"inputs": [t]})["embeddings"][0] for t in TEXTS]
+    query = {"inputs": TEXTS, "input_type": "query"}  # answered in the batch without a model run
     with client_for(rt) as client:
-        with ThreadPoolExecutor(4) as pool:  # concurrent requests: the host may run them as one batch
+        with ThreadPoolExecutor(5) as pool:  # concurrent requests: the host may run them as one batch
+            asked = pool.submit(client.post, "/invocations", json=query)
             replies = list(pool.map(lambda t: client.post("/embed_sparse", json={"inputs": t}), TEXTS))
+            queried = asked.result()
         info = client.get("/info").json()
         wrong = client.post("/embed", json={"inputs": "x"})
     for reply, want in zip(replies, alone, strict=True):
@@ -154,6 +190,9 @@ def test_embed_sparse_batched_on_the_http_host(runtimes: dict[str, Runtime]) -> 
         [row] = reply.json()
         assert [e["index"] for e in row] == want["indices"]
         assert np.allclose([e["value"] for e in row], want["values"], atol=1e-5)
+    assert queried.status_code == 200, queried.text
+    want = rt.serve(query)["embeddings"]
+    assert [e["indices"] for e in queried.json()["embeddings"]] == [e["indices"] for e in want]
     assert info["model_type"] == {"embedding": {"pooling": "splade"}}
     assert wrong.status_code == 400 and "embedding" in wrong.json()["error"]["message"]
 
@@ -176,50 +215,62 @@ def test_the_graphs_pooling_is_splade_poolings(pooling: str, activation: str) ->
 
 
 def _rewritten(source: Path, tmp: Path, modules: list[dict[str, Any]] | None = None, **pool: Any) -> Path:
+    """A copy of `source` with its modules.json replaced and its SpladePooling config updated."""
     where = tmp / "edited"
     shutil.copytree(source, where)
     if modules is not None:
         (where / "modules.json").write_text(json.dumps(modules))
     if pool:
-        config = json.loads((where / "1_SpladePooling" / "config.json").read_text())
-        (where / "1_SpladePooling" / "config.json").write_text(json.dumps({**config, **pool}))
+        path = next(where.glob("*SpladePooling/config.json"))
+        path.write_text(json.dumps({**json.loads(path.read_text()), **pool}))
     return where
 
 
 ST5 = "sentence_transformers.sparse_encoder.models."  # how sentence-transformers 5 names the modules
-MLM = {"idx": 0, "name": "0", "path": "", "type": ST5 + "MLMTransformer"}
-POOL = {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": ST5 + "SpladePooling"}
+ST6, SPLADE_POOLING = "sentence_transformers.", "sparse_encoder.modules.splade_pooling.SpladePooling"
+MLM = {"idx": 0, "name": "0", "path": "document_0_Transformer", "type": ST5 + "MLMTransformer"}
+POOL = {"idx": 1, "name": "1", "path": "document_1_SpladePooling", "type": ST5 + "SpladePooling"}
 
 
-def test_a_sentence_transformers_5_directory_reads_the_same(source: Path, tmp_path: Path) -> None:
-    read = read_source(_rewritten(source, tmp_path, [MLM, POOL], pooling_strategy="sum"))
-    assert read.task == "sparse" and read.splade is not None and read.splade.pooling == "sum"
+def test_a_plain_directory_reads_as_the_routers_document_route(plain: Path, source: Path, tmp_path: Path) -> None:
+    read, routed = read_source(plain), read_source(source)
+    assert read.task == routed.task == "sparse" and read.model_root == plain / "document_0_Transformer"
+    assert read.splade is not None and routed.splade is not None
+    assert (read.splade.static_query, routed.splade.static_query) == (None, "query_0_SparseStaticEmbedding")
+    assert read.splade.pooling == routed.splade.pooling == "max"
     assert read.prompts == PROMPTS and read.dimension == read.config["vocab_size"]
+    st5 = read_source(_rewritten(plain, tmp_path, [MLM, POOL], pooling_strategy="sum"))  # 5.x's names
+    assert st5.task == "sparse" and st5.splade is not None and st5.splade.pooling == "sum"
 
 
 @pytest.mark.parametrize(
     ("modules", "pool", "message"),
     [
         (
-            [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.router.Router"}],
-            {},
-            "modules Router .*inference-free query encoder.*supported: MLMTransformer",
-        ),
-        (
             [MLM, POOL, {"idx": 2, "path": "2", "type": ST5 + "SparseAutoEncoder"}],
             {},
             "MLMTransformer -> SpladePooling -> SparseAutoEncoder; supported",
         ),
+        ([MLM, {**POOL, "type": ST6 + "models.Dense"}], {}, "MLMTransformer -> Dense; supported"),
         (None, {"pooling_strategy": "mean"}, "pooling_strategy 'mean'; supported: max, sum"),
         (None, {"activation_function": "gelu"}, "activation_function 'gelu'; supported: relu, log1p_relu"),
     ],
 )
 def test_what_is_not_served_is_refused_in_one_line(
-    source: Path, tmp_path: Path, modules: Any, pool: dict[str, Any], message: str
+    plain: Path, tmp_path: Path, modules: Any, pool: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(UnsupportedModelError, match=message) as caught:
-        read_source(_rewritten(source, tmp_path, modules, **pool))
+        read_source(_rewritten(plain, tmp_path, modules, **pool))
     assert "\n" not in str(caught.value)
+
+
+def test_a_router_without_a_static_query_encoder_is_refused(source: Path, tmp_path: Path) -> None:
+    where = _rewritten(source, tmp_path)
+    config = json.loads((where / "router_config.json").read_text())
+    config["structure"]["query"] = config["structure"]["document"]  # an asymmetric model: queries run it too
+    (where / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="Router routes query: Transformer -> SpladePooling; document"):
+        read_source(where)
 
 
 def test_a_task_other_than_sparse_is_refused(source: Path) -> None:
