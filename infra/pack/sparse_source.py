@@ -160,14 +160,21 @@ def check_static_query(
 
 def splade(logits: Any, attention_mask: Any, settings: Splade) -> Any:
     """SpladePooling's arithmetic in torch (inference): padding masked to 0 before the activation, so it
-    adds nothing to either reduction (log1p(relu(0)) = 0). Used by the exported graph's head."""
+    adds nothing to either reduction (log1p(relu(0)) = 0). Used by the exported graph's head.
+
+    Max pooling takes the max of the masked logits first: ReLU and log1p never decrease, so applied to the
+    max alone they give the same float as the max of them applied to every token, with one pass over the
+    (batch, tokens, vocabulary) logits instead of three (about 120 MB a pass for 32 texts of 32 tokens)."""
     import torch
 
     masked = logits * attention_mask.unsqueeze(-1).to(logits.dtype)
+    if settings.pooling == "max":
+        values = torch.log1p(torch.relu(masked.amax(dim=1)))
+        return torch.log1p(values) if settings.activation == "log1p_relu" else values
     values = torch.log1p(torch.relu(masked))
     if settings.activation == "log1p_relu":
         values = torch.log1p(values)
-    return values.amax(dim=1) if settings.pooling == "max" else values.sum(dim=1)
+    return values.sum(dim=1)
 
 
 def write_static_query(root: Path, splade: Splade, out: Path) -> None:
