@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 HANDLER = ROOT / "handler"
 # Where the tasks are declared: each built-in's module, and the table naming them.
 DECLARED = {"tasks/catalog.py", "tasks/embedding.py", "tasks/scored.py", "tasks/tensor.py", "tasks/generate.py"}
+DECLARED.add("tasks/sparse.py")  # the sparse (SPLADE) task
 # OpenAI's answer names its items `{"object": "embedding", "embedding": [...]}`: that API's words, not our task.
 # The inference protocol's output tensor of an embedding model is named `embedding` (`handler.tasks.oip_io`).
 API_WORDS = {("api/compat.py", "embedding"), ("api/schemas.py", "embedding"), ("tasks/oip_io.py", "embedding")}
