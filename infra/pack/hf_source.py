@@ -192,7 +192,7 @@ class HFSource:
         """The encoder's sizes the run time budgets activation memory by (handler.core.memory): hidden,
         layers, heads, intermediate; a size the config does not give is left out (the run time estimates it)."""
         keys = CONFIG_KEYS["distilbert" if self.family == "distilbert" else "other"]
-        out: dict[str, int] = {}
+        out: dict[str, int] = {"logits": int(self.config["vocab_size"])} if self.task == "sparse" else {}
         for name in ("hidden", "layers", "heads", "intermediate"):
             value = self.config.get(keys[name])
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -238,7 +238,7 @@ def test_a_plain_directory_reads_as_the_routers_document_route(plain: Path, sour
     assert read.splade is not None and routed.splade is not None
     assert (read.splade.static_query, routed.splade.static_query) == (None, "query_0_SparseStaticEmbedding")
     assert read.splade.pooling == routed.splade.pooling == "max"
-    assert read.prompts == PROMPTS and read.dimension == read.config["vocab_size"]
+    assert read.prompts == PROMPTS and read.dimension == read.shape["logits"] == read.config["vocab_size"]
     st5 = read_source(_rewritten(plain, tmp_path, [MLM, POOL], pooling_strategy="sum"))  # 5.x's names
     assert st5.task == "sparse" and st5.splade is not None and st5.splade.pooling == "sum"
 
