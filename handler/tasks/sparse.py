@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with r
 
 SPARSE_FORMATS = ("indices", "milvus")  # Qdrant's SparseVector (and the native shape), Milvus' dict
 INPUT_TYPES = ("document", "query")  # "query": a model with an inference-free query encoder uses it
+# The prompt each input type takes when the request names none, as encode_query / encode_document pick it.
+TYPE_PROMPTS = {"query": ("query",), "document": ("document", "passage", "corpus")}
 POOLINGS, ACTIVATIONS = ("max", "sum"), ("relu", "log1p_relu")  # infra.pack.sparse_source's, as packed
 
 
@@ -63,7 +65,7 @@ class SparseTask(TextModel):
     def _static(self, body: dict[str, Any], texts: list[str]) -> tuple[npt.NDArray[np.float32], int] | None:
         """A query's rows from the static query encoder, as SparseStaticEmbedding computes them (each token
         present, special tokens not added, weighs its own weight once); None where the model runs."""
-        if self.query_weights is None or choice(body, "input_type", INPUT_TYPES, "document") != "query":
+        if self.query_weights is None or choice(body, "input_type", INPUT_TYPES, "") != "query":
             return None
         rows = np.zeros((len(texts), len(self.query_weights)), np.float32)
         tokens = 0
@@ -77,12 +79,15 @@ class SparseTask(TextModel):
     def _options(self, payload: JSON) -> tuple[list[str], int | None, bool, str]:
         body = require_object(payload, "inputs")
         texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
+        kind = choice(body, "input_type", INPUT_TYPES, "")
+        if kind and body.get("prompt") is None and body.get("prompt_name") is None:
+            named = next((n for n in TYPE_PROMPTS[kind] if n in self.prompts), None)
+            body = {**body, "prompt_name": named} if named is not None else body
         prompt = prompt_for(body, self.prompts, self.default_prompt, self.max_chars)
         joined(prompt, texts, "the prompt", "inputs", self.max_chars)
         top_k = positive_int(body, "top_k")
         tokens = flag(body, "return_tokens")
         fmt = choice(body, "sparse_format", SPARSE_FORMATS, "indices")
-        choice(body, "input_type", INPUT_TYPES, "document")  # checked for every model, used by `_static`
         return ([prompt + t for t in texts] if prompt else texts), top_k, tokens, fmt
 
     def _answer(
@@ -185,7 +190,11 @@ SPEC = TaskSpec(
             "return_tokens": FLAG,
             "sparse_format": nullable({"enum": list(SPARSE_FORMATS)}),
             "input_type": nullable(
-                {"enum": list(INPUT_TYPES), "description": "query: the model's inference-free query encoder, if any"}
+                {
+                    "enum": list(INPUT_TYPES),
+                    "description": "as encode_query / encode_document: that prompt where none is named; query: "
+                    "the model's inference-free query encoder, if any",
+                }
             ),
         },
     },

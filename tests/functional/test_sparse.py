@@ -137,11 +137,13 @@ def test_the_same_terms_and_weights_as_sparse_encoder(
 
 def test_queries_use_the_inference_free_encoder(runtimes: dict[str, Runtime], reference: Callable[..., Any]) -> None:
     want = reference(TEXTS, query=True)  # encode_query: the static weights of the tokens present, the prompt
-    got = runtimes["onnx"].serve({"inputs": TEXTS, "input_type": "query", "prompt_name": "query"})
+    got = runtimes["onnx"].serve({"inputs": TEXTS, "input_type": "query"})  # its prompt: "query"
     for row, entry in zip(want, got["embeddings"], strict=True):
         assert entry["indices"] == np.flatnonzero(row).tolist()
         assert entry["values"].tolist() == row[entry["indices"]].tolist()  # the weights themselves
     assert got["usage"]["tokens"] > 0
+    bare = runtimes["onnx"].serve({"inputs": TEXTS, "input_type": "query", "prompt": ""})  # a prompt named: that
+    assert bare != got and bare["embeddings"][0]["indices"] == np.flatnonzero(reference(TEXTS[:1], True, prompt=""))
 
 
 def test_top_k_tokens_and_the_milvus_shape(runtimes: dict[str, Runtime], reference: Callable[..., Any]) -> None:
@@ -164,6 +166,7 @@ def test_top_k_tokens_and_the_milvus_shape(runtimes: dict[str, Runtime], referen
     [
         ({"inputs": "x", "top_k": 0}, "top_k"),
         ({"inputs": "x", "sparse_format": "coo"}, "sparse_format"),
+        ({"inputs": "x", "input_type": "passage"}, "input_type"),
         ({"inputs": "x", "return_tokens": "yes"}, "return_tokens"),
         ({"inputs": "x", "prompt_name": "passage"}, "prompt_name"),
         ({"inputs": []}, "inputs"),
