@@ -169,6 +169,10 @@ def pack_from(
             quantizing = exported is not None and precision.quantize is not None
             phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
+            if source.splade is not None and source.splade.static_query is not None:
+                from infra.pack.sparse_source import write_static_query
+
+                write_static_query(source.root, source.splade, tmp)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if exported is not None and precision.quantize is not None:
@@ -397,7 +401,7 @@ def manifest_for(
     inputs = [TensorSpec(n, "int64", ("batch", "sequence")).to_json() for n in input_names(source)]
     output = OUTPUT_NAMES[source.task]
     shape: tuple[int | str, ...]
-    if source.task == "embedding":
+    if source.task in ("embedding", "sparse"):
         shape = ("batch", source.dimension)
     elif source.task == "multivector":
         shape = ("batch", "sequence", source.dimension)
@@ -439,6 +443,12 @@ def manifest_for(
         manifest["default_prompt_name"] = source.default_prompt_name
     elif source.task == "multivector":
         multivector_source.add_to_manifest(manifest, source)
+    elif source.task == "sparse":
+        assert source.splade is not None
+        manifest["splade"] = source.splade.to_json()
+        manifest["dimension"] = source.dimension
+        manifest["prompts"] = dict(source.prompts)
+        manifest["default_prompt_name"] = source.default_prompt_name
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:
