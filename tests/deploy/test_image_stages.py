@@ -14,7 +14,7 @@ emulated: that stage's COPY lines run and its RUN lines are checked for the file
 
 Cost: three stages' pip installs from build/image-stages/wheels, two packs, the optimize, compileall; the two
 Dockerfiles build side by side (on a 2-core host at load ~13: 5.5 min, against 11.8 min one after the other with
-the pack stages compiling bytecode). The first run on a machine first downloads ~400 MB of wheels into that directory.
+the pack stages compiling bytecode). The first run on a machine first downloads the wheels into that directory.
 """
 
 from __future__ import annotations
