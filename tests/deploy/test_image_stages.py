@@ -13,8 +13,9 @@ Emulator are not there, and the image needs neither: it pip-installs its own aws
 emulated: that stage's COPY lines run and its RUN lines are checked for the files they read, not run.
 
 Cost: three stages' pip installs from build/image-stages/wheels, two packs, the optimize, compileall; the two
-Dockerfiles build side by side (on a 2-core host at load ~13: 5.5 min, against 11.8 min one after the other with
-the pack stages compiling bytecode). The first run on a machine first downloads the wheels into that directory.
+Dockerfiles build side by side (a shared 2-core host at load 10-15, two pairs: 5.5 and 4.7 min, against 11.8 and
+5.6 min one after the other with the pack stages compiling bytecode). The first run on a machine first downloads
+the wheels into that directory.
 """
 
 from __future__ import annotations
