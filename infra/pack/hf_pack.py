@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack import multivector_source
+from infra.pack import multivector_source, sparse_source
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -170,9 +170,7 @@ def pack_from(
             phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
             if source.splade is not None and source.splade.static_query is not None:
-                from infra.pack.sparse_source import write_static_query
-
-                write_static_query(source.root, source.splade, tmp)
+                sparse_source.write_static_query(source.root, source.splade, tmp)
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if exported is not None and precision.quantize is not None:
@@ -441,14 +439,8 @@ def manifest_for(
         manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
-    elif source.task == "multivector":
-        multivector_source.add_to_manifest(manifest, source)
-    elif source.task == "sparse":
-        assert source.splade is not None
-        manifest["splade"] = source.splade.to_json()
-        manifest["dimension"] = source.dimension
-        manifest["prompts"] = dict(source.prompts)
-        manifest["default_prompt_name"] = source.default_prompt_name
+    elif source.task in ("multivector", "sparse"):  # each kind's own fields, beside its source reader
+        {"multivector": multivector_source, "sparse": sparse_source}[source.task].add_to_manifest(manifest, source)
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

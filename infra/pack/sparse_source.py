@@ -185,3 +185,12 @@ def write_static_query(root: Path, splade: Splade, out: Path) -> None:
     assert splade.static_query is not None
     weight = load_file(str(root / splade.static_query / "model.safetensors"))["weight"]
     np.save(out / QUERY_WEIGHTS_FILE, np.ascontiguousarray(weight, dtype="<f4"), allow_pickle=False)
+
+
+def add_to_manifest(manifest: dict[str, Any], source: Any) -> None:
+    """The manifest's sparse fields: SpladePooling's settings, the vocabulary width and the prompts."""
+    assert source.splade is not None
+    manifest["splade"] = source.splade.to_json()
+    manifest["dimension"] = source.dimension
+    manifest["prompts"] = dict(source.prompts)
+    manifest["default_prompt_name"] = source.default_prompt_name
