@@ -128,7 +128,11 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
-    cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
+    cls: Any = (
+        transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
+    )
+    if source.logit_score is not None:  # a decoder reranker: the LM head's two rows (infra.pack.lm_rerank)
+        cls = transformers.AutoModelForCausalLM
     transformers.AttentionInterface.register(EXPORT_ATTENTION, _export_attention)
     new = NEW_FAMILIES.get(source.family)
     # MPNet has its own attention (relative position bias), outside transformers' attention interface; the newer
@@ -190,6 +194,11 @@ def _export_attention(
 def build_head(source: HFSource, model: Any) -> Any:
     """A torch module: the model plus the task's head, taking `input_names(source)` positionally."""
     import torch
+
+    if source.logit_score is not None:
+        from infra.pack.lm_rerank import score_head
+
+        return score_head(model, source.logit_score, source.activation)
 
     pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
     with_types = source.token_types

@@ -93,6 +93,11 @@ def pack_from(
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
+    pair = None
+    if source.logit_score is not None:  # a decoder reranker: its chat template as three strings (a refusal here)
+        from infra.pack.lm_rerank import pair_template
+
+        pair = pair_template(source.root, source.model_root, tokenizer)
     version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration, calibration_texts = None, None
     if precision.reduced:
@@ -164,6 +169,8 @@ def pack_from(
             if program is not None:
                 spec["torch"] = torch_spec(tmp, program)
             manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+            if pair is not None:
+                manifest["pair_template"] = pair
             if precision.reduced:
                 gate = quality if quality is not None else spec["onnx"].pop("quality")
                 manifest["precision"] = precision.entry(gate, backend=chosen[0])
