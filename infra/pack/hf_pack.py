@@ -105,7 +105,7 @@ def pack_from(
         from infra.pack.quality import calibration_feeds, texts_in_feed_order
 
         texts = precision.texts(tokenizer, source.max_seq_length)
-        calibration, order = calibration_feeds(source, tokenizer, texts, input_names(source))
+        calibration, order = calibration_feeds(source, tokenizer, texts, input_names(source), pair)
         calibration_texts = texts_in_feed_order(texts, order) if source.task != "rerank" else None
     quality: dict[str, Any] | None = None
 
