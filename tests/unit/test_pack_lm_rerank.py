@@ -20,17 +20,8 @@ from handler.tasks.tokens import Kept
 from infra.pack.hf_pack import pack_from
 from infra.pack.hf_source import UnsupportedModelError, read_source
 from infra.pack.lm_rerank import LMRerankError, pair_template
+from tests.lm_rerankers import TEMPLATE, make_reranker_dir
 
-# Qwen3-Reranker's prompt, as a chat template over sentence-transformers' query/document roles.
-TEMPLATE = (
-    "{%- set system = messages | selectattr('role', 'eq', 'system') | map(attribute='content') | first -%}"
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
-    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-    "<Instruct>: {{ system or 'Given a web search query, retrieve relevant passages that answer the query' }}\n"
-    "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
-    "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
-    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-)
 QUERY = "what is a cold start?"
 DOCUMENTS = [
     "the first request of a new instance",
@@ -40,41 +31,6 @@ DOCUMENTS = [
     "the quick brown fox jumps over the lazy dog . " * 60,  # past 512 tokens: truncated, the suffix restored
     "paris is the capital of france .",
 ]
-
-
-def make_reranker_dir(root: Path) -> Path:
-    """A tiny random Qwen3ForCausalLM with "yes" and "no" tokens, saved by `CrossEncoder.save_pretrained`."""
-    import torch
-    import transformers
-    from sentence_transformers import CrossEncoder
-
-    from tests import lm_models
-
-    base, out = root / "base", root / "reranker"
-    raw = lm_models.build_lm_tokenizer("qwen3")
-    raw.add_tokens(["yes", "no"])  # LogitScore's default true/false tokens
-    eos = raw.token_to_id("<|endoftext|>")
-    torch.manual_seed(0)
-    ids = {"bos_token_id": None, "eos_token_id": eos, "pad_token_id": eos}
-    config = lm_models._config("qwen3", raw.get_vocab_size(), ids)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(8.0)  # scores that differ between pairs
-    model.save_pretrained(base)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        model_max_length=512,
-        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
-    )
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(base)
-    prompts = {"web": "Given a web search query, retrieve relevant passages", "code": "Find the code"}
-    CrossEncoder(str(base), prompts=prompts, default_prompt_name="web").save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
