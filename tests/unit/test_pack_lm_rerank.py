@@ -136,3 +136,24 @@ def test_a_template_that_rewrites_the_text_is_refused(built: tuple[Path, Path, A
     tokenizer.chat_template = "{{ messages[0].content }}"
     with pytest.raises(LMRerankError, match="query, then the document, once each"):
         pair_template(built[0], built[0], tokenizer)
+
+
+def test_requests_batched_together_answer_as_alone(runtime: Runtime, built: tuple[Path, Path, Any]) -> None:
+    """Two requests in one model run (the HTTP host's dynamic batching): rows of different lengths, padded
+    right to the longest of both, each request's scores as its own call gives them."""
+    from handler.tasks.batch import run_prepared
+
+    payloads = [{"query": QUERY, "documents": DOCUMENTS[:2]}, {"query": "paris ?", "documents": DOCUMENTS[3:]}]
+    with runtime.registry.lease(None) as model:
+        task = model.task
+        alone = [task(p) for p in payloads]
+        together = run_prepared(task, [task.prepare(p) for p in payloads], max_tokens=1 << 20)
+    for a, b in zip(alone, together, strict=True):
+        assert [r["index"] for r in a["results"]] == [r["index"] for r in b["results"]]
+        diff = [
+            abs(x["relevance_score"] - y["relevance_score"]) for x, y in zip(a["results"], b["results"], strict=True)
+        ]
+        assert max(diff) < 1e-5
+    assert [r["relevance_score"] for r in together[0]["results"]] == pytest.approx(
+        sorted(built[2][:2].tolist(), reverse=True), abs=1e-4
+    )
