@@ -5,7 +5,8 @@ on the same directory.
    interleaved round by round, medians (min-max), and the child's peak RSS:
      warmstart-onnx / warmstart-torch  Runtime.start on the packed model (warm-up off) + one request
      cross-encoder                     CrossEncoder(source dir) + one predict
-2. Warm, in one process: 1 query x 1 document (b1) and x 32 documents (b32), calls interleaved, medians.
+2. Warm, in one process: 1 query x 1 document (b1) and x 32 documents (b32), calls interleaved, medians;
+   then the b32 scores against `CrossEncoder.predict` (max abs difference, same order).
 
 The model is random (no downloads): tests/lm_rerankers.py with Qwen3-Reranker-0.6B's layer shape (hidden 1024,
 16 heads / 8 KV heads of 128, intermediate 3072) and its 151,669-row vocabulary, 4 layers instead of 28 (a pack
@@ -100,6 +101,14 @@ def warm(source: Path, packed: Path, calls: int) -> dict[str, dict[str, list[flo
                 run = runners[name]
                 run(docs)
                 out[name][size].append((time.perf_counter() - start) * 1000)
+    want = ce.predict([(QUERY, d) for d in sizes["b32"]], batch_size=32)
+    for name in ("warmstart-onnx", "warmstart-torch"):
+        got = [0.0] * len(want)
+        for item in runners[name](sizes["b32"])["results"]:
+            got[item["index"]] = item["relevance_score"]
+        same = sorted(range(len(got)), key=lambda i: -got[i]) == sorted(range(len(want)), key=lambda i: -want[i])
+        diff = max(abs(g - w) for g, w in zip(got, want, strict=True))
+        print(f"  parity b32 {name}: max |score - CrossEncoder.predict| {diff:.2e}, same order {same}")
     return out
 
 
