@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,12 @@ from handler.core.types import JSON
 from handler.tasks import oip_io
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
+from handler.tasks.lm_pairs import PairTemplate, template_fields
 from handler.tasks.scoring import rank, sigmoid, softmax
 from handler.tasks.spec import FLAG, LABELS, MODEL, NUMBER, POSITIVE, STRING, TEXTS, USAGE, TaskSpec
 from handler.tasks.text import (
     TEXT_ROUTES,
+    Text,
     TextModel,
     check_text,
     check_texts,
@@ -39,6 +42,17 @@ from handler.tasks.text import (
 
 class RerankTask(TextModel):
     name = "rerank"
+
+    def __init__(self, manifest: Manifest, backend: Backend, config: Config, pool: BufferPool | None = None) -> None:
+        super().__init__(manifest, backend, config, pool)
+        fields = manifest.options.get("pair_template")  # a decoder reranker: each pair is one templated text
+        self.template = PairTemplate(fields) if fields else None
+
+    def tokenize(self, texts: Sequence[Text]) -> list[Any]:
+        if self.template is None:
+            return self.encoder.tokenize(texts)
+        formatted = self.template.texts(texts)  # type: ignore[arg-type]  # a reranker's inputs are pairs
+        return self.template.restore(self.encoder.tokenize(formatted), self.encoder.max_length)
 
     def documents(self, body: dict[str, Any]) -> list[str]:
         """Strings, or Cohere's `{"text": "..."}` objects; WARMSTART_MAX_INPUTS counts documents."""
@@ -73,7 +87,7 @@ class RerankTask(TextModel):
         def finish(scores: Any, tokens: int) -> dict[str, Any]:
             return self._answer(scores, tokens, docs, top_n, with_docs)
 
-        return Prepared(self.encoder.tokenize(pairs), finish)
+        return Prepared(self.tokenize(pairs), finish)
 
     def _answer(self, scores: Any, tokens: int, docs: list[str], top_n: int | None, with_docs: bool) -> dict[str, Any]:
         scores = finite(scores.reshape(len(docs)), "scores")
@@ -151,7 +165,8 @@ def rerank_fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"a rerank model needs 'activation'; valid: {', '.join(ACTIVATIONS)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
-    return {"activation": activation}
+    template = raw.get("pair_template")  # a decoder reranker's (handler.tasks.lm_pairs)
+    return {"activation": activation, **({"pair_template": template_fields(template)} if template else {})}
 
 
 def classify_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -187,7 +187,7 @@ class TextModel:
     def _run(self, texts: Sequence[Text]) -> tuple[npt.NDArray[Any], int]:
         """The texts' outputs and real tokens, in model runs of at most `batch_tokens` padded tokens each (rows
         x the longest: activation memory grows with it); the caller holds the arena."""
-        encodings = self.encoder.tokenize(texts)
+        encodings = self.tokenize(texts)
         spans = chunks([len(encodings[0].ids)] * len(encodings), self.batch_tokens)
         if len(spans) == 1:
             out, mask = self._run_rows(encodings)
@@ -199,6 +199,10 @@ class TextModel:
             outs.append(out)
             tokens += int(mask.sum())
         return np.concatenate(outs), tokens
+
+    def tokenize(self, texts: Sequence[Text]) -> list[Any]:
+        """The texts' encodings, padded to the longest (a task that formats its inputs first overrides)."""
+        return self.encoder.tokenize(texts)
 
     def _run_rows(self, encodings: Sequence[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
         """One model run: token ids and mask in pooled buffers, outputs bound to pooled buffers."""

@@ -136,7 +136,9 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
     cls: Any = transformers.AutoModel
-    if source.sequence_classification:
+    if source.logit_score is not None:  # a decoder reranker: the LM head's two rows (infra.pack.lm_rerank)
+        cls = transformers.AutoModelForCausalLM
+    elif source.sequence_classification:
         cls = transformers.AutoModelForSequenceClassification
     elif source.task == "sparse":  # SPLADE pools the MLM head's logits
         cls = transformers.AutoModelForMaskedLM
@@ -201,6 +203,11 @@ def _export_attention(
 def build_head(source: HFSource, model: Any) -> Any:
     """A torch module: the model plus the task's head, taking `input_names(source)` positionally."""
     import torch
+
+    if source.logit_score is not None:
+        from infra.pack.lm_rerank import score_head
+
+        return score_head(model, source.logit_score, source.activation)
 
     pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
     splade_settings = source.splade

@@ -6,6 +6,9 @@ tokenizer.json (+ vocab.txt where the tokenizer shortcut is proved: infra.pack.w
 page-aligned model.onnx.data, program.json + model.safetensors (torch backend), manifest.
 
 Backend names are the run time's (handler.backends.registry); EXPORTERS says which of them this pack writes.
+
+About one thing (the pipeline from a directory to a published pack, each kind's step in its place: the kinds'
+own reading and fields live in their modules), hence its length.
 """
 
 from __future__ import annotations
@@ -111,6 +114,11 @@ def pack_from(
     tokenizer = load_tokenizer(source)
     if source.task == "multivector":  # its token ids resolved by the model's tokenizer: refusals before a write
         source = multivector_source.resolved(source, tokenizer, precision.dtype)
+    pair = None
+    if source.logit_score is not None:  # a decoder reranker: its chat template as three strings (a refusal here)
+        from infra.pack.lm_rerank import pair_template
+
+        pair = pair_template(source.root, source.model_root, tokenizer)
     version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration, calibration_texts = None, None
     if precision.reduced:
@@ -118,7 +126,7 @@ def pack_from(
         from infra.pack.quality import calibration_feeds, texts_in_feed_order
 
         texts = precision.texts(tokenizer, source.max_seq_length)
-        calibration, order = calibration_feeds(source, tokenizer, texts, input_names(source))
+        calibration, order = calibration_feeds(source, tokenizer, texts, input_names(source), pair)
         calibration_texts = texts_in_feed_order(texts, order) if source.task != "rerank" else None
     quality: dict[str, Any] | None = None
 
@@ -184,6 +192,8 @@ def pack_from(
             if program is not None:
                 spec["torch"] = torch_spec(tmp, program)
             manifest = manifest_for(source, model_id, str(version), spec, unsupported, chosen, pad_id)
+            if pair is not None:
+                manifest["pair_template"] = pair
             if precision.reduced:
                 gate = quality if quality is not None else spec["onnx"].pop("quality")
                 manifest["precision"] = precision.entry(gate, backend=chosen[0])

@@ -74,7 +74,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", LATE_DENSE)
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", LATE_DENSE, "LogitScore")
 # modules.json `type` -> module kind, matched by exact class path (never by the last dotted name: jina-embeddings-v3's
 # `custom_st.Transformer` is its own code). The spellings are those sentence-transformers' save() writes: up to
 # 5.3 the module path `sentence_transformers.models.X`; 5.4 and 5.x Normalize under sentence_transformer.modules;
@@ -90,6 +90,7 @@ ST_MODULE_TYPES = {
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     "sentence_transformers.models.Dense": "Dense",
     "sentence_transformers.base.modules.dense.Dense": "Dense",
+    "sentence_transformers.cross_encoder.modules.logit_score.LogitScore": "LogitScore",  # infra.pack.lm_rerank
 }
 # sentence-transformers Dense activations (the class path its config.json names; a missing key is its default,
 # Tanh) -> the torch module put into the graph. Another path is refused (sentence-transformers itself would fall
@@ -173,6 +174,8 @@ class HFSource:
     dense: tuple[DenseLayer, ...] = ()  # embedding: Dense modules after pooling, in order (multivector: per token)
     late: Any = None  # multivector: PyLate's settings (infra.pack.multivector_source.LateSettings)
     splade: Splade | None = None  # sparse: SpladePooling's settings (infra.pack.sparse_source)
+    # rerank by a decoder (infra.pack.lm_rerank): LogitScore's (true, false) token ids; None: a sequence classifier
+    logit_score: tuple[int, int | None] | None = None
 
     @property
     def dimension(self) -> int:
@@ -346,8 +349,16 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     architecture = str(architectures[0]) if architectures else f"{ARCH_PREFIX[family]}Model"
     st_config = _optional_object(model_root / "sentence_bert_config.json")
     st_meta = _optional_object(root / "config_sentence_transformers.json")
+    logit_score = None
+    if any(k == "LogitScore" for k, _ in kinds):  # a decoder reranker: its own checks, one line each
+        from infra.pack.lm_rerank import check_reranker
+
+        logit_score = check_reranker(root, kinds, family, architecture, config)
+        if task not in ("auto", "rerank"):
+            raise UnsupportedModelError(f"{root}: a decoder reranker (LogitScore) packs as --task rerank only")
     is_cross_encoder = (
-        st_meta.get("model_type") == "CrossEncoder"
+        logit_score is not None
+        or st_meta.get("model_type") == "CrossEncoder"
         or st_config.get("transformer_task") == "sequence-classification"
         or architecture.endswith("ForSequenceClassification")
     )
@@ -375,7 +386,11 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         chosen = detected if task == "auto" else task  # type: ignore[assignment]
         if not late:
             _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
-        if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
+        if (
+            is_cross_encoder
+            and logit_score is None
+            and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification"
+        ):
             raise UnsupportedModelError(
                 f"{model_root / 'config.json'}: architecture {architecture!r} is not supported for {chosen}; "
                 f"supported: {', '.join(f'{p}ForSequenceClassification' for p in ARCH_PREFIX.values())}"
@@ -412,6 +427,7 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         fields["labels"] = labels
         if chosen == "rerank":
             fields["activation"] = _activation(root, model_root, config, st_meta, len(labels))
+            fields["logit_score"] = logit_score
         else:
             fields["problem_type"] = _problem_type(model_root, config, len(labels))
     hashed = [model_root / "config.json", weights]

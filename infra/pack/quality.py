@@ -40,10 +40,11 @@ class QualityError(SourceError):
 
 
 def calibration_feeds(
-    source: Any, tokenizer: Any, texts: Sequence[str], names: Sequence[str]
+    source: Any, tokenizer: Any, texts: Sequence[str], names: Sequence[str], template: dict[str, Any] | None = None
 ) -> tuple[list[Feeds], list[int]]:
     """Token batches (right padding, truncated at the model's max length or MAX_TOKENS, sorted by length so that
-    batches pad little) and the order they hold the calibration items in. Rerank: (query, document) pairs."""
+    batches pad little) and the order they hold the calibration items in. Rerank: (query, document) pairs, each
+    one text through `template` for a decoder reranker (infra.pack.lm_rerank's pair_template)."""
     from infra.pack.calibration import pairs
 
     items: list[Any] = pairs(list(texts)) if source.task == "rerank" else list(texts)
@@ -60,7 +61,10 @@ def calibration_feeds(
             "return_tensors": "np",
             "padding_side": "right",  # the exported graphs pool assuming right padding (the runtime pads right)
         }
-        if source.task == "rerank":
+        if template is not None:
+            texts_ = [f"{template['prefix']}{q}{template['middle']}{d}{template['suffix']}" for q, d in chunk]
+            encoded = tokenizer(texts_, **kwargs)
+        elif source.task == "rerank":
             encoded = tokenizer([q for q, _ in chunk], [d for _, d in chunk], **kwargs)
         else:
             encoded = tokenizer(chunk, **kwargs)

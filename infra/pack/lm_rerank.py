@@ -1,0 +1,183 @@
+"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2 style): a sentence-transformers `CrossEncoder` over a
+`*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
+at the last real position of the chat template's rendering of the pair.
+
+The graph keeps only what that score needs: the decoder body, the hidden state at each row's last real token
+(right padding: `attention_mask.sum - 1`; rotary positions are relative, so the left padding
+sentence-transformers uses gives the same scores) and the two rows of the LM head (2 x hidden instead of
+vocab x hidden: Qwen3's 151,936-row head is most of a short pair's work), then the cross-encoder's activation.
+
+The chat template is rendered here, at pack time, with marker strings, and proved literal: the rendering of any
+pair is `prefix + query + middle + document + suffix` (checked on several pairs, token for token against
+transformers' `apply_chat_template`). Those three strings go in the manifest, so the function formats a pair
+with string concatenation (no Jinja on its import chain). `suffix_ids`: the tokens sentence-transformers writes
+back over the end of a truncated row (its `_restore_chat_template_suffix`), so the last position is still the
+template's, not the document's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.pack.hf_checks import SourceError, is_int
+
+LOGIT_SCORE_TYPE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
+FAMILIES = ("qwen2", "qwen3")  # transformers' *ForCausalLM without logit soft-capping (Gemma 2 caps them)
+_MARKS = ("\x00QUERY\x00", "\x00DOCUMENT\x00")
+# Pairs the literal-template proof renders (an empty text, markup the template might escape, spaces at the ends).
+_PROBES = (("what is a cold start?", "the first request of a new instance"), ("", "x"), (" <b>a</b> ", "{{ x }}\n"))
+
+
+class LMRerankError(SourceError):
+    """A decoder reranker warmstart cannot serve as packed (one line: what, and what is supported)."""
+
+
+def logit_score_ids(root: Path, path: str, vocab_size: int) -> tuple[int, int | None]:
+    """LogitScore's (true_token_id, false_token_id) from its folder's config.json, checked against the vocab."""
+    where = root / path / "config.json"
+    try:
+        config = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise LMRerankError(f"{where}: unreadable LogitScore config ({e})") from None
+    if not isinstance(config, dict):
+        raise LMRerankError(f"{where}: expected a JSON object")
+    true_id, false_id = config.get("true_token_id"), config.get("false_token_id")
+    name = config.get("module_input_name", "causal_logits")
+    if name != "causal_logits":
+        raise LMRerankError(f"{where}: module_input_name {name!r}; supported: causal_logits (the LM's logits)")
+    for key, value in (("true_token_id", true_id), ("false_token_id", false_id)):
+        if value is None and key == "false_token_id":
+            continue
+        if not is_int(value) or not 0 <= value < vocab_size:
+            raise LMRerankError(f"{where}: {key} {value!r}; expected a token id in 0..{vocab_size - 1}")
+    assert true_id is not None  # checked above
+    return int(true_id), None if false_id is None else int(false_id)
+
+
+def check_reranker(
+    root: Path, kinds: list[tuple[str, str]], family: str, architecture: str, config: dict[str, Any]
+) -> tuple[int, int | None]:
+    """Refusals for what is not served (one line each); the LogitScore token ids."""
+    order = [k for k, _ in kinds]
+    if order != ["Transformer", "LogitScore"]:
+        raise LMRerankError(
+            f"{root / 'modules.json'}: modules {' -> '.join(order)}; supported decoder reranker: Transformer -> "
+            "LogitScore"
+        )
+    if family not in FAMILIES:
+        raise LMRerankError(
+            f"{root}: a {family} decoder reranker is not supported; supported families: {', '.join(FAMILIES)}"
+        )
+    if not architecture.endswith("ForCausalLM"):
+        raise LMRerankError(f"{root}: LogitScore needs a *ForCausalLM, this one is {architecture}")
+    if config.get("final_logit_softcapping"):
+        raise LMRerankError(f"{root}: final_logit_softcapping is not supported for a decoder reranker")
+    return logit_score_ids(root, kinds[1][1], int(config["vocab_size"]))
+
+
+def _prompt(st_meta: dict[str, Any]) -> str | None:
+    """The prompt `CrossEncoder.predict` applies by default (a system message), None for none."""
+    name = st_meta.get("default_prompt_name")
+    if name is None:
+        return None
+    prompts = st_meta.get("prompts") or {}
+    if not isinstance(prompts, dict) or not isinstance(prompts.get(name), str):
+        raise LMRerankError(f"config_sentence_transformers.json: default_prompt_name {name!r} is not in prompts")
+    return str(prompts[name]) or None
+
+
+def _messages(prompt: str | None, query: str, document: str) -> list[dict[str, str]]:
+    pair = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+    return ([{"role": "system", "content": prompt}] if prompt else []) + pair
+
+
+def _object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise LMRerankError(f"{path}: unreadable ({e})") from None
+    return value if isinstance(value, dict) else {}
+
+
+def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any]:
+    """The manifest's `pair_template`: prefix, middle, suffix, suffix_ids (see the module docstring)."""
+    st_meta = _object(root / "config_sentence_transformers.json")
+    st_config = _object(model_root / "sentence_bert_config.json")
+    kwargs = st_config.get("processing_kwargs") or {}
+    if set(kwargs) - {"chat_template"}:
+        raise LMRerankError(
+            f"{root}: processing_kwargs {sorted(set(kwargs) - {'chat_template'})} are not supported for a decoder "
+            "reranker; supported: chat_template"
+        )
+    template_kwargs = dict(kwargs.get("chat_template") or {})
+    template_kwargs.pop("restore_suffix", None)
+    if not getattr(tokenizer, "chat_template", None):
+        raise LMRerankError(f"{root}: no chat template (the pair's prompt); add chat_template.jinja")
+    prompt = _prompt(st_meta)
+
+    def render(query: str, document: str, tokenize: bool = False) -> Any:
+        try:
+            return tokenizer.apply_chat_template(
+                _messages(prompt, query, document), tokenize=tokenize, **template_kwargs
+            )
+        except Exception as e:  # a template that raises on these roles
+            raise LMRerankError(f"{root}: the chat template does not render a query/document pair ({e})") from None
+
+    text = render(*_MARKS)
+    if text.count(_MARKS[0]) != 1 or text.count(_MARKS[1]) != 1 or text.index(_MARKS[0]) > text.index(_MARKS[1]):
+        raise LMRerankError(f"{root}: the chat template does not render the query, then the document, once each")
+    prefix, rest = text.split(_MARKS[0])
+    middle, suffix = rest.split(_MARKS[1])
+    for query, document in _PROBES:
+        want = render(query, document)
+        if want != prefix + query + middle + document + suffix:
+            raise LMRerankError(f"{root}: the chat template changes the pair's text (not a literal template)")
+        ids = tokenizer(want, add_special_tokens=True)["input_ids"]
+        if list(ids) != list(_ids(render(query, document, tokenize=True))):
+            raise LMRerankError(f"{root}: the tokenizer adds tokens the chat template does not (e.g. a BOS)")
+    first = list(_ids(render(*_PROBES[0], tokenize=True)))
+    other = list(_ids(render("a different query", "another document entirely", tokenize=True)))
+    common = 0
+    while common < min(len(first), len(other)) and first[-1 - common] == other[-1 - common]:
+        common += 1
+    return {"prefix": prefix, "middle": middle, "suffix": suffix, "suffix_ids": first[len(first) - common :]}
+
+
+def _ids(rendered: Any) -> list[int]:
+    ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+    return [int(i) for i in ids]
+
+
+def score_head(model: Any, ids: tuple[int, int | None], activation: str | None) -> Any:
+    """A torch module over the *ForCausalLM `model`: (input_ids, attention_mask) -> scores [batch]."""
+    import torch
+
+    true_id, false_id = ids
+    weight = model.get_output_embeddings().weight.detach()
+    rows = weight[[true_id] if false_id is None else [true_id, false_id]].t().contiguous()  # [hidden, 1 or 2]
+    bias = getattr(model.get_output_embeddings(), "bias", None)
+
+    class Score(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model.model  # torch_program reads `head.model` (its config, attention)
+            self.rows = torch.nn.Parameter(rows, requires_grad=False)
+            picked = None if bias is None else bias.detach()[[true_id] if false_id is None else [true_id, false_id]]
+            self.bias = None if picked is None else torch.nn.Parameter(picked.clone(), requires_grad=False)
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            last = torch.clamp(attention_mask.to(torch.int64).sum(dim=1) - 1, min=0)  # right padding
+            index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+            state = torch.gather(hidden, 1, index).squeeze(1).float()
+            logits = state @ self.rows.float()
+            if self.bias is not None:
+                logits = logits + self.bias.float()
+            scores = logits[:, 0] if false_id is None else logits[:, 0] - logits[:, 1]
+            return torch.sigmoid(scores) if activation == "sigmoid" else scores
+
+    return Score().eval()

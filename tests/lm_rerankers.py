@@ -1,0 +1,62 @@
+"""Tiny random decoder rerankers (Qwen3-Reranker style), saved by sentence-transformers' own
+`CrossEncoder.save_pretrained`: a Qwen3ForCausalLM whose tokenizer has "yes" and "no" tokens (LogitScore's
+defaults), Qwen3-Reranker's prompt as a chat template over the query/document roles, and prompts with a default.
+
+`make_reranker_dir(root, **sizes)`: the test shape by default (hidden 64, 2 layers); the benchmark passes a
+realistic one (bench/coldstart/lm_rerank.py). Heavy imports happen inside the function.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TEMPLATE = (
+    "{%- set system = messages | selectattr('role', 'eq', 'system') | map(attribute='content') | first -%}"
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    "<Instruct>: {{ system or 'Given a web search query, retrieve relevant passages that answer the query' }}\n"
+    "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+PROMPTS = {"web": "Given a web search query, retrieve relevant passages", "code": "Find the code"}
+
+
+def make_reranker_dir(root: Path, scale: float = 8.0, vocab_rows: int | None = None, **sizes: Any) -> Path:
+    """`root`/reranker: the CrossEncoder directory (`root`/base: the plain causal LM it was made from).
+    `sizes`: Qwen3Config fields over tests/lm_models.py's (hidden_size, num_hidden_layers, ...); `vocab_rows`: an
+    embedding table larger than the tokenizer (a real model's size; the rows past the tokenizer are never read)."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    from tests import lm_models
+
+    base, out = Path(root) / "base", Path(root) / "reranker"
+    raw = lm_models.build_lm_tokenizer("qwen3")
+    raw.add_tokens(["yes", "no"])  # LogitScore's default true/false tokens
+    eos = raw.token_to_id("<|endoftext|>")
+    torch.manual_seed(0)
+    ids = {"bos_token_id": None, "eos_token_id": eos, "pad_token_id": eos}
+    config = lm_models._config("qwen3", vocab_rows or raw.get_vocab_size(), ids)
+    if sizes:  # rebuilt, not set after the fact: layer_types follows num_hidden_layers at construction
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("layer_types", "model_type")}
+        config = transformers.Qwen3Config(**{**fields, **sizes})
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)  # scores that differ between pairs
+    model.save_pretrained(base)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=512,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+    )
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(base)
+    CrossEncoder(str(base), prompts=PROMPTS, default_prompt_name="web").save_pretrained(str(out))
+    return out
