@@ -38,8 +38,8 @@ def runtime(new_runtime: Callable[..., Runtime]) -> Runtime:
     return new_runtime()
 
 
-def client_for(runtime: Runtime, settings: HostSettings | None = None) -> TestClient:
-    workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=2)
+def client_for(runtime: Runtime, settings: HostSettings | None = None, max_queue: int = 4) -> TestClient:
+    workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=max_queue), cpus=2)
     return TestClient(create_app(Host(lambda: runtime, workers, settings)))
 
 

@@ -181,7 +181,8 @@ def test_embed_sparse_batched_on_the_http_host(runtimes: dict[str, Runtime]) -> 
     rt = runtimes["onnx"]
     alone = [rt.serve({"inputs": [t]})["embeddings"][0] for t in TEXTS]
     query = {"inputs": TEXTS, "input_type": "query"}  # answered in the batch without a model run
-    with client_for(rt) as client:
+    # 5 at once, one worker may be busy: room for all of them to wait (a queue of 4 made a 503 a race to lose)
+    with client_for(rt, max_queue=8) as client:
         with ThreadPoolExecutor(5) as pool:  # concurrent requests: the host may run them as one batch
             asked = pool.submit(client.post, "/invocations", json=query)
             replies = list(pool.map(lambda t: client.post("/embed_sparse", json={"inputs": t}), TEXTS))
