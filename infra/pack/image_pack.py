@@ -7,8 +7,8 @@ as the manifest's `image` recipe (handler.tasks.pixels runs it with Pillow + num
 
 Backends: onnx only. The torch backend's program interpreter (handler.backends.program) runs one exported
 program per pack; two towers would need two, which it does not load (recorded in `unsupported_backends`).
-int8: refused, for now: the quality gate's calibration is text (infra.pack.calibration), and the vision
-tower would need calibration images this pack does not have.
+int8 / int8-block: both towers quantized, each behind the quality gate (infra.pack.image_int8: the text tower
+on the built-in calibration texts, the image tower on calibration images generated at pack time).
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ ATOL = 1e-4  # the graphs against eager transformers (float32)
 TORCH_REFUSED = (
     "image-text packs two graphs (text and image towers); the torch backend loads one exported program per pack"
 )
-INT8_REFUSED = (
-    "image-text is packed float32: the int8 quality gate calibrates on text, and the vision tower needs "
-    "calibration images this pack does not have"
-)
 
 
 def pack_image_text(
@@ -64,14 +60,20 @@ def pack_image_text(
         bad = [b for b in chosen if b != "onnx"] or ["(none)"]
         why = TORCH_REFUSED if bad == ["torch"] else "valid: onnx"
         raise SourceError(f"backend {', '.join(bad)} for task {TASK}: {why}")
-    if precision is not None and precision.reduced:
-        raise SourceError(f"--dtype/--quantize for task {TASK}: {INT8_REFUSED}")
+    precision = precision or Precision()
+    if precision.dtype != "float32":
+        raise SourceError(
+            f"--dtype {precision.dtype} for task {TASK}: the onnx backend packs float32 or int8 "
+            "(--quantize int8, int8-block), and the torch backend does not pack image-text"
+        )
+    if precision.quantize is not None:
+        precision.backends(("onnx",), {}, None)  # int4 (causal LMs only) refused here, naming the choices
     model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
     out = check_output(out, force, [source.root])
     phase("loading the weights")
     model, tokenizer = load(source)
     digest = _content_sha256(source)
-    version = version or default_version(digest, TASK, "float32")
+    version = version or default_version(digest, TASK, precision.label)
 
     def build(tmp: Path) -> dict[str, Any]:
         pad_id = write_tokenizer(source, tokenizer, tmp / "tokenizer.json")
@@ -79,7 +81,14 @@ def pack_image_text(
         for tower in TOWERS:
             phase(f"exporting the {tower} tower")
             parity[tower] = export_tower(source, model, tower, tmp / tower)
-        return manifest_for(source, model_id, version, pad_id, parity, digest, source_info)
+        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info)
+        if precision.quantize is not None:
+            from infra.pack.image_int8 import quantize_towers
+
+            with tempfile.TemporaryDirectory() as staging:
+                quality = quantize_towers(source, tokenizer, precision, tmp, Path(staging))
+            manifest["precision"] = precision.entry(quality, backend="onnx")
+        return manifest
 
     return publish(build, out, force, [source.root])
 
@@ -268,5 +277,5 @@ def manifest_for(
         "dimension": source.dimension,
         "pooling": {"normalize": True, "in_graph": False},
         "parity": {f"{tower}_max_abs_diff": value for tower, value in parity.items()},
-        "precision": {"dtype": "float32", "quantization": None, "why_not_int8": INT8_REFUSED},
+        "precision": {"dtype": "float32", "quantization": None},
     }
