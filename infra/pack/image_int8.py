@@ -92,9 +92,7 @@ def image_feeds(source: ImageTextSource) -> tuple[list[dict[str, Any]], list[str
     return feeds, [name for name, _ in named]
 
 
-def text_feeds(
-    source: ImageTextSource, tokenizer: Any, texts: list[str]
-) -> tuple[list[dict[str, Any]], list[str]]:
+def text_feeds(source: ImageTextSource, tokenizer: Any, texts: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """The calibration texts as the text tower's batches, padded as the run time pads them (SigLIP: to the
     full window), and the texts in row order."""
     from infra.pack.quality import BATCH
@@ -107,7 +105,11 @@ def text_feeds(
     for start in range(0, len(order), BATCH):
         chunk = [texts[i] for i in order[start : start + BATCH]]
         encoded = tokenizer(
-            chunk, truncation=True, max_length=source.max_seq_length, return_tensors="np", padding_side="right",
+            chunk,
+            truncation=True,
+            max_length=source.max_seq_length,
+            return_tensors="np",
+            padding_side="right",
             **padding,
         )
         feeds.append({n: np.asarray(encoded[n]).astype(np.int64) for n in source.text_inputs})
@@ -121,10 +123,10 @@ def quantize_towers(
     is published) when either tower's worst cosine is below the threshold. The manifest's `precision.quality`."""
     import shutil
 
+    from infra.pack.onnx_io import save_onnx_file
     from infra.pack.progress import phase
     from infra.pack.quality import check
     from infra.pack.quantize import Int8Options, quantize_checked
-    from infra.pack.onnx_io import save_onnx_file
 
     options = Int8Options(method=str(precision.quantize))
     what = f"--quantize {precision.quantize}"
@@ -138,13 +140,12 @@ def quantize_towers(
         noun = "texts" if tower == "text" else "images"
 
         def gate(measured: dict[str, Any], early: str = "", tower: str = tower, noun: str = noun) -> dict[str, Any]:
-            return check("embedding", measured, precision.min_quality, f"{what} ({tower} tower)", early.replace(
-                "texts", noun))
+            return check(
+                "embedding", measured, precision.min_quality, f"{what} ({tower} tower)", early.replace("texts", noun)
+            )
 
         where = tmp / tower
-        graph, quality = quantize_checked(
-            _Gauge(), where / ONNX_FILE, feeds, options, staging / tower, gate, labels
-        )
+        graph, quality = quantize_checked(_Gauge(), where / ONNX_FILE, feeds, options, staging / tower, gate, labels)
         for name in (ONNX_FILE, ONNX_DATA):
             (where / name).unlink()
         save_onnx_file(graph, where)

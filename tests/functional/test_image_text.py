@@ -24,6 +24,7 @@ from handler.tasks.pixels import InvalidImageError
 from infra.pack.hf_checks import SourceError
 from infra.pack.hf_pack import pack_from
 from infra.pack.precision import Precision
+from infra.pack.quality import QualityError
 from tests.conftest import start
 from tests.image_models import TEXT_POSITIONS, make_image_text_dir
 
@@ -148,7 +149,7 @@ def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runt
     clip = packs["clip"][0]
     refusals = [
         (lambda: pack_from(clip, tmp_path / "a", backends=["torch"]), "torch backend loads one"),
-        (lambda: pack_from(clip, tmp_path / "b", precision=Precision(quantize="int8")), "calibration images"),
+        (lambda: pack_from(clip, tmp_path / "b", precision=Precision(dtype="float16")), "float32 or int8"),
     ]
     siglip2 = make_image_text_dir(tmp_path, "siglip2")
     refusals.append((lambda: pack_from(siglip2, tmp_path / "c"), "NaFlex"))
@@ -157,3 +158,27 @@ def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runt
             call()
         assert "\n" not in str(e.value)
     assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_int8_quantizes_both_towers_behind_the_gate(tmp_path: Path, packs: dict[str, tuple[Path, Runtime]]) -> None:
+    import onnx
+
+    source, float32 = packs["clip"]
+    packed = pack_from(source, tmp_path / "int8", precision=Precision(quantize="int8"))
+    for tower in ("text", "image"):  # each tower's graph holds the integer matmuls
+        graph = onnx.load(str(packed / tower / "model.onnx"), load_external_data=False)
+        assert any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node), tower
+    runtime = start(packed, "onnx")
+    quality = runtime.manifest.raw["precision"]["quality"]
+    assert quality["text_tower"]["items"] > 100 and quality["image_tower"]["items"] == 64
+    assert quality["figure"] == min(quality["text_tower"]["figure"], quality["image_tower"]["figure"]) >= 0.99
+    assert quality["worst_input"].startswith(quality["worst_tower"])
+    images = {"inputs": [_b64(i) for i in _images()], "modality": "image"}
+    for request in ({"inputs": TEXTS}, images):  # served answers agree with float32's (unit vectors)
+        got = np.asarray(runtime.task(request)["embeddings"])
+        want = np.asarray(float32.task(request)["embeddings"])
+        cosine = float((got * want).sum(axis=1).min())
+        assert cosine > 0.99, (request.get("modality"), cosine)
+    with pytest.raises(QualityError, match=r"(text|image) tower") as e:
+        pack_from(source, tmp_path / "refused", precision=Precision(quantize="int8-block", min_quality=1.0))
+    assert "nothing was written" in str(e.value) and not (tmp_path / "refused").exists()
