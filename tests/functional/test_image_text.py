@@ -182,3 +182,14 @@ def test_int8_quantizes_both_towers_behind_the_gate(tmp_path: Path, packs: dict[
     with pytest.raises(QualityError, match=r"(text|image) tower") as e:
         pack_from(source, tmp_path / "refused", precision=Precision(quantize="int8-block", min_quality=1.0))
     assert "nothing was written" in str(e.value) and not (tmp_path / "refused").exists()
+
+
+def test_text_requests_never_build_the_image_tower(packs: dict[str, tuple[Path, Runtime]]) -> None:
+    runtime = start(packs["siglip"][1].config.model_dir, "onnx")  # warm-up included: it is text only
+    backend: Any = runtime.task.backend
+    runtime.task({"inputs": TEXTS})
+    assert backend.describe()["loaded"] == ["main"] and "image" not in backend.parts
+    got = runtime.task({"inputs": [_b64(_images()[0])], "modality": "image"})["embeddings"]
+    assert backend.describe()["loaded"] == ["main", "image"] and backend.tower_ms["image"] > 0
+    want = packs["siglip"][1].task({"inputs": [_b64(_images()[0])], "modality": "image"})["embeddings"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
