@@ -88,7 +88,10 @@ def pack_image_text(
                 from infra.pack.image_torch import export_tower_program
 
                 phase(f"capturing the {tower} tower's torch program")
-                specs[tower]["torch"] = export_tower_program(source, model, tower, tmp / tower)
+                names = tower_inputs(source, tower)
+                module = _Tower.module(model, tower, names)
+                feeds = probes(source, tower, int(model.config.text_config.vocab_size))
+                specs[tower]["torch"] = export_tower_program(source, tower, module, names, feeds, tmp / tower)
                 parity.setdefault(tower, specs[tower]["torch"]["max_abs_diff"])
         manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs)
         if precision.quantize is not None:

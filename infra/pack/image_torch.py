@@ -23,21 +23,21 @@ from infra.pack.image_source import ImageTextSource
 WEIGHTS_FILE = "model.safetensors"
 
 
-def export_tower_program(source: ImageTextSource, model: Any, tower: str, where: Path) -> dict[str, Any]:
-    """Write `where`/program.json + model.safetensors for one tower; the torch backend's manifest entry (paths
-    relative to the pack: `tower`/...)."""
+def export_tower_program(
+    source: ImageTextSource, tower: str, module: Any, names: tuple[str, ...], probes: list[dict[str, Any]], where: Path
+) -> dict[str, Any]:
+    """Write `where`/program.json + model.safetensors for one tower (`module`, image_pack._Tower's, fed `names`;
+    checked on the `probes`); the torch backend's manifest entry (paths relative to the pack: `tower`/...)."""
     import torch
     from safetensors.torch import save_file
     from torch._export.serde.serialize import serialize
 
     from handler.backends.program import parameter_names
-    from infra.pack.image_pack import _Tower, probes, tower_inputs
     from infra.pack.torch_program import MAX_BATCH, PROGRAM_FILE, ProgramExportError, _check, allowed_only
 
-    names = tower_inputs(source, tower)
-    vocab = int(model.config.text_config.vocab_size)
-    feeds = [tuple(torch.from_numpy(f[n]) for n in names) for f in probes(source, tower, vocab)]
-    module = _named(_Tower.module(model, tower, names), names)
+    feeds = [tuple(torch.from_numpy(f[n]) for n in names) for f in probes]
+    attention = module.model.config._attn_implementation
+    module = _named(module, names)
     with torch.no_grad():
         want = [module(*f) for f in feeds]
     batch = torch.export.Dim("batch", max=MAX_BATCH)
@@ -74,7 +74,7 @@ def export_tower_program(source: ImageTextSource, model: Any, tower: str, where:
         "weights": files[1],
         "files": files,
         "exported_with": {"torch": torch.__version__},
-        "attention": model.config._attn_implementation,
+        "attention": attention,
         "max_abs_diff": float(np.float32(diff)),
     }
 
