@@ -187,7 +187,8 @@ def test_int8_quantizes_both_towers_behind_the_gate(tmp_path: Path, packs: dict[
         cosine = float((got * want).sum(axis=1).min())
         assert cosine > 0.99, (request.get("modality"), cosine)
     with pytest.raises(QualityError, match=r"(text|image) tower") as e:
-        pack_from(source, tmp_path / "refused", precision=Precision(quantize="int8-block", min_quality=1.0))
+        refused = Precision(quantize="int8-block", min_quality=1.0, calibration=("a photo", "two cats"))
+        pack_from(source, tmp_path / "refused", precision=refused)
     assert "nothing was written" in str(e.value) and not (tmp_path / "refused").exists()
 
 
