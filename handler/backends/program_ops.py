@@ -39,10 +39,12 @@ ALIASING = frozenset(
         "dropout.default",  # train=False in an inference program: its input
         "expand.default",
         "expand_as.default",
+        "flatten.using_ints",  # the vision towers' patch grid to a sequence (a view where it can be)
         "permute.default",
         "reshape.default",
         "select.int",
         "slice.Tensor",
+        "split_with_sizes.default",  # SigLIP's attention-pooling head (nn.MultiheadAttention's in-projection)
         "squeeze.dim",
         "sym_size.int",  # a Python int
         "to.device",
@@ -51,6 +53,7 @@ ALIASING = frozenset(
         "transpose.int",
         "type_as.default",
         "unbind.int",
+        "unflatten.int",  # SigLIP's attention-pooling head (a view)
         "unsqueeze.default",
         "view.default",
     )
@@ -72,6 +75,8 @@ FRESH = frozenset(
         "ceil.default",
         "clamp.default",
         "clamp_min.default",
+        "conv2d.default",  # CLIP's patch embedding (a strided Conv2d): output bounded by input x weight
+        "conv2d.padding",  # SigLIP's (padding="valid", a string)
         "cos.default",
         "cumsum.default",
         "div.Tensor",

@@ -38,6 +38,7 @@ class TorchBackend:
         self.device_reason = ""
         self.threads = 0
         self.output = "sentence_embedding"
+        self.inputs: list[str] = []
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[None], timer: PhaseTimer) -> None:
         spec = manifest.backends["torch"]
@@ -49,6 +50,7 @@ class TorchBackend:
             with contextlib.suppress(RuntimeError):
                 torch.set_num_interop_threads(1)
         self.output = manifest.outputs[0].name
+        self.inputs = [i.name for i in manifest.inputs]
         with timer.phase("load"):
             self.model = self._program(manifest, spec, settings)
 
@@ -89,13 +91,9 @@ class TorchBackend:
         # from_numpy shares the (pooled) feed buffers: no copy on CPU; from pinned memory on CUDA.
         cuda = self.device.type == "cuda"
         with torch.inference_mode():
-            ids = torch.from_numpy(feeds["input_ids"]).to(self.device, non_blocking=cuda)
-            mask = torch.from_numpy(feeds["attention_mask"]).to(self.device, non_blocking=cuda)
-            if "token_type_ids" in feeds:
-                types = torch.from_numpy(feeds["token_type_ids"]).to(self.device, non_blocking=cuda)
-                out = self.model(ids, mask, types)
-            else:
-                out = self.model(ids, mask)
+            # The program's inputs in its order (checked against the manifest at load): token ids and mask (and
+            # types), SigLIP's ids alone, or an image tower's pixel_values.
+            out = self.model(*(torch.from_numpy(feeds[n]).to(self.device, non_blocking=cuda) for n in self.inputs))
             arena = current_arena()
             if not cuda or arena is None:
                 # On CPU the model's own output tensor is fresh memory already; a pooled copy would only cost.

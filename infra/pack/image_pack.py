@@ -5,10 +5,11 @@ vision tower with its projection (`get_image_features`); both checked against th
 is published (their largest differences go into the manifest's `parity`). The image preprocessing is written
 as the manifest's `image` recipe (handler.tasks.pixels runs it with Pillow + numpy).
 
-Backends: onnx only. The torch backend's program interpreter (handler.backends.program) runs one exported
-program per pack; two towers would need two, which it does not load (recorded in `unsupported_backends`).
-int8: refused, for now: the quality gate's calibration is text (infra.pack.calibration), and the vision
-tower would need calibration images this pack does not have.
+Backends: onnx by default; `--backends onnx,torch` (or torch) adds text/program.json and image/program.json,
+torch.export's program of each tower (infra.pack.image_torch), one torch backend per tower at run time
+(handler.backends.towers).
+int8 / int8-block: both towers quantized, each behind the quality gate (infra.pack.image_int8: the text tower
+on the built-in calibration texts, the image tower on calibration images generated at pack time).
 """
 
 from __future__ import annotations
@@ -35,13 +36,8 @@ TASK = "image-text"
 TOWERS = ("text", "image")
 OUTPUTS = {"text": "text_embeds", "image": "image_embeds"}
 ATOL = 1e-4  # the graphs against eager transformers (float32)
-TORCH_REFUSED = (
-    "image-text packs two graphs (text and image towers); the torch backend loads one exported program per pack"
-)
-INT8_REFUSED = (
-    "image-text is packed float32: the int8 quality gate calibrates on text, and the vision tower needs "
-    "calibration images this pack does not have"
-)
+BACKENDS = ("onnx", "torch")  # torch: one torch.export program per tower (infra.pack.image_torch), on request
+ONNX_FILES = (ONNX_FILE, ONNX_DATA)
 
 
 def pack_image_text(
@@ -59,27 +55,52 @@ def pack_image_text(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     phase("reading the model directory")
     source = read_image_text(Path(source_dir))
-    chosen = tuple(dict.fromkeys(b.strip() for b in backends or ("onnx",) if b.strip()))
-    if chosen != ("onnx",):
-        bad = [b for b in chosen if b != "onnx"] or ["(none)"]
-        why = TORCH_REFUSED if bad == ["torch"] else "valid: onnx"
-        raise SourceError(f"backend {', '.join(bad)} for task {TASK}: {why}")
-    if precision is not None and precision.reduced:
-        raise SourceError(f"--dtype/--quantize for task {TASK}: {INT8_REFUSED}")
+    asked = None if backends is None else list(backends)
+    chosen = tuple(dict.fromkeys(b.strip() for b in asked or ("onnx",) if b.strip()))
+    bad = [b for b in chosen if b not in BACKENDS] or ([] if chosen else ["(none)"])
+    if bad:
+        raise SourceError(f"backend {', '.join(bad)} for task {TASK}; valid: {', '.join(BACKENDS)}")
+    precision = precision or Precision()
+    if precision.dtype != "float32":
+        raise SourceError(
+            f"--dtype {precision.dtype} for task {TASK}: packed float32, or int8 for onnx (--quantize int8, int8-block)"
+        )
+    if precision.quantize is not None:
+        # int4 (causal LMs only), or torch asked for with int8 (its programs are float), refused naming why
+        chosen, _ = precision.backends(chosen, {}, asked)
     model_id = check_model_id(model_id) if model_id is not None else default_id(source.root)
     out = check_output(out, force, [source.root])
     phase("loading the weights")
     model, tokenizer = load(source)
     digest = _content_sha256(source)
-    version = version or default_version(digest, TASK, "float32")
+    version = version or default_version(digest, TASK, precision.label)
 
     def build(tmp: Path) -> dict[str, Any]:
         pad_id = write_tokenizer(source, tokenizer, tmp / "tokenizer.json")
-        parity = {}
+        parity: dict[str, float] = {}
+        specs: dict[str, dict[str, Any]] = {tower: {} for tower in TOWERS}
         for tower in TOWERS:
-            phase(f"exporting the {tower} tower")
-            parity[tower] = export_tower(source, model, tower, tmp / tower)
-        return manifest_for(source, model_id, version, pad_id, parity, digest, source_info)
+            if "onnx" in chosen:
+                phase(f"exporting the {tower} tower")
+                parity[tower] = export_tower(source, model, tower, tmp / tower)
+                specs[tower]["onnx"] = {"model": f"{tower}/{ONNX_FILE}", "files": [f"{tower}/{n}" for n in ONNX_FILES]}
+            if "torch" in chosen:
+                from infra.pack.image_torch import export_tower_program
+
+                phase(f"capturing the {tower} tower's torch program")
+                names = tower_inputs(source, tower)
+                module = _Tower.module(model, tower, names)
+                feeds = probes(source, tower, int(model.config.text_config.vocab_size))
+                specs[tower]["torch"] = export_tower_program(source, tower, module, names, feeds, tmp / tower)
+                parity.setdefault(tower, specs[tower]["torch"]["max_abs_diff"])
+        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs)
+        if precision.quantize is not None:
+            from infra.pack.image_int8 import quantize_towers
+
+            with tempfile.TemporaryDirectory() as staging:
+                quality = quantize_towers(source, tokenizer, precision, tmp, Path(staging))
+            manifest["precision"] = precision.entry(quality, backend="onnx")
+        return manifest
 
     return publish(build, out, force, [source.root])
 
@@ -226,33 +247,36 @@ def manifest_for(
     parity: dict[str, float],
     digest: str,
     source_info: dict[str, str] | None,
+    specs: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`."""
+    """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`.
+    `specs`: each tower's backend entries (paths relative to the pack); the main entry's files are both towers'."""
     size = source.image_size
     sequence: int | str = source.max_seq_length if source.padding == "max_length" else "sequence"
-    text_files = [f"text/{ONNX_FILE}", f"text/{ONNX_DATA}"]
-    image_files = [f"image/{ONNX_FILE}", f"image/{ONNX_DATA}"]
     vector = TensorSpec("", "float32", ("batch", source.dimension))
+    main = {
+        name: {**entry, "files": [*entry["files"], *specs["image"][name]["files"]]}
+        for name, entry in specs["text"].items()
+    }
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "id": model_id,
         "version": version,
         "task": TASK,
-        "default_backend": "onnx",
+        "default_backend": next(iter(main)),
         "source": {
             "dir": source.root.resolve().name,
             "architecture": source.config.get("architectures", ["?"])[0],
             "content_sha256": digest,
             **(source_info or {}),
         },
-        "backends": {"onnx": {"model": text_files[0], "files": [*text_files, *image_files]}},
-        "unsupported_backends": {"torch": TORCH_REFUSED},
+        "backends": main,
         "inputs": [TensorSpec(n, "int64", ("batch", sequence)).to_json() for n in source.text_inputs],
         "outputs": [{**vector.to_json(), "name": OUTPUTS["text"]}],
         "towers": {
             "image": {
-                "backends": {"onnx": {"model": image_files[0], "files": image_files}},
+                "backends": specs["image"],
                 "inputs": [TensorSpec("pixel_values", "float32", ("batch", 3, size, size)).to_json()],
                 "outputs": [{**vector.to_json(), "name": OUTPUTS["image"]}],
             }
@@ -268,5 +292,5 @@ def manifest_for(
         "dimension": source.dimension,
         "pooling": {"normalize": True, "in_graph": False},
         "parity": {f"{tower}_max_abs_diff": value for tower, value in parity.items()},
-        "precision": {"dtype": "float32", "quantization": None, "why_not_int8": INT8_REFUSED},
+        "precision": {"dtype": "float32", "quantization": None},
     }

@@ -24,6 +24,7 @@ from handler.tasks.pixels import InvalidImageError
 from infra.pack.hf_checks import SourceError
 from infra.pack.hf_pack import pack_from
 from infra.pack.precision import Precision
+from infra.pack.quality import QualityError
 from tests.conftest import start
 from tests.image_models import TEXT_POSITIONS, make_image_text_dir
 
@@ -50,7 +51,7 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Run
     out = {}
     for kind in ("clip", "siglip"):
         source = make_image_text_dir(tmp, kind)
-        packed = pack_from(source, tmp / f"packed-{kind}")  # task auto → image-text
+        packed = pack_from(source, tmp / f"packed-{kind}", backends=["onnx", "torch"])  # task auto → image-text
         out[kind] = (source, start(packed, "onnx"))
     return out
 
@@ -79,15 +80,18 @@ def test_vectors_match_transformers(packs: dict[str, tuple[Path, Runtime]], kind
     with torch.no_grad():
         want_text = _unit(model.get_text_features(**feeds).pooler_output.numpy())
         want_image = _unit(model.get_image_features(pixel_values=pixels).pooler_output.numpy())
-    text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
-    image = np.asarray(runtime.task({"inputs": [_b64(i) for i in _images()], "modality": "image"})["embeddings"])
-    text_diff, image_diff = float(np.abs(text - want_text).max()), float(np.abs(image - want_image).max())
-    print(f"{kind}: text vectors max abs diff {text_diff:.3g}, image vectors {image_diff:.3g}")
-    assert text_diff < 1e-5 and image_diff < 1e-5
-    assert text.shape[1] == image.shape[1]  # one space
+    images = {"inputs": [_b64(i) for i in _images()], "modality": "image"}
+    for served in (runtime, start(runtime.config.model_dir, "torch")):  # ONNX graphs; torch.export programs
+        text = np.asarray(served.task({"inputs": TEXTS})["embeddings"])
+        image = np.asarray(served.task(images)["embeddings"])
+        text_diff, image_diff = float(np.abs(text - want_text).max()), float(np.abs(image - want_image).max())
+        print(f"{kind} {served.task.backend.name}: text vectors max abs diff {text_diff:.3g}, image {image_diff:.3g}")
+        assert text_diff < 1e-5 and image_diff < 1e-5
+        assert text.shape[1] == image.shape[1]  # one space
     manifest = runtime.manifest.raw
-    assert manifest["task"] == "image-text" and set(manifest["backends"]) == {"onnx"}
-    assert manifest["parity"]["image_max_abs_diff"] < 1e-4 and "torch" in manifest["unsupported_backends"]
+    assert manifest["task"] == "image-text" and set(manifest["backends"]) == {"onnx", "torch"}
+    assert set(manifest["towers"]["image"]["backends"]) == {"onnx", "torch"}
+    assert manifest["parity"]["image_max_abs_diff"] < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +151,12 @@ def test_texts_and_images_batch_together_each_with_its_own_answer(packs: dict[st
 def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runtime]]) -> None:
     clip = packs["clip"][0]
     refusals = [
-        (lambda: pack_from(clip, tmp_path / "a", backends=["torch"]), "torch backend loads one"),
-        (lambda: pack_from(clip, tmp_path / "b", precision=Precision(quantize="int8")), "calibration images"),
+        (lambda: pack_from(clip, tmp_path / "a", backends=["onnx", "tensorrt"]), "valid: onnx, torch"),
+        (
+            lambda: pack_from(clip, tmp_path / "d", backends=["torch"], precision=Precision(quantize="int8")),
+            "the torch backend's program runs float32",
+        ),
+        (lambda: pack_from(clip, tmp_path / "b", precision=Precision(dtype="float16")), "packed float32, or int8"),
     ]
     siglip2 = make_image_text_dir(tmp_path, "siglip2")
     refusals.append((lambda: pack_from(siglip2, tmp_path / "c"), "NaFlex"))
@@ -156,4 +164,40 @@ def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runt
         with pytest.raises(SourceError, match=words) as e:
             call()
         assert "\n" not in str(e.value)
-    assert not any((tmp_path / n).exists() for n in "abc")
+    assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_int8_quantizes_both_towers_behind_the_gate(tmp_path: Path, packs: dict[str, tuple[Path, Runtime]]) -> None:
+    import onnx
+
+    source, float32 = packs["clip"]
+    packed = pack_from(source, tmp_path / "int8", precision=Precision(quantize="int8"))
+    for tower in ("text", "image"):  # each tower's graph holds the integer matmuls
+        graph = onnx.load(str(packed / tower / "model.onnx"), load_external_data=False)
+        assert any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node), tower
+    runtime = start(packed, "onnx")
+    quality = runtime.manifest.raw["precision"]["quality"]
+    assert quality["text_tower"]["items"] > 100 and quality["image_tower"]["items"] == 64
+    assert quality["figure"] == min(quality["text_tower"]["figure"], quality["image_tower"]["figure"]) >= 0.99
+    assert quality["worst_input"].startswith(quality["worst_tower"])
+    images = {"inputs": [_b64(i) for i in _images()], "modality": "image"}
+    for request in ({"inputs": TEXTS}, images):  # served answers agree with float32's (unit vectors)
+        got = np.asarray(runtime.task(request)["embeddings"])
+        want = np.asarray(float32.task(request)["embeddings"])
+        cosine = float((got * want).sum(axis=1).min())
+        assert cosine > 0.99, (request.get("modality"), cosine)
+    with pytest.raises(QualityError, match=r"(text|image) tower") as e:
+        refused = Precision(quantize="int8-block", min_quality=1.0, calibration=("a photo", "two cats"))
+        pack_from(source, tmp_path / "refused", precision=refused)
+    assert "nothing was written" in str(e.value) and not (tmp_path / "refused").exists()
+
+
+def test_text_requests_never_build_the_image_tower(packs: dict[str, tuple[Path, Runtime]]) -> None:
+    runtime = start(packs["siglip"][1].config.model_dir, "onnx")  # warm-up included: it is text only
+    backend: Any = runtime.task.backend
+    runtime.task({"inputs": TEXTS})
+    assert backend.describe()["loaded"] == ["main"] and "image" not in backend.parts
+    got = runtime.task({"inputs": [_b64(_images()[0])], "modality": "image"})["embeddings"]
+    assert backend.describe()["loaded"] == ["main", "image"] and backend.tower_ms["image"] > 0
+    want = packs["siglip"][1].task({"inputs": [_b64(_images()[0])], "modality": "image"})["embeddings"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
