@@ -21,6 +21,9 @@ $(BIN)/.dev-installed: $(BIN)/.installed
 	# --no-deps: its wheel requires the CPU `onnxruntime`, which would overwrite onnxruntime-gpu's files; it
 	# runs on the onnxruntime already installed (the GPU image installs onnxruntime-genai-cuda instead).
 	$(BIN)/pip install --quiet --no-deps onnxruntime-genai==0.18.0
+	# fastembed, for bench/peers/sparse.py only: --no-deps for the same reason (its other needs: loguru, mmh3,
+	# py_rust_stemmers; tokenizers, huggingface-hub and numpy are already there).
+	$(BIN)/pip install --quiet --no-deps fastembed==0.9.1 loguru==0.7.3 mmh3==5.3.1 py_rust_stemmers==0.1.8
 	touch $@
 
 # The fast path by default: this machine packs and serves, so the model is also saved pre-optimized with

@@ -17,6 +17,7 @@ answer there.
 | `POST /v1/embeddings` | OpenAI | embedding | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
 | `POST /embeddings` | Infinity | image-text | `{"inputs", "modality"?, "encoding_format"?, "model"?}` |
 | `POST /embed` | TEI | embedding | `{"inputs", "dimensions"?, "prompt_name"?, "model"?}` |
+| `POST /embed_sparse` | TEI | sparse | `{"inputs", "prompt_name"?, "model"?}` |
 | `POST /similarity` | TEI | embedding | `{"inputs": [source, *sentences], "prompt_name"?, "model"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents", "model"?}` |
 | `POST /v1/rerank`, `/v2/rerank` | Cohere, Jina | rerank | `{"query", "documents", "top_n"?, "return_documents"?}` |
@@ -340,6 +341,26 @@ class TeiEmbed(Vectors):
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         assert isinstance(original, dict)
         return shape_vectors(body["embeddings"], original.get("dimensions"), "float")
+
+
+class TeiEmbedSparse(Base):
+    """`POST /embed_sparse`: `{"inputs", "truncate"?, "prompt_name"?, "model"?}` → `[[{"index", "value"}, ...]]`,
+    each input's non-zero entries (a sparse model's)."""
+
+    path = "/embed_sparse"
+    schema = "EmbedSparseRequest"
+    answer = "EmbedSparseResponse"
+    summary = "text-embeddings-inference's sparse embeddings (SPLADE)"
+    refusals = (TokenIds("inputs"), RIGHT_ONLY)
+
+    def native(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"inputs": _texts(body["inputs"]), **_given(body, "prompt_name")}
+
+    def response(self, body: dict[str, Any], original: JSON) -> JSON:
+        return [
+            [{"index": i, "value": v} for i, v in zip(e["indices"], e["values"], strict=True)]
+            for e in body["embeddings"]
+        ]
 
 
 class TeiSimilarity(Base):
@@ -858,6 +879,7 @@ ROUTES: dict[str, Route] = {
         OpenAIEmbeddings(),
         InfinityEmbeddings(),
         TeiEmbed(),
+        TeiEmbedSparse(),
         TeiSimilarity(),
         TeiRerank(),
         TeiPredict(),

@@ -188,6 +188,29 @@ SCHEMAS: dict[str, Schema] = {
         },
     },
     "EmbedResponse": {"type": "array", "items": VECTOR},
+    "EmbedSparseRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": TEXTS,
+            "truncate": FLAG,
+            "truncation_direction": TRUNCATION_DIRECTION,
+            "prompt_name": _nullable(STRING),
+            "model": MODEL,
+        },
+    },
+    "EmbedSparseResponse": {
+        "type": "array",
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "value"],
+                "properties": {"index": {"type": "integer", "minimum": 0}, "value": NUMBER},
+            },
+        },
+        "description": "per input, its non-zero entries by ascending token id (a SPLADE model's)",
+    },
     "SimilarityRequest": {
         "type": "object",
         "required": ["inputs"],

@@ -277,7 +277,8 @@ def _positive(raw: dict[str, Any], key: str) -> int | None:
     return value
 
 
-SHAPE_KEYS = ("hidden", "layers", "heads", "intermediate")
+# `logits`: the width of a per-token output the graph holds before it pools (an MLM head's vocabulary: SPLADE).
+SHAPE_KEYS = ("hidden", "layers", "heads", "intermediate", "logits")
 
 
 def _shape(raw: dict[str, Any]) -> dict[str, int]:

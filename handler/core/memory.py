@@ -37,6 +37,10 @@ MARGIN = 0.10  # of the memory: the allocator's slack, the warm-up's and the ans
 FFN_BYTES_PER_WIDTH = 68
 ATTENTION_BYTES_PER_HIDDEN = 34
 SCORE_BYTES = 4  # float32 attention scores: one per head per pair of tokens
+# A graph that holds vocabulary-wide logits per token before pooling them (SPLADE: 30,522 floats a token, ten
+# times the encoder's own activations): the logits, their masked copy and one more in flight, float32.
+# Unmeasured: three copies is the upper end of what the pooling's elementwise steps keep alive at once.
+LOGIT_BYTES = 12
 
 
 @record
@@ -100,7 +104,7 @@ def bytes_per_token(manifest: Manifest) -> tuple[int, str]:
         source = "estimated"
     ffn = FFN_BYTES_PER_WIDTH * max(hidden, intermediate // 4)
     attention = ATTENTION_BYTES_PER_HIDDEN * hidden + SCORE_BYTES * heads * seq
-    return max(ffn, attention), source
+    return max(ffn, attention) + LOGIT_BYTES * shape.get("logits", 0), source
 
 
 @record

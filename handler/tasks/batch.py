@@ -55,7 +55,7 @@ class BatchModel(Protocol):
 def groups(prepared: Sequence[Prepared], max_tokens: int) -> list[list[int]]:
     """Indices of `prepared` in model runs: shortest first, each run's rows x longest within `max_tokens`
     (a request over it alone runs alone, its rows split across runs by `_run_group`)."""
-    order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
+    order = sorted((i for i in range(len(prepared)) if prepared[i].encodings), key=lambda i: prepared[i].length)
     out: list[list[int]] = []
     current: list[int] = []
     rows = longest = 0
@@ -84,6 +84,14 @@ def run_prepared(
     a long one's run starts). `wanted(i)`: checked before each run; a request no longer wanted (its client
     left) is not run, not reported, and its result stays None."""
     results: list[Any] = [None] * len(prepared)
+    for i, p in enumerate(prepared):  # nothing to run (a sparse model's static query encoder): answered first
+        if not p.encodings:
+            try:
+                results[i] = p.finish(np.zeros((0, 0), np.float32), 0)
+            except Exception as e:
+                results[i] = e
+            if report is not None:
+                report(i, results[i])
     for group in groups(prepared, max_tokens):
         if wanted is not None:
             group = [i for i in group if wanted(i)]

@@ -28,6 +28,7 @@ BUILTIN_TASKS = {
     "generate": "handler.tasks.generate:SPEC",
     "image-text": "handler.tasks.image_text:SPEC",
     "multivector": "handler.tasks.multivector:SPEC",
+    "sparse": "handler.tasks.sparse:SPEC",
 }
 
 

@@ -134,6 +134,10 @@ class TextEncoder:
         texts: list[str] = self._tok.decode_batch(ids, skip_special_tokens=skip_special_tokens)
         return texts
 
+    def token(self, token_id: int) -> str:
+        """The vocabulary's token for `token_id` (a sparse vector's dimension names its token)."""
+        return self._tok.id_to_token(token_id) or ""
+
     @property
     def vocab_size(self) -> int:
         size: int = self._tok.get_vocab_size(with_added_tokens=True)

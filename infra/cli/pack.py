@@ -16,6 +16,7 @@ TASK_CHOICES = (
     "rerank",
     "classify",
     "multivector",
+    "sparse",
     "generate",
     "image-text",
 )  # hf_source.TASK_CHOICES + generate (infra.pack.lm_pack), image-text (image_pack) (not imported: cheap --help)

@@ -38,6 +38,7 @@ from infra.pack.families import NEW_FAMILIES, layer_type_masks
 from infra.pack.hf_checks import SourceError, check_loading_info, config_refusal
 from infra.pack.hf_source import DenseLayer, HFSource, UnsupportedModelError
 from infra.pack.onnx_io import OPSET
+from infra.pack.sparse_source import splade
 
 ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
 OUTPUT_NAMES = {
@@ -45,6 +46,7 @@ OUTPUT_NAMES = {
     "rerank": "scores",
     "classify": "logits",
     "multivector": "token_embeddings",
+    "sparse": "sparse_embedding",
 }
 # ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
 # bias keeps its attention unfused; the layer norms and gelu still fuse).
@@ -133,7 +135,11 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
-    cls = transformers.AutoModelForSequenceClassification if source.sequence_classification else transformers.AutoModel
+    cls: Any = transformers.AutoModel
+    if source.sequence_classification:
+        cls = transformers.AutoModelForSequenceClassification
+    elif source.task == "sparse":  # SPLADE pools the MLM head's logits
+        cls = transformers.AutoModelForMaskedLM
     transformers.AttentionInterface.register(EXPORT_ATTENTION, _export_attention)
     new = NEW_FAMILIES.get(source.family)
     # MPNet has its own attention (relative position bias), outside transformers' attention interface; the newer
@@ -197,6 +203,7 @@ def build_head(source: HFSource, model: Any) -> Any:
     import torch
 
     pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
+    splade_settings = source.splade
     with_types = source.token_types
     new = NEW_FAMILIES.get(source.family)
     mask_kind = new.mask if new is not None else "bert"
@@ -236,6 +243,9 @@ def build_head(source: HFSource, model: Any) -> Any:
                     emb = layer(emb)
                 return torch.nn.functional.normalize(emb, p=2.0, dim=1) if normalize else emb
             logits = out.logits.float() if wide else out.logits
+            if task == "sparse":  # one (vocabulary-wide) row per text; the task keeps its non-zero entries
+                assert splade_settings is not None
+                return splade(logits, attention_mask, splade_settings)
             if task == "rerank":
                 scores = logits[:, 0]
                 return torch.sigmoid(scores) if activation == "sigmoid" else scores

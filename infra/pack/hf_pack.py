@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack import multivector_source
+from infra.pack import multivector_source, sparse_source
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -169,6 +169,7 @@ def pack_from(
             quantizing = exported is not None and precision.quantize is not None
             phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
+            sparse_source.write_static_query(source.root, source.splade, tmp)  # a Router's static query encoder
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if exported is not None and precision.quantize is not None:
@@ -397,7 +398,7 @@ def manifest_for(
     inputs = [TensorSpec(n, "int64", ("batch", "sequence")).to_json() for n in input_names(source)]
     output = OUTPUT_NAMES[source.task]
     shape: tuple[int | str, ...]
-    if source.task == "embedding":
+    if source.task in ("embedding", "sparse"):
         shape = ("batch", source.dimension)
     elif source.task == "multivector":
         shape = ("batch", "sequence", source.dimension)
@@ -439,6 +440,8 @@ def manifest_for(
         manifest["default_prompt_name"] = source.default_prompt_name
     elif source.task == "multivector":
         multivector_source.add_to_manifest(manifest, source)
+    elif source.task == "sparse":
+        sparse_source.add_to_manifest(manifest, source)
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

@@ -32,9 +32,11 @@ from infra.pack.hf_checks import (
     safetensors_shapes,
 )
 from infra.pack.multivector_source import LATE_DENSE, LATE_MODULE_TYPES, is_late_interaction, late_settings
+from infra.pack.sparse_source import SUPPORTED as SPARSE_SUPPORTED
+from infra.pack.sparse_source import Splade, check_static_query, is_sparse, sparse_modules
 
-Task = Literal["embedding", "rerank", "classify", "multivector"]
-TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector"]
+Task = Literal["embedding", "rerank", "classify", "multivector", "sparse"]
+TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector", "sparse"]
 TASK_CHOICES: tuple[str, ...] = get_args(TaskChoice)
 
 # config.json `model_type` -> warmstart family, and the architectures each family is packed from.
@@ -170,10 +172,13 @@ class HFSource:
     problem_type: str | None = None  # classify
     dense: tuple[DenseLayer, ...] = ()  # embedding: Dense modules after pooling, in order (multivector: per token)
     late: Any = None  # multivector: PyLate's settings (infra.pack.multivector_source.LateSettings)
+    splade: Splade | None = None  # sparse: SpladePooling's settings (infra.pack.sparse_source)
 
     @property
     def dimension(self) -> int:
-        """The embedding's width: the last Dense module's output, else the hidden size."""
+        """The embedding's width: the last Dense module's output, else the hidden size (sparse: the vocabulary)."""
+        if self.task == "sparse":
+            return int(self.config["vocab_size"])
         return self.dense[-1].out_features if self.dense else self.hidden_size
 
     @property
@@ -189,7 +194,7 @@ class HFSource:
         """The encoder's sizes the run time budgets activation memory by (handler.core.memory): hidden,
         layers, heads, intermediate; a size the config does not give is left out (the run time estimates it)."""
         keys = CONFIG_KEYS["distilbert" if self.family == "distilbert" else "other"]
-        out: dict[str, int] = {}
+        out: dict[str, int] = {"logits": int(self.config["vocab_size"])} if self.task == "sparse" else {}
         for name in ("hidden", "layers", "heads", "intermediate"):
             value = self.config.get(keys[name])
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -298,9 +303,13 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
 
     modules = _optional_json(root / "modules.json")
     kinds: list[tuple[str, str]] = []
-    if modules is not None:
-        if not isinstance(modules, list) or not modules:
-            raise SourceError(f"{root / 'modules.json'}: expected a non-empty list of modules")
+    splade: Splade | None = None
+    if modules is not None and not (isinstance(modules, list) and modules):
+        raise SourceError(f"{root / 'modules.json'}: expected a non-empty list of modules")
+    if modules is not None and is_sparse(modules, _optional_object(root / "config_sentence_transformers.json")):
+        found = [_module_kind(m, root / "modules.json") for m in modules]  # the model's own code: refused
+        kinds, splade = sparse_modules(root, found, _read_json, UnsupportedModelError)
+    elif modules is not None:
         kinds = [_module_kind(m, root / "modules.json") for m in modules]
         unsupported = [k for k, _ in kinds if k not in SUPPORTED_MODULES]
         if unsupported:
@@ -342,30 +351,36 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         or st_config.get("transformer_task") == "sequence-classification"
         or architecture.endswith("ForSequenceClassification")
     )
-    has_pooling = any(k == "Pooling" for k, _ in kinds)
-    if pooling is not None and (has_pooling or is_cross_encoder):
-        what = "sets its pooling in modules.json" if has_pooling else f"is a {architecture}"
-        raise UnsupportedModelError(
-            f"{root}: --pooling is for a bare encoder directory (no modules.json); this one {what}: leave --pooling out"
-        )
-    has_pooling = has_pooling or pooling is not None
-    late = is_late_interaction(kinds, st_meta)
-    if late and task not in ("auto", "multivector"):
-        raise UnsupportedModelError(f"{root}: --task {task}; this is a PyLate (ColBERT) model: --task multivector")
-    if task == "multivector" and not late:
-        raise UnsupportedModelError(
-            f"{root}: --task multivector needs a PyLate (ColBERT) directory (modules.json Transformer -> "
-            "pylate.models.Dense.Dense, config_sentence_transformers.json with query_prefix ...)"
-        )
-    detected = "multivector" if late else _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
-    chosen: Task = detected if task == "auto" else task  # type: ignore[assignment]
-    if not late:
-        _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
-    if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
-        raise UnsupportedModelError(
-            f"{model_root / 'config.json'}: architecture {architecture!r} is not supported for {chosen}; "
-            f"supported: {', '.join(f'{p}ForSequenceClassification' for p in ARCH_PREFIX.values())}"
-        )
+    chosen: Task
+    late = False
+    if splade is not None or task == "sparse":
+        chosen = _check_sparse(root, task, splade, pooling, architecture)
+    else:
+        has_pooling = any(k == "Pooling" for k, _ in kinds)
+        if pooling is not None and (has_pooling or is_cross_encoder):
+            what = "sets its pooling in modules.json" if has_pooling else f"is a {architecture}"
+            raise UnsupportedModelError(
+                f"{root}: --pooling is for a bare encoder directory (no modules.json); this one {what}: "
+                "leave --pooling out"
+            )
+        has_pooling = has_pooling or pooling is not None
+        late = is_late_interaction(kinds, st_meta)
+        if late and task not in ("auto", "multivector"):
+            raise UnsupportedModelError(f"{root}: --task {task}; this is a PyLate (ColBERT) model: --task multivector")
+        if task == "multivector" and not late:
+            raise UnsupportedModelError(
+                f"{root}: --task multivector needs a PyLate (ColBERT) directory (modules.json Transformer -> "
+                "pylate.models.Dense.Dense, config_sentence_transformers.json with query_prefix ...)"
+            )
+        detected = "multivector" if late else _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
+        chosen = detected if task == "auto" else task  # type: ignore[assignment]
+        if not late:
+            _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
+        if is_cross_encoder and architecture != f"{ARCH_PREFIX[family]}ForSequenceClassification":
+            raise UnsupportedModelError(
+                f"{model_root / 'config.json'}: architecture {architecture!r} is not supported for {chosen}; "
+                f"supported: {', '.join(f'{p}ForSequenceClassification' for p in ARCH_PREFIX.values())}"
+            )
 
     weights = _weights(model_root)
     if weights.suffix == ".safetensors":  # a pytorch_model.bin: its staged safetensors copy, in hf_pack
@@ -385,6 +400,8 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         fields["dense"] = _dense_layers(root, kinds, int(config.get("hidden_size") or config.get("dim") or 0))
         max_seq = max(fields["late"].query_length, fields["late"].document_length)
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
+    elif chosen == "sparse":
+        fields.update(splade=splade, **_prompts(root, st_meta))
     elif chosen == "embedding":
         if kinds:
             fields.update(_embedding_fields(root, kinds, config, st_meta))
@@ -402,6 +419,8 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     hashed += [p for p in _tokenizer_files(root, model_root, tokenizer_json, family) if p.is_file()]
     hashed += [p for p in _st_files(root, kinds) if p.is_file()]
     hashed += [layer.weights for layer in fields.get("dense", ())]
+    if splade is not None and splade.static_query is not None:
+        hashed += check_static_query(root, splade, tokenizer_json, int(config["vocab_size"]), UnsupportedModelError)
     return HFSource(
         root=root,
         model_root=model_root,
@@ -416,6 +435,24 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         content_sha256=content_hash(root, hashed, b"" if pooling is None else f"pooling={pooling}".encode()),
         **fields,
     )
+
+
+def _check_sparse(root: Path, task: str, splade: Splade | None, pooling: str | None, architecture: str) -> Task:
+    """A SparseEncoder directory packs as task sparse only, from a *ForMaskedLM checkpoint."""
+    if splade is None:
+        raise UnsupportedModelError(
+            f"{root}: --task sparse needs a sentence-transformers SparseEncoder directory (modules.json: "
+            f"{SPARSE_SUPPORTED}); this one is {architecture}"
+        )
+    if task not in ("auto", "sparse"):
+        raise UnsupportedModelError(f"{root}: a SparseEncoder directory packs as --task sparse, not {task}")
+    if pooling is not None:
+        raise UnsupportedModelError(f"{root}: --pooling is for a bare encoder directory; leave it out for SPLADE")
+    if not architecture.endswith("ForMaskedLM"):
+        raise UnsupportedModelError(
+            f"{root}: SparseEncoder transformer architecture {architecture!r}; supported: a *ForMaskedLM model"
+        )
+    return "sparse"
 
 
 def _detect_task(
@@ -563,6 +600,17 @@ def _embedding_fields(
     hidden = int(config.get("hidden_size") or config.get("dim") or 0)
     if width is not None and (not is_int(width) or width != hidden):
         raise SourceError(f"{pool_path}: embedding dimension {width} differs from the model's hidden size {hidden}")
+    dense = _dense_layers(root, kinds, hidden)
+    return {
+        "dense": dense,
+        "pooling": modes[0],
+        "normalize": any(k == "Normalize" for k, _ in kinds),
+        **_prompts(root, st_meta),
+    }
+
+
+def _prompts(root: Path, st_meta: dict[str, Any]) -> dict[str, Any]:
+    """config_sentence_transformers.json's prompts (name -> text prepended) and default prompt name, checked."""
     prompts = st_meta.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise SourceError(f"{root / 'config_sentence_transformers.json'}: prompts must map names to strings")
@@ -572,11 +620,7 @@ def _embedding_fields(
             f"{root / 'config_sentence_transformers.json'}: default_prompt_name {default_prompt!r} is not among "
             f"the prompts ({', '.join(prompts) or 'none'})"
         )
-    dense = _dense_layers(root, kinds, hidden)
     return {
-        "dense": dense,
-        "pooling": modes[0],
-        "normalize": any(k == "Normalize" for k, _ in kinds),
         "prompts": {str(k): v for k, v in prompts.items()},
         "default_prompt_name": default_prompt,
     }

@@ -19,11 +19,14 @@ from infra.pack.hf_checks import SourceError
 
 # The default thresholds on the gate's figure, per task. Embedding: the worst text's cosine (int8 on
 # all-MiniLM-L6-v2 measured 0.997 on the built-in set, float16/bfloat16 higher: docs/models.md).
-DEFAULT_MIN_QUALITY = {"embedding": 0.99, "rerank": 0.9, "classify": 0.95, "multivector": 0.9}  # late_quality
+SPARSE_TOP_K = 32  # a SPLADE query has tens of terms; a document's weight sits in its largest ones
+# multivector: late_quality
+DEFAULT_MIN_QUALITY = {"embedding": 0.99, "rerank": 0.9, "classify": 0.95, "multivector": 0.9, "sparse": 0.9}
 METRICS = {
     "embedding": "min cosine vs float32",
     "rerank": "min(top-1 agreement, Spearman) vs float32",
     "classify": "label agreement vs float32",
+    "sparse": f"min top-{SPARSE_TOP_K} term overlap vs float32",
 }
 BATCH = 16
 # Calibration batches are truncated here at most (the model's max length when shorter): positions past it
@@ -101,6 +104,8 @@ def measure(
             out["worst_text"] = shown(texts[int(np.argmin(cos))])
             out.update(retrieval(want, got, texts))
         return out
+    if task == "sparse":
+        return sparse_overlap(want, got)
     if task == "rerank":
         want, got = want.reshape(-1), got.reshape(-1)
         groups = [slice(i, i + group) for i in range(0, len(want), group)]
@@ -124,6 +129,33 @@ def measure(
         "label_agreement": round(float(np.mean(agree)), 6),
         "max_abs_diff": round(float(np.max(np.abs(want - got))), 6),
         "items": len(agree),
+    }
+
+
+def sparse_overlap(want: npt.NDArray[np.float64], got: npt.NDArray[np.float64]) -> dict[str, Any]:
+    """Per text, the share of float32's largest SPARSE_TOP_K terms (fewer where it has fewer non-zero ones)
+    that the reduced model also has among its own largest as many; the figure is the smallest share. Also the
+    dot products' agreement (what a sparse index scores with): the largest relative difference of a text
+    with itself."""
+    shares = []
+    for w, g in zip(want, got, strict=True):
+        k = min(SPARSE_TOP_K, int(np.count_nonzero(w)))
+        if k == 0:
+            shares.append(1.0 if not np.count_nonzero(g) else 0.0)
+            continue
+        top_w = set(np.argsort(-w, kind="stable")[:k].tolist())
+        top_g = set(np.argsort(-g, kind="stable")[:k].tolist())
+        shares.append(len(top_w & top_g) / k)
+    self_dot = (want * want).sum(axis=1)
+    cross = (want * got).sum(axis=1)
+    rel = np.abs(cross - self_dot) / np.maximum(self_dot, 1e-12)
+    return {
+        "metric": METRICS["sparse"],
+        "figure": round(float(min(shares)), 6),
+        "min_top_k_overlap": round(float(min(shares)), 6),
+        "median_top_k_overlap": round(float(np.median(shares)), 6),
+        "max_dot_rel_diff": round(float(rel.max()), 6),
+        "items": len(shares),
     }
 
 

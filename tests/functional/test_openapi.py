@@ -46,6 +46,10 @@ def vectors_answer(p: dict[str, Any]) -> dict[str, Any]:
     return {"embeddings": [[0.6, 0.8] for _ in p["inputs"]], "usage": {"tokens": 2}}
 
 
+def sparse_answer(p: dict[str, Any]) -> dict[str, Any]:
+    return {"embeddings": [{"indices": [3, 7], "values": [0.5, 1.25]} for _ in p["inputs"]], "usage": {"tokens": 3}}
+
+
 # path → method → (model kind, a valid request, a bad request); every path in the document must be here.
 EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/": {
@@ -56,6 +60,7 @@ EXAMPLES: dict[str, dict[str, tuple[str, Any, Any]]] = {
     "/v1/embeddings": {"post": ("embedding", {"input": TEXTS, "model": "x", "dimensions": 8}, {"input": [[1]]})},
     "/embeddings": {"post": ("image-text", {"input": "a", "modality": "text"}, {"input": ["x"], "modality": "audio"})},
     "/embed": {"post": ("embedding", {"inputs": TEXTS[0], "normalize": True}, {"inputs": "x", "normalize": False})},
+    "/embed_sparse": {"post": ("sparse", {"inputs": TEXTS, "truncate": True}, {"inputs": []})},
     "/similarity": {
         "post": ("embedding", {"inputs": {"source_sentence": "a", "sentences": TEXTS}}, {"inputs": {"sentences": []}})
     },
@@ -107,6 +112,7 @@ def clients(
         "rerank": client_for(fake_runtime(runtime, FakeTask("rerank", rerank_answer))),
         "classify": client_for(fake_runtime(runtime, FakeTask("classify", classify_answer))),
         "image-text": client_for(fake_runtime(runtime, FakeTask("image-text", vectors_answer))),
+        "sparse": client_for(fake_runtime(runtime, FakeTask("sparse", sparse_answer))),
         "generate": client_for(generate),
     }
     for c in made.values():
@@ -222,6 +228,7 @@ REQUESTS: dict[str, list[Any]] = {
         {"inputs": "a", "truncation_direction": "Left"},
         {"inputs": ["a", 1]},
     ],
+    "EmbedSparseRequest": [{"inputs": ["a"], "prompt_name": None}, {"inputs": 1}, {"truncate": True}],
     "SimilarityRequest": [
         {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": None}},
         {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": []},

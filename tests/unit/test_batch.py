@@ -105,3 +105,16 @@ def test_dimensions_over_the_models_are_refused_at_prepare(tmp_path: Path) -> No
     task, _ = make(tmp_path, "embedding")
     with pytest.raises(InvalidInputError, match="dimensions"):
         task.prepare({"inputs": ["x"], "dimensions": 99})
+
+
+def test_a_request_with_nothing_to_run_is_answered_without_a_model_run(tmp_path: Path) -> None:
+    task, backend = make(tmp_path, "embedding")
+    answered = {"answered": "without the model"}  # a sparse model's static query encoder's answer
+    seen: list[int] = []
+    prepared = [task.prepare({"inputs": ["a"]}), Prepared([], lambda rows, tokens: answered)]
+    out = run_prepared(task, prepared, 10_000, lambda i, outcome: seen.append(i))
+    assert out[1] == answered and isinstance(out[0], dict) and len(backend.feeds) == 1
+    assert seen == [1, 0]  # reported first, before the model runs
+    backend.feeds.clear()
+    assert run_prepared(task, [Prepared([], lambda rows, tokens: answered)], 10_000) == [answered]
+    assert backend.feeds == []

@@ -91,6 +91,12 @@ def test_cost_per_token_follows_the_measurements() -> None:
         assert measured * 1024 <= cost <= measured * 1024 * 1.08, (shape, seq, cost)
 
 
+def test_vocabulary_wide_logits_per_token_are_counted() -> None:
+    plain = bytes_per_token(manifest(MINILM))[0]
+    splade = bytes_per_token(manifest({**MINILM, "logits": 30522}))[0]  # a SPLADE graph's MLM logits
+    assert splade == plain + 12 * 30522 and splade > 10 * plain
+
+
 def test_an_old_manifest_is_estimated_from_its_width_never_below_the_real_shape() -> None:
     estimated, source = bytes_per_token(manifest(None, dimension=384))
     assert source == "estimated"

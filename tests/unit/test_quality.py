@@ -72,6 +72,25 @@ def test_classify_figures_are_label_agreement() -> None:
     assert multi["label_agreement"] == pytest.approx(0.75)
 
 
+def test_sparse_figures_are_the_overlap_of_the_largest_terms() -> None:
+    rng = np.random.default_rng(0)
+    want = np.maximum(rng.normal(size=(4, 200)), 0)  # about half the terms non-zero
+    same = measure("sparse", want, want)
+    assert same["figure"] == same["min_top_k_overlap"] == 1.0 and same["max_dot_rel_diff"] == 0.0
+    got = want.copy()
+    top = np.argsort(-want[2])[:32]
+    got[2, top[:4]] = 0  # four of row 2's 32 largest terms lost: 28 of 32 kept (their places taken by others)
+    figures = measure("sparse", want, got)
+    assert figures["figure"] == round(28 / 32, 6) and figures["median_top_k_overlap"] == 1.0
+    assert figures["metric"] == "min top-32 term overlap vs float32" and figures["items"] == 4
+    few = np.zeros((1, 200))
+    few[0, [3, 9]] = [1.0, 2.0]  # fewer non-zero terms than k: those are the top
+    assert measure("sparse", few, few)["figure"] == 1.0
+    assert measure("sparse", few, np.zeros((1, 200)))["figure"] == 0.0
+    with pytest.raises(QualityError, match="min top-32 term overlap"):
+        check("sparse", figures, None, "--quantize int8")  # 0.875 < the default 0.9
+
+
 def test_check_refuses_below_the_threshold_with_the_figure() -> None:
     figures = measure("embedding", np.eye(2, dtype=np.float32), np.array([[1, 0.1], [0, 1]], np.float32))
     assert check("embedding", figures, 0.99, "--quantize int8")["passed"] is True
