@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack import multivector_source, sparse_source
+from infra.pack import hybrid_source, multivector_source, sparse_source
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -109,8 +109,7 @@ def pack_from(
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
-    if source.task == "multivector":  # its token ids resolved by the model's tokenizer: refusals before a write
-        source = multivector_source.resolved(source, tokenizer, precision.dtype)
+    source = RESOLVED[source.task].resolved(source, tokenizer, precision) if source.task in RESOLVED else source
     version = version or default_version(source.content_sha256, source.task, precision.label)
     calibration, calibration_texts = None, None
     if precision.reduced:
@@ -383,6 +382,9 @@ def _tokenizer_dir(source: HFSource) -> Path:
     return source.root
 
 
+RESOLVED: dict[str, Any] = {"multivector": multivector_source, "hybrid": hybrid_source}  # ids by the tokenizer
+
+
 def manifest_for(
     source: HFSource,
     model_id: str,
@@ -400,8 +402,8 @@ def manifest_for(
     shape: tuple[int | str, ...]
     if source.task in ("embedding", "sparse"):
         shape = ("batch", source.dimension)
-    elif source.task == "multivector":
-        shape = ("batch", "sequence", source.dimension)
+    elif source.task in RESOLVED:  # a row per token
+        shape = ("batch", "sequence", source.dimension + (1 + source.hybrid.colbert_dim if source.hybrid else 0))
     elif source.task == "rerank":
         shape = ("batch",)
     else:
@@ -438,10 +440,8 @@ def manifest_for(
         manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
-    elif source.task == "multivector":
-        multivector_source.add_to_manifest(manifest, source)
-    elif source.task == "sparse":
-        sparse_source.add_to_manifest(manifest, source)
+    elif source.task in ("multivector", "sparse", "hybrid"):
+        {**RESOLVED, "sparse": sparse_source}[source.task].add_to_manifest(manifest, source)
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

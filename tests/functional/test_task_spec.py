@@ -158,7 +158,8 @@ def test_a_task_from_outside_checks_its_own_manifest_fields(plugin: str, tmp_pat
 
 def test_an_unknown_task_lists_the_installed_ones_too(plugin: str, tmp_path: Path) -> None:
     model, _, _ = toy_model(tmp_path, task="speech")
-    valid = "valid tasks: embedding, rerank, classify, tensor, generate, image-text, multivector, sparse, toy-vectors"
+    valid = "valid tasks: embedding, rerank, classify, tensor, generate, image-text, multivector, sparse, hybrid, "
+    valid += "toy-vectors"
     with pytest.raises(ModelLoadError, match=valid):
         start(model)
 
