@@ -85,7 +85,9 @@ def reference(source: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
-def test_three_outputs_match_flagembedding(runtimes: dict[str, Runtime], reference: dict[str, Any], backend: str) -> None:
+def test_three_outputs_match_flagembedding(
+    runtimes: dict[str, Runtime], reference: dict[str, Any], backend: str
+) -> None:
     got = runtimes[backend].serve(
         {"inputs": TEXTS, "return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
     )
