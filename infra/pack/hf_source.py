@@ -412,14 +412,14 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     elif chosen in ("embedding", "hybrid"):
         if kinds:
             fields.update(_embedding_fields(root, kinds, config, st_meta))
+        else:  # a bare encoder with --pooling: that pooling, unit-length vectors (TEI's default)
+            fields.update(pooling=pooling, normalize=True)
         if chosen == "hybrid":  # FlagEmbedding's dense vector is the CLS token's
             if fields.get("pooling") != "cls":
                 raise UnsupportedModelError(
                     f"{root}: hybrid (bge-m3) pooling {fields.get('pooling')!r}; supported: cls"
                 )
             fields["hybrid"] = hybrid_heads(root, int(config["hidden_size"]))
-        else:  # a bare encoder with --pooling: that pooling, unit-length vectors (TEI's default)
-            fields.update(pooling=pooling, normalize=True)
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
     else:
         labels = _labels(model_root, config)
