@@ -8,7 +8,9 @@ tokens after CLS through colbert_linear, unit length, padding dropped.
 
 The other tasks' shapes, for the routes every client already uses: {"inputs"} → {"embeddings": dense vectors}
 (`/v1/embeddings`, `/embed`); with `sparse_format` → {"embeddings": sparse entries} (`/embed_sparse`, as the
-sparse task answers); with `input_type` → {"embeddings": per-token vectors} (the multivector task's).
+sparse task answers); with `input_type` → {"embeddings": per-token vectors} (the multivector task's); and the
+multivector task's rerank, {"query", "documents", "top_n"?, "return_documents"?} → the rerank answer, each score
+FlagEmbedding's `colbert_score` (for each query vector its best dot product with the document's, averaged).
 
 The graph's one output is per token [hidden, unit length | lexical weight | multi-vector, unit length]
 (`infra.pack.hybrid_source`); this module slices it.
@@ -28,8 +30,19 @@ from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared, run_prepared
+from handler.tasks.scored import RERANK_RESULT
+from handler.tasks.scoring import rank
 from handler.tasks.spec import FLAG, MODEL, NUMBER, POSITIVE, STRING, TEXTS, USAGE, TaskSpec, nullable
-from handler.tasks.text import TEXT_ROUTES, TextModel, check_texts, choice, flag, positive_int, require_object
+from handler.tasks.text import (
+    TEXT_ROUTES,
+    TextModel,
+    check_text,
+    check_texts,
+    choice,
+    flag,
+    positive_int,
+    require_object,
+)
 
 if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
     import numpy.typing as npt
@@ -51,6 +64,8 @@ class HybridTask(TextModel):
 
     def prepare(self, payload: JSON) -> Prepared:
         """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
+        if isinstance(payload, dict) and "query" in payload and "inputs" not in payload:
+            return self._prepare_rerank(payload)
         body = require_object(payload, "inputs")
         texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
         flagged = any(body.get(k) is not None for k in OUTPUTS)
@@ -80,6 +95,36 @@ class HybridTask(TextModel):
                         got = self._output(key, out, ids, lengths, top_k, fmt or "indices")
                         answer[{"dense": "dense_vecs", "sparse": "lexical_weights"}.get(key, "colbert_vecs")] = got
             return {**answer, "model": self.model, "usage": {"tokens": tokens}}
+
+        return Prepared(encodings, finish)
+
+    def _prepare_rerank(self, body: dict[str, Any]) -> Prepared:
+        query = check_text(body["query"], "query", self.max_chars)
+        docs = require_object(body, "documents")["documents"]
+        if not isinstance(docs, list) or not docs:
+            raise InvalidInputError('"documents" must be a non-empty list of strings')
+        docs = check_texts(
+            [d["text"] if isinstance(d, dict) and "text" in d else d for d in docs],
+            "documents",
+            self.max_inputs,
+            self.max_chars,
+        )
+        top_n = positive_int(body, "top_n")  # more than there are documents: all of them
+        with_docs = flag(body, "return_documents")
+        encodings = self.encoder.tokenize([query, *docs])
+        lengths = [int(sum(e.attention_mask)) for e in encodings]
+
+        def finish(out: npt.NDArray[Any], tokens: int) -> dict[str, Any]:
+            finite(out, "outputs")
+            q, *vectors = self._output("colbert", out, [], lengths, None, "")
+            scores = np.array([colbert_score(q, d) for d in vectors], dtype=np.float32)
+            results: list[dict[str, Any]] = []
+            for i in rank(scores, top_n).tolist():
+                item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+                if with_docs:
+                    item["document"] = {"text": docs[i]}
+                results.append(item)
+            return {"results": results, "model": self.model, "usage": {"tokens": tokens}}
 
         return Prepared(encodings, finish)
 
@@ -129,6 +174,14 @@ class HybridTask(TextModel):
         self({"inputs": ["warm-up query", "a slightly longer warm-up passage, so the batch needs padding"]})
 
 
+def colbert_score(query: npt.NDArray[np.float32], document: npt.NDArray[np.float32]) -> float:
+    """FlagEmbedding's `colbert_score`: for each query vector its largest dot product with a document vector,
+    summed, over the query's vector count. No vector on either side (a one-token text) scores 0."""
+    if not len(document) or not len(query):
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum(dtype=np.float64) / len(query))
+
+
 def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """`hybrid` ({"colbert_dim", "unused_ids"}, written by `pack --from`), checked."""
     hybrid = raw.get("hybrid")
@@ -159,35 +212,51 @@ SPEC = TaskSpec(
     factory=HybridTask,
     request={
         "title": "hybrid",
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": TEXTS,
-            "model": MODEL,
-            "return_dense": FLAG,
-            "return_sparse": FLAG,
-            "return_colbert_vecs": FLAG,
-            "top_k": POSITIVE,
-            "sparse_format": nullable({"enum": list(SPARSE_FORMATS)}),
-            "input_type": nullable({"enum": list(INPUT_TYPES)}),
-        },
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {
+                    "inputs": TEXTS,
+                    "model": MODEL,
+                    "return_dense": FLAG,
+                    "return_sparse": FLAG,
+                    "return_colbert_vecs": FLAG,
+                    "top_k": POSITIVE,
+                    "sparse_format": nullable({"enum": list(SPARSE_FORMATS)}),
+                    "input_type": nullable({"enum": list(INPUT_TYPES)}),
+                },
+            },
+            {
+                "type": "object",
+                "required": ["query", "documents"],
+                "properties": {
+                    "query": STRING,
+                    "documents": {"type": "array"},
+                    "top_n": POSITIVE,
+                    "return_documents": FLAG,
+                    "model": MODEL,
+                },
+            },
+        ],
     },
     example={"inputs": "hello", "return_dense": True, "return_sparse": True, "return_colbert_vecs": True},
     answer={
         "title": "hybrid",
         "type": "object",
-        "required": ["model", "usage"],
+        "required": ["model", "usage"],  # and the outputs asked for, or `embeddings`, or `results`
         "properties": {
             "dense_vecs": VECTORS,
             "lexical_weights": {"type": "array", "items": SPARSE},
             "colbert_vecs": {"type": "array", "items": VECTORS},
             "embeddings": {"type": "array", "items": {"anyOf": [{"type": "array"}, SPARSE]}},
+            "results": {"type": "array", "items": RERANK_RESULT},
             "model": STRING,
             "usage": USAGE,
         },
     },
     fields=manifest_fields,
-    routes=("/v1/embeddings", "/embed", "/embed_sparse", *TEXT_ROUTES),
+    routes=("/v1/embeddings", "/embed", "/embed_sparse", "/rerank", "/v1/rerank", "/v2/rerank", *TEXT_ROUTES),
     batches=True,
     tei_kind="embedding",
     tei_info=lambda manifest: {"pooling": "cls"},

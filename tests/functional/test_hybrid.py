@@ -2,7 +2,7 @@
 backends, against FlagEmbedding's formulas (`BGEM3FlagModel.encode` and `BGEM3Model`'s heads, re-implemented
 here with torch: the CLS vector normalized; relu(sparse_linear) per token, the largest per token id, cls, eos,
 pad and unk dropped; colbert_linear over the tokens after CLS, normalized, padding dropped), the routes'
-shapes (`/v1/embeddings`, `/embed_sparse`), and the one-line refusals.
+shapes (`/v1/embeddings`, `/embed_sparse`, a ColBERT-scored `/v1/rerank`), and the one-line refusals.
 
 One tiny random XLM-RoBERTa bge-m3 directory (sentence-transformers CLS pooling + the two heads' .pt files)
 packed once for the module.
@@ -120,7 +120,14 @@ def test_routes_answer_dense_and_sparse(runtimes: dict[str, Runtime], reference:
     with client_for(runtimes["onnx"]) as client:
         dense = client.post("/v1/embeddings", json={"input": TEXTS})
         sparse = client.post("/embed_sparse", json={"inputs": TEXTS})
+        ranked = client.post("/v1/rerank", json={"query": TEXTS[0], "documents": TEXTS[1:]})
     assert dense.status_code == 200 and sparse.status_code == 200, (dense.text, sparse.text)
+    assert ranked.status_code == 200, ranked.text
+    q, *docs = reference["colbert"]  # FlagEmbedding's colbert_score: the best dot per query vector, averaged
+    want = {i: float((q @ d.T).max(axis=1).sum() / len(q)) for i, d in enumerate(docs)}
+    got_scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    assert [r["index"] for r in ranked.json()["results"]] == sorted(want, key=lambda i: -want[i])
+    assert max(abs(got_scores[i] - want[i]) for i in want) < 1e-5
     got = np.asarray([d["embedding"] for d in dense.json()["data"]])
     assert np.abs(got - reference["dense"]).max() < 1e-5
     assert [[e["index"] for e in row] for row in sparse.json()] == [list(w) for w in reference["sparse"]]
