@@ -10,11 +10,12 @@ the rest of the rows after CLS (multi-vector), as `BGEM3FlagModel.encode` post-p
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from infra.pack.hf_checks import SourceError
+from infra.pack.hf_checks import SourceError, open_source
 
 HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 # FlagEmbedding drops these tokens' lexical weights (`_process_token_weights`).
@@ -45,8 +46,10 @@ def heads(root: Path, hidden: int) -> Heads:
 def _state(path: Path) -> dict[str, Any]:
     import torch  # pack time only
 
+    with open_source(path) as f:  # a regular file only (a FIFO would hang the pack), as every source file
+        data = f.read()
     try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated file, a pickle that is not plain tensors
         raise SourceError(f"{path}: not loadable as plain tensors ({type(e).__name__}: {e})"[:400]) from None
     if not isinstance(state, dict):
