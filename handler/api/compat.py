@@ -14,10 +14,10 @@ answer there.
 
 | path | API | served by (the built-in tasks' `routes`) | native request |
 |---|---|---|---|
-| `POST /v1/embeddings` | OpenAI | embedding | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
+| `POST /v1/embeddings` | OpenAI | embedding, hybrid | `{"inputs", "dimensions"?, "encoding_format"?, "model"?}` |
 | `POST /embeddings` | Infinity | image-text | `{"inputs", "modality"?, "encoding_format"?, "model"?}` |
-| `POST /embed` | TEI | embedding | `{"inputs", "dimensions"?, "prompt_name"?, "model"?}` |
-| `POST /embed_sparse` | TEI | sparse | `{"inputs", "prompt_name"?, "model"?}` |
+| `POST /embed` | TEI | embedding, hybrid | `{"inputs", "dimensions"?, "prompt_name"?, "model"?}` |
+| `POST /embed_sparse` | TEI | sparse, hybrid | `{"inputs", "sparse_format", "prompt_name"?, "model"?}` |
 | `POST /similarity` | TEI | embedding | `{"inputs": [source, *sentences], "prompt_name"?, "model"?}` |
 | `POST /rerank` | TEI | rerank | `{"query", "documents", "return_documents", "model"?}` |
 | `POST /v1/rerank`, `/v2/rerank` | Cohere, Jina | rerank | `{"query", "documents", "top_n"?, "return_documents"?}` |
@@ -354,7 +354,8 @@ class TeiEmbedSparse(Base):
     refusals = (TokenIds("inputs"), RIGHT_ONLY)
 
     def native(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"inputs": _texts(body["inputs"]), **_given(body, "prompt_name")}
+        # sparse_format: the sparse answer (a hybrid model, bge-m3, answers dense vectors without it)
+        return {"inputs": _texts(body["inputs"]), "sparse_format": "indices", **_given(body, "prompt_name")}
 
     def response(self, body: dict[str, Any], original: JSON) -> JSON:
         return [

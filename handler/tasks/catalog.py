@@ -29,6 +29,7 @@ BUILTIN_TASKS = {
     "image-text": "handler.tasks.image_text:SPEC",
     "multivector": "handler.tasks.multivector:SPEC",
     "sparse": "handler.tasks.sparse:SPEC",
+    "hybrid": "handler.tasks.hybrid:SPEC",
 }
 
 

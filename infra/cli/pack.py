@@ -17,6 +17,7 @@ TASK_CHOICES = (
     "classify",
     "multivector",
     "sparse",
+    "hybrid",
     "generate",
     "image-text",
 )  # hf_source.TASK_CHOICES + generate (infra.pack.lm_pack), image-text (image_pack) (not imported: cheap --help)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from infra.pack import hybrid_source
 from infra.pack.families import NEW_FAMILIES, layer_type_masks
 from infra.pack.hf_checks import SourceError, check_loading_info, config_refusal
 from infra.pack.hf_source import DenseLayer, HFSource, UnsupportedModelError
@@ -41,12 +42,14 @@ from infra.pack.onnx_io import OPSET
 from infra.pack.sparse_source import splade
 
 ATOL = 1e-4  # export and fusion checks: max abs difference against the eager model
+SEQUENCE_TASKS = ("multivector", "hybrid")  # an output row per token: (batch, sequence, width)
 OUTPUT_NAMES = {
     "embedding": "sentence_embedding",
     "rerank": "scores",
     "classify": "logits",
     "multivector": "token_embeddings",
     "sparse": "sparse_embedding",
+    "hybrid": "token_outputs",
 }
 # ORT's optimizer model types: encoder-only families all match its "bert" patterns (MPNet's relative position
 # bias keeps its attention unfused; the layer norms and gelu still fuse).
@@ -160,7 +163,8 @@ def load_torch_model(source: HFSource, safetensors_dir: Path) -> Any:
         )
     except Exception as e:  # a config its class accepts but cannot build (an unknown activation: KeyError)
         raise config_refusal(source.model_root / "config.json", source.config, e, "build the model") from None
-    check_loading_info(source.weights, type(model).__name__, info, model.base_model_prefix, source.task == "embedding")
+    embedding = source.task in ("embedding", "hybrid")
+    check_loading_info(source.weights, type(model).__name__, info, model.base_model_prefix, embedding)
     # One forward pass per batch, nothing generated: no key/value cache (a decoder's default). Its sliding-window
     # layers (Gemma 3) slice the cache by the sequence length, which torch.export cannot keep dynamic.
     if getattr(model.config, "use_cache", False):
@@ -216,6 +220,8 @@ def build_head(source: HFSource, model: Any) -> Any:
     mask_kind = new.mask if new is not None else "bert"
     config = model.config
     dense = [dense_module(layer) for layer in source.dense]
+    if task == "hybrid":  # bge-m3's heads: per token, its lexical weight and its multi-vector
+        dense = [hybrid_source.linear(source.hybrid.sparse), hybrid_source.linear(source.hybrid.colbert)]
 
     class Head(torch.nn.Module):
         def __init__(self) -> None:
@@ -243,6 +249,11 @@ def build_head(source: HFSource, model: Any) -> Any:
                 for layer in self.dense:
                     tokens = layer(tokens)
                 return torch.nn.functional.normalize(tokens, p=2.0, dim=-1)
+            if task == "hybrid":  # per token: [hidden, unit length | lexical weight | multi-vector, unit length]
+                tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
+                unit = torch.nn.functional.normalize
+                weights = torch.relu(self.dense[0](tokens))
+                return torch.cat([unit(tokens, dim=-1), weights, unit(self.dense[1](tokens), dim=-1)], dim=-1)
             if task == "embedding":
                 tokens = out.last_hidden_state.float() if wide else out.last_hidden_state
                 emb = pool(tokens, attention_mask, str(pooling))
@@ -369,7 +380,7 @@ def export_graph(source: HFSource, model: Any, reference: Reference, where: Path
     output = OUTPUT_NAMES[source.task]
     example = tuple(torch.from_numpy(reference.probes[1][n]) for n in names)  # padded rows: the masked path
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
-    dynamic[output] = {0: "batch", 1: "sequence"} if source.task == "multivector" else {0: "batch"}
+    dynamic[output] = {0: "batch", 1: "sequence"} if source.task in SEQUENCE_TASKS else {0: "batch"}
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=where.parent) as tmp, torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter warns that it is deprecated and that tracing turns python values into

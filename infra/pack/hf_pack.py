@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION, TensorSpec
-from infra.pack import multivector_source, sparse_source
+from infra.pack import hybrid_source, multivector_source, sparse_source
 from infra.pack.golden import with_golden
 from infra.pack.hf_checks import SourceError, check_checkpoint, one_line, safetensors_shapes
 from infra.pack.hf_source import HFSource, UnsupportedModelError, read_source
@@ -112,8 +112,7 @@ def pack_from(
     out = check_output(out, force, [source.root])  # before the export: refusals cost nothing
     check_transformers_config(source)
     tokenizer = load_tokenizer(source)
-    if source.task == "multivector":  # its token ids resolved by the model's tokenizer: refusals before a write
-        source = multivector_source.resolved(source, tokenizer, precision.dtype)
+    source = RESOLVED[source.task].resolved(source, tokenizer, precision) if source.task in RESOLVED else source
     pair = None
     if source.logit_score is not None:  # a decoder reranker: its chat template as three strings (a refusal here)
         from infra.pack.lm_rerank import pair_template
@@ -177,8 +176,7 @@ def pack_from(
             quantizing = exported is not None and precision.quantize is not None
             phase(f"quantizing ({precision.quantize}), the quality gate" if quantizing else "writing the packed model")
             pad_id = write_tokenizer(source, tokenizer, tmp / TOKENIZER_FILE)
-            if source.splade is not None and source.splade.static_query is not None:
-                sparse_source.write_static_query(source.root, source.splade, tmp)
+            sparse_source.write_static_query(source.root, source.splade, tmp)  # a Router's static query encoder
             shortcut = tokenizer_shortcut(tmp / TOKENIZER_FILE, source.max_seq_length, pad_id, tmp)
             spec: dict[str, dict[str, Any]] = {}
             if exported is not None and precision.quantize is not None:
@@ -394,6 +392,9 @@ def _tokenizer_dir(source: HFSource) -> Path:
     return source.root
 
 
+RESOLVED: dict[str, Any] = {"multivector": multivector_source, "hybrid": hybrid_source}  # ids by the tokenizer
+
+
 def manifest_for(
     source: HFSource,
     model_id: str,
@@ -411,8 +412,8 @@ def manifest_for(
     shape: tuple[int | str, ...]
     if source.task in ("embedding", "sparse"):
         shape = ("batch", source.dimension)
-    elif source.task == "multivector":
-        shape = ("batch", "sequence", source.dimension)
+    elif source.task in RESOLVED:  # a row per token
+        shape = ("batch", "sequence", source.dimension + (1 + source.hybrid.colbert_dim if source.hybrid else 0))
     elif source.task == "rerank":
         shape = ("batch",)
     else:
@@ -449,8 +450,8 @@ def manifest_for(
         manifest["dimension"] = source.dimension
         manifest["prompts"] = dict(source.prompts)
         manifest["default_prompt_name"] = source.default_prompt_name
-    elif source.task in ("multivector", "sparse"):  # each kind's own fields, beside its source reader
-        {"multivector": multivector_source, "sparse": sparse_source}[source.task].add_to_manifest(manifest, source)
+    elif source.task in ("multivector", "sparse", "hybrid"):
+        {**RESOLVED, "sparse": sparse_source}[source.task].add_to_manifest(manifest, source)
     elif source.task == "rerank":
         manifest["activation"] = source.activation
     else:

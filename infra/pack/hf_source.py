@@ -31,12 +31,15 @@ from infra.pack.hf_checks import (
     read_source_file,
     safetensors_shapes,
 )
+from infra.pack.hybrid_source import HEADS as HYBRID_HEADS
+from infra.pack.hybrid_source import heads as hybrid_heads
+from infra.pack.hybrid_source import is_hybrid
 from infra.pack.multivector_source import LATE_DENSE, LATE_MODULE_TYPES, is_late_interaction, late_settings
 from infra.pack.sparse_source import SUPPORTED as SPARSE_SUPPORTED
 from infra.pack.sparse_source import Splade, check_static_query, is_sparse, sparse_modules
 
-Task = Literal["embedding", "rerank", "classify", "multivector", "sparse"]
-TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector", "sparse"]
+Task = Literal["embedding", "rerank", "classify", "multivector", "sparse", "hybrid"]
+TaskChoice = Literal["auto", "embedding", "rerank", "classify", "multivector", "sparse", "hybrid"]
 TASK_CHOICES: tuple[str, ...] = get_args(TaskChoice)
 
 # config.json `model_type` -> warmstart family, and the architectures each family is packed from.
@@ -176,6 +179,7 @@ class HFSource:
     splade: Splade | None = None  # sparse: SpladePooling's settings (infra.pack.sparse_source)
     # rerank by a decoder (infra.pack.lm_rerank): LogitScore's (true, false) token ids; None: a sequence classifier
     logit_score: tuple[int, int | None] | None = None
+    hybrid: Any = None  # hybrid (bge-m3): its two heads (infra.pack.hybrid_source.Heads)
 
     @property
     def dimension(self) -> int:
@@ -363,6 +367,7 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         or architecture.endswith("ForSequenceClassification")
     )
     chosen: Task
+    late = False
     if splade is not None or task == "sparse":
         chosen = _check_sparse(root, task, splade, pooling, architecture)
     else:
@@ -385,7 +390,10 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         detected = "multivector" if late else _detect_task(root, has_pooling, is_cross_encoder, config, architecture)
         chosen = detected if task == "auto" else task  # type: ignore[assignment]
         if not late:
-            _check_task(root, chosen, has_pooling, is_cross_encoder, config, architecture)
+            _check_task(
+                root, "embedding" if chosen == "hybrid" else chosen, has_pooling, is_cross_encoder, config, architecture
+            )
+        chosen = _check_hybrid(root, task, chosen)
         if (
             is_cross_encoder
             and logit_score is None
@@ -414,13 +422,19 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         fields["dense"] = _dense_layers(root, kinds, int(config.get("hidden_size") or config.get("dim") or 0))
         max_seq = max(fields["late"].query_length, fields["late"].document_length)
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
-    if chosen == "sparse":
+    elif chosen == "sparse":
         fields.update(splade=splade, **_prompts(root, st_meta))
-    elif chosen == "embedding":
+    elif chosen in ("embedding", "hybrid"):
         if kinds:
             fields.update(_embedding_fields(root, kinds, config, st_meta))
         else:  # a bare encoder with --pooling: that pooling, unit-length vectors (TEI's default)
             fields.update(pooling=pooling, normalize=True)
+        if chosen == "hybrid":  # FlagEmbedding's dense vector is the CLS token's
+            if fields.get("pooling") != "cls":
+                raise UnsupportedModelError(
+                    f"{root}: hybrid (bge-m3) pooling {fields.get('pooling')!r}; supported: cls"
+                )
+            fields["hybrid"] = hybrid_heads(root, int(config["hidden_size"]))
         architecture = f"{ARCH_PREFIX[family]}Model" if not architecture.endswith("Model") else architecture
     else:
         labels = _labels(model_root, config)
@@ -434,6 +448,7 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     hashed += [p for p in _tokenizer_files(root, model_root, tokenizer_json, family) if p.is_file()]
     hashed += [p for p in _st_files(root, kinds) if p.is_file()]
     hashed += [layer.weights for layer in fields.get("dense", ())]
+    hashed += [root / name for name in HYBRID_HEADS] if chosen == "hybrid" else []
     if splade is not None and splade.static_query is not None:
         hashed += check_static_query(root, splade, tokenizer_json, int(config["vocab_size"]), UnsupportedModelError)
     return HFSource(
@@ -450,6 +465,17 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         content_sha256=content_hash(root, hashed, b"" if pooling is None else f"pooling={pooling}".encode()),
         **fields,
     )
+
+
+def _check_hybrid(root: Path, task: str, chosen: Task) -> Task:
+    """bge-m3's layout (an embedding directory with FlagEmbedding's two heads beside it) packs as task hybrid:
+    `auto` picks it; --task embedding packs its dense output alone."""
+    if task == "hybrid" and not is_hybrid(root):
+        raise UnsupportedModelError(
+            f"{root}: --task hybrid needs bge-m3's layout (a sentence-transformers directory with "
+            f"{' and '.join(HYBRID_HEADS)} beside it)"
+        )
+    return "hybrid" if chosen == "embedding" and task in ("auto", "hybrid") and is_hybrid(root) else chosen
 
 
 def _check_sparse(root: Path, task: str, splade: Splade | None, pooling: str | None, architecture: str) -> Task:

@@ -137,14 +137,14 @@ def token_ids(late: LateSettings, tokenizer: Any, vocab_size: int, where: Path) 
     return out
 
 
-def resolved(source: Any, tokenizer: Any, dtype: str) -> Any:
+def resolved(source: Any, tokenizer: Any, precision: Any) -> Any:
     """`source` (an HFSource) with its settings' token ids (`token_ids`); --dtype refused (the torch program's
     gate compares pooled outputs), --quantize int8 has its own gate (infra.pack.late_quality)."""
     from dataclasses import replace
 
-    if dtype != "float32":
+    if precision.dtype != "float32":
         raise SourceError(
-            f"--dtype {dtype} is not served for multivector (its gate compares pooled outputs); "
+            f"--dtype {precision.dtype} is not served for multivector (its gate compares pooled outputs); "
             "use --quantize int8 (gated by MaxSim ranking agreement) or float32"
         )
     return replace(source, late=token_ids(source.late, tokenizer, int(source.config["vocab_size"]), source.root))

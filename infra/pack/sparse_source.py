@@ -177,18 +177,20 @@ def splade(logits: Any, attention_mask: Any, settings: Splade) -> Any:
     return values.sum(dim=1)
 
 
-def write_static_query(root: Path, splade: Splade, out: Path) -> None:
-    """The query encoder's weights into the pack, as a float32 .npy (the run time maps it: no torch)."""
-    import numpy as np
+def write_static_query(root: Path, splade: Splade | None, out: Path) -> None:
+    """The query encoder's weights into the pack, as a float32 .npy (the run time maps it: no torch); nothing
+    for a pack without one."""
+    if splade is None or splade.static_query is None:
+        return
+    import numpy as np  # deferred: the pack's source checks read JSON only
     from safetensors.numpy import load_file
 
-    assert splade.static_query is not None
     weight = load_file(str(root / splade.static_query / "model.safetensors"))["weight"]
     np.save(out / QUERY_WEIGHTS_FILE, np.ascontiguousarray(weight, dtype="<f4"), allow_pickle=False)
 
 
 def add_to_manifest(manifest: dict[str, Any], source: Any) -> None:
-    """The manifest's sparse fields: SpladePooling's settings, the vocabulary width and the prompts."""
+    """The manifest's sparse fields: SpladePooling's settings, the width (the vocabulary) and the prompts."""
     assert source.splade is not None
     manifest["splade"] = source.splade.to_json()
     manifest["dimension"] = source.dimension

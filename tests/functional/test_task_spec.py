@@ -127,7 +127,7 @@ def test_a_task_from_outside_is_served_by_every_way_in(plugin: str, tmp_path: Pa
     refused = runtime.handle(http_v2_event("/rerank", {"query": "q", "texts": ["a"]}), None)
     error = json.loads(refused["body"])["error"]
     assert refused["statusCode"] == 400 and error["type"] == "UnsupportedRequestError"
-    assert "needs a rerank or multivector model" in error["message"] and "toy-vectors" in error["message"]
+    assert "needs a rerank or multivector or hybrid model" in error["message"] and "toy-vectors" in error["message"]
 
     workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=2)
     with TestClient(create_app(Host(lambda: runtime, workers))) as client:
@@ -158,7 +158,8 @@ def test_a_task_from_outside_checks_its_own_manifest_fields(plugin: str, tmp_pat
 
 def test_an_unknown_task_lists_the_installed_ones_too(plugin: str, tmp_path: Path) -> None:
     model, _, _ = toy_model(tmp_path, task="speech")
-    valid = "valid tasks: embedding, rerank, classify, tensor, generate, image-text, multivector, sparse, toy-vectors"
+    valid = "valid tasks: embedding, rerank, classify, tensor, generate, image-text, multivector, sparse, hybrid, "
+    valid += "toy-vectors"
     with pytest.raises(ModelLoadError, match=valid):
         start(model)
 

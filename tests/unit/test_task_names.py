@@ -21,6 +21,7 @@ DECLARED = {
     "tasks/image_text.py",
     "tasks/multivector.py",
     "tasks/sparse.py",
+    "tasks/hybrid.py",
 }
 # OpenAI's answer names its items `{"object": "embedding", "embedding": [...]}`: that API's words, not our task.
 # The inference protocol's output tensor of an embedding model is named `embedding` (`handler.tasks.oip_io`).
