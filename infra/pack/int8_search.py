@@ -6,7 +6,8 @@ largest activations), and their error does not add up group by group: a proxy (e
 ranked MiniLM's FFN outputs first, and keeping them float32 lowered the worst text. So it is measured: the HARD
 worst rows of the all-int8 graph (each run alone, unpadded) are run with each candidate group kept float32, and
 groups are kept greedily (each step the one that lifts their worst the most) until they clear the target, then
-the sample it was searched on is run again (ROUNDS times at most); the gate then runs every text. At most
+every text is run again (ROUNDS times at most, the new worst rows joining the hard ones); the best full run's
+groups are kept. The gate then runs every text. At most
 `budget` of the groups stay float32: the speed targets hold only while most run in int8.
 """
 
@@ -82,12 +83,18 @@ def search(
     result = Search()
     most = max(1, int(len(groups) * budget))
     got = _answers(quantize(()), feeds)
+    best: tuple[float, list[str], Any] = (-2.0, [], got)
+    hard_rows: list[int] = []
     for _ in range(ROUNDS):
         worst = cosines(want, got)
         result.full.append(float(worst.min()))
+        if worst.min() > best[0]:
+            best = (float(worst.min()), list(result.kept), got)
         if worst.min() >= target or len(result.kept) >= most:
-            return result, got
-        hard_rows = [int(i) for i in np.argsort(worst)[:HARD]]
+            break
+        # the hard rows accumulate: a group kept for one text's sake can break another (MiniLM's layer 0 FFN
+        # output lifted `[SEP]` and sank `[PAD] [SEP]` to 0.86)
+        hard_rows += [int(i) for i in np.argsort(worst)[:HARD] if int(i) not in hard_rows]
         hard = single_rows(feeds, hard_rows)
         hard_want = np.asarray(want)[hard_rows]
 
@@ -98,17 +105,22 @@ def search(
         # the first step only the RECHECK best of the last measures are measured again (a pack-time budget).
         result.sensitivity = {g: worst_hard([*result.kept, g]) for g in groups if g not in result.kept}
         while len(result.kept) < most:
-            best = max(result.sensitivity, key=result.sensitivity.__getitem__)
-            result.kept.append(best)
-            reached = result.sensitivity.pop(best)
-            result.steps.append((best, reached))
+            pick = max(result.sensitivity, key=result.sensitivity.__getitem__)
+            result.kept.append(pick)
+            reached = result.sensitivity.pop(pick)
+            result.steps.append((pick, reached))
             if reached >= target + MARGIN or not result.sensitivity:
                 break
             for g in sorted(result.sensitivity, key=lambda g: -result.sensitivity[g])[:RECHECK]:
                 result.sensitivity[g] = worst_hard([*result.kept, g])
         got = _answers(quantize(result.kept), feeds)
-    result.full.append(float(cosines(want, got).min()))
-    return result, got
+    else:
+        worst = cosines(want, got)
+        result.full.append(float(worst.min()))
+        if worst.min() > best[0]:
+            best = (float(worst.min()), list(result.kept), got)
+    result.kept = best[1]  # the best full run's groups (never worse than all int8)
+    return result, best[2]
 
 
 def _answers(model: Any, feeds: Sequence[Feeds]) -> Any:
