@@ -83,8 +83,12 @@ def test_int8_pack_serves_close_to_float32_and_records_the_gate(packed: Callable
     graph = onnx.load(str(model / "model.onnx"), load_external_data=False)
     weights = {t.name for t in graph.graph.initializer}
     assert any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node)
-    # every MatMul by a weight quantized (no Dense head here); query x key and probs x value stay MatMul
-    assert not [n.name for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    # every MatMul by a weight quantized (no Dense head here) but the groups the search kept float32 (named by
+    # their activation input, in the record); query x key and probs x value stay MatMul
+    search = manifest.backends["onnx"]["quantization"]["search"]
+    assert search["full_min_cosine"]  # the all-int8 graph was run on every text first
+    floats = {n.input[0] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    assert floats == set(search["kept_float"])
     # (the tiny vocabulary is below quantize.MIN_TABLE_ROWS: its table stays float; tests/unit/test_quality.py)
     ours = embeddings(model)
     want = embeddings(packed("sentence-transformers"), "onnx")
