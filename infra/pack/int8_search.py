@@ -13,10 +13,8 @@ groups are kept. The gate then runs every text. At most
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,21 +66,21 @@ def single_rows(feeds: Sequence[Feeds], rows: Sequence[int]) -> list[Feeds]:
 
 
 def search(
-    quantize: Callable[[Sequence[str]], Any],
+    run: Callable[[Sequence[str], Sequence[Feeds]], Any],
     groups: Sequence[str],
     feeds: Sequence[Feeds],
     want: Any,
     target: float,
     budget: float = BUDGET,
 ) -> tuple[Search, Any]:
-    """The groups to keep float32, and the int8 answers on every feed with them kept. `quantize(keep)`: the int8
-    graph (a ModelProto) with the groups `keep` left float32; `want`: the float32 answers on `feeds` (rows
-    concatenated). Each group's sensitivity is measured: the hard rows' worst cosine with it alone kept float32
-    (a proxy, each group's own int8 error, ranked FFN outputs first on MiniLM and lowered the worst text: the
-    special-token texts' error does not add up group by group)."""
+    """The groups to keep float32, and the int8 answers on every feed with them kept. `run(keep, feeds)`: the
+    answers (rows concatenated) of the int8 graph with the groups `keep` left float32 (quantize.int8_answers);
+    `want`: the float32 answers on `feeds` (rows concatenated). Each group's sensitivity is measured: the hard
+    rows' worst cosine with it kept float32 too. A proxy (each group's own int8 error) ranked MiniLM's FFN
+    outputs first and lowered the worst text: the special-token texts' error does not add up group by group."""
     result = Search()
     most = max(1, int(len(groups) * budget))
-    got = _answers(quantize(()), feeds)
+    got = run((), feeds)
     best: tuple[float, list[str], Any] = (-2.0, [], got)
     hard_rows: list[int] = []
     for _ in range(ROUNDS):
@@ -99,7 +97,7 @@ def search(
         hard_want = np.asarray(want)[hard_rows]
 
         def worst_hard(keep: Sequence[str], hard: list[Feeds] = hard, hard_want: Any = hard_want) -> float:
-            return float(cosines(hard_want, _answers(quantize(keep), hard)).min())
+            return float(cosines(hard_want, run(keep, hard)).min())
 
         # Greedy: each step keeps the group whose float32 lifts the hard rows' worst the most, measured; after
         # the first step only the RECHECK best of the last measures are measured again (a pack-time budget).
@@ -113,7 +111,7 @@ def search(
                 break
             for g in sorted(result.sensitivity, key=lambda g: -result.sensitivity[g])[:RECHECK]:
                 result.sensitivity[g] = worst_hard([*result.kept, g])
-        got = _answers(quantize(result.kept), feeds)
+        got = run(result.kept, feeds)
     else:
         worst = cosines(want, got)
         result.full.append(float(worst.min()))
@@ -121,15 +119,3 @@ def search(
             best = (float(worst.min()), list(result.kept), got)
     result.kept = best[1]  # the best full run's groups (never worse than all int8)
     return result, best[2]
-
-
-def _answers(model: Any, feeds: Sequence[Feeds]) -> Any:
-    """The first output of the graph `model` (a ModelProto, written to a temporary folder a tensor at a time and
-    run from there) on each feed, rows concatenated."""
-    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
-    from infra.pack.quantize import _runner
-
-    with tempfile.TemporaryDirectory(prefix="warmstart-int8-search-") as tmp:
-        save_onnx_file(model, Path(tmp))
-        run = _runner(Path(tmp) / ONNX_FILE)
-        return np.concatenate([np.asarray(run(f), np.float32) for f in feeds])

@@ -21,7 +21,7 @@ the MatMul grouping, the tables, the head exclusions and the checked run that ca
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -542,11 +542,11 @@ def search_kept(
 
     base = onnx.load(str(graph), load_external_data=True)
 
-    def quantized(keep: Iterable[str]) -> Any:
-        return quantize_int8(base, options, maxima, keep, options.float_rows)
+    def run(keep: Sequence[str], feeds: Sequence[Feeds]) -> Any:
+        return int8_answers(quantize_int8(base, options, maxima, keep, options.float_rows), feeds)
 
     want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
-    found, _ = search(quantized, groups, feeds, want_rows, options.target)
+    found, _ = search(run, groups, feeds, want_rows, options.target)
     return found
 
 
@@ -557,6 +557,19 @@ def _rows(feed: dict[str, Any]) -> int:
 def _batch_texts(texts: list[str], feeds: list[dict[str, Any]], index: int) -> list[str]:
     start = sum(_rows(f) for f in feeds[:index])
     return texts[start : start + _rows(feeds[index])]
+
+
+def int8_answers(model: Any, feeds: Sequence[Feeds]) -> Any:
+    """The first output of the graph `model` (a ModelProto, written to a temporary folder a tensor at a time and
+    run from there) on each feed, rows concatenated."""
+    import tempfile
+
+    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
+
+    with tempfile.TemporaryDirectory(prefix="warmstart-int8-search-") as tmp:
+        save_onnx_file(model, Path(tmp))
+        run = _runner(Path(tmp) / ONNX_FILE)
+        return np.concatenate([np.asarray(run(f), np.float32) for f in feeds])
 
 
 def _runner(model: Path) -> Any:

@@ -314,7 +314,7 @@ def test_the_search_keeps_the_group_that_breaks_the_worst_row_in_float32(tmp_pat
 
     from infra.pack.int8_search import cosines, search
     from infra.pack.onnx_io import save_onnx_file
-    from infra.pack.quantize import Int8Options, _runner, quantize_int8
+    from infra.pack.quantize import Int8Options, _runner, int8_answers, quantize_int8
 
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), n) for n in ("w1", "w2")]
@@ -337,10 +337,10 @@ def test_the_search_keeps_the_group_that_breaks_the_worst_row_in_float32(tmp_pat
     base = onnx.load(str(tmp_path / "model.onnx"))
     options = Int8Options(alpha=0.0, tables=False)
 
-    def quantize(keep: object) -> object:
-        return quantize_int8(base, options, None, keep)  # type: ignore[arg-type]
+    def run(keep: object, feeds: object) -> object:
+        return int8_answers(quantize_int8(base, options, None, keep), feeds)  # type: ignore[arg-type]
 
-    found, got = search(quantize, ["x", "z"], feeds, want, target=0.9999, budget=0.5)
+    found, got = search(run, ["x", "z"], feeds, want, target=0.9999, budget=0.5)
     assert found.kept == ["x"] and found.full[0] < 0.9999 <= found.full[-1]
     assert cosines(want, got).min() >= 0.9999
-    assert search(quantize, ["x", "z"], feeds, want, target=0.5)[0].kept == []
+    assert search(run, ["x", "z"], feeds, want, target=0.5)[0].kept == []
