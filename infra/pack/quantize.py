@@ -12,7 +12,9 @@ Both: embedding tables (a Gather of a large 2-D initializer by token ids: the wo
 MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(int8) -> Cast -> Mul(Gather(scales)):
 standard operators, each row's error bounded by its own largest value. Kept in float: the task's head after the
 encoder (sentence-transformers Dense modules, a classifier, a pooler: few weights, and their error lands in the
-answer unaveraged) and anything named in `exclude`. Figures: docs/benchmarks.md, "int8 that is fast and right".
+answer unaveraged), anything named in `exclude`, the groups int8's sensitivity search keeps (infra.pack.int8_search)
+and the special tokens' table rows (exact). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
+the sensitivity search and the special tokens".
 
 About one thing (turning one float32 encoder graph into its int8 form behind the quality gate: the methods share
 the MatMul grouping, the tables, the head exclusions and the checked run that calls them), hence one module.
