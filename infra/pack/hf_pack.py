@@ -182,7 +182,10 @@ def pack_from(
             if exported is not None and precision.quantize is not None:
                 from infra.pack.quantize import pack_int8
 
-                spec["onnx"] = pack_int8(source, exported, staged, tmp, precision, calibration or [], calibration_texts)
+                specials = getattr(tokenizer, "all_special_ids", [])  # their embedding rows stay exact
+                spec["onnx"] = pack_int8(
+                    source, exported, staged, tmp, precision, calibration or [], calibration_texts, specials
+                )
             elif exported is not None:
                 for name in (ONNX_FILE, ONNX_DATA):
                     shutil.move(exported.where / name, tmp / name)

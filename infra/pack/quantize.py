@@ -12,7 +12,9 @@ Both: embedding tables (a Gather of a large 2-D initializer by token ids: the wo
 MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(int8) -> Cast -> Mul(Gather(scales)):
 standard operators, each row's error bounded by its own largest value. Kept in float: the task's head after the
 encoder (sentence-transformers Dense modules, a classifier, a pooler: few weights, and their error lands in the
-answer unaveraged) and anything named in `exclude`. Figures: docs/benchmarks.md, "int8 that is fast and right".
+answer unaveraged), anything named in `exclude`, the groups int8's sensitivity search keeps (infra.pack.int8_search)
+and the special tokens' table rows (exact). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
+the sensitivity search and the special tokens".
 
 About one thing (turning one float32 encoder graph into its int8 form behind the quality gate: the methods share
 the MatMul grouping, the tables, the head exclusions and the checked run that calls them), hence one module.
@@ -21,7 +23,7 @@ the MatMul grouping, the tables, the head exclusions and the checked run that ca
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,14 @@ REFUSED = {
 }
 # Node names (torch.onnx names nodes after the module path) kept in float: the head after the encoder.
 HEAD = re.compile(r"^/(dense|model/classifier|model/pooler|classifier|pooler)/")
+# Embedding table rows kept exact besides the special tokens: a row's int8 error past OUTLIER_ROW x the median
+# (MiniLM: `.`, `,`, [CLS], [SEP], [PAD] are among the worst ~10), at most MAX_FLOAT_ROWS (a few hundred KB).
+OUTLIER_ROW = 0.0  # 0: none (3.0 on MiniLM lowered the all-int8 worst text, 0.9561 vs 0.9725 with no exact rows)
+MAX_FLOAT_ROWS = 256
 MIN_TABLE_ROWS = 1000  # smaller tables (positions, token types) stay float: a few KB, read for every token
 BLOCK = 32  # MatMulNBits' block along K: 128 measured min cosine 0.997 vs 0.999 at 32 on MiniLM, no faster
 ACCURACY_LEVEL = 4  # int8 activations (per block), integer dot products: MLAS's fast path
+SEARCH_COSINE = 0.99  # the worst cosine int8's sensitivity search aims at, at least (infra.pack.int8_search)
 ALPHA = 0.5  # SmoothQuant's migration strength (the paper's default for BERT-sized encoders)
 Feeds = dict[str, Any]
 
@@ -58,6 +65,8 @@ class Int8Options:
     # VNNI (vpmaddubsw saturates: ORT's reduce_range). MiniLM, this AVX2 host: min cosine 0.986 vs 0.969 at 8 bits
     weight_bits: int = 7
     weight_type: str = "s8"  # int8: "u8" stores weights uint8 with zero point 128 (MLAS's u8u8 kernels)
+    float_rows: tuple[int, ...] = ()  # embedding table rows kept exact (the tokenizer's special tokens)
+    target: float = 0.0  # int8: the worst cosine the sensitivity search keeps groups float32 for (0: no search)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -83,8 +92,11 @@ class Int8Options:
                 weight_scales="per output channel, symmetric",
                 weight_bits=self.weight_bits,
                 smoothquant_alpha=self.alpha,
+                search_target=self.target,
             )
         out["embedding_tables"] = "int8, a scale per row" if self.tables else "float32"
+        if self.tables:
+            out["exact_table_rows"] = "the special tokens' and the worst-quantized rows (at most 256)"
         out["kept_float"] = ["head after the encoder", *self.exclude]
         return out
 
@@ -94,11 +106,16 @@ def excluded(name: str, options: Int8Options) -> bool:
 
 
 def quantize_int8(
-    model: Any, options: Int8Options | None = None, maxima: dict[str, Any] | None = None, keep: Iterable[str] = ()
+    model: Any,
+    options: Int8Options | None = None,
+    maxima: dict[str, Any] | None = None,
+    keep: Iterable[str] = (),
+    float_rows: Iterable[int] = (),
 ) -> Any:
     """The int8 graph of the float32 `model` (an onnx.ModelProto with its initializers loaded, or the path of
     one saved with its data beside it). `model` is left as it was. int8: `maxima` (activation_maxima) for
-    SmoothQuant, None for none; `keep`: groups (activation input names) left float."""
+    SmoothQuant, None for none; `keep`: groups (activation input names) left float; `float_rows`: embedding
+    table rows (token ids, the tokenizer's special tokens) kept exact (quantize_tables)."""
     import onnx
 
     options = options or Int8Options()
@@ -112,7 +129,7 @@ def quantize_int8(
     else:
         quantize_matmuls_rowwise(out, maxima, options, keep)
     if options.tables:
-        quantize_tables(out)
+        quantize_tables(out, float_rows)
     return out
 
 
@@ -252,12 +269,7 @@ def quantize_matmuls_rowwise(
         added: list[Any] = []
         source = x
         if options.alpha > 0 and maxima is not None and x in maxima:
-            act = np.asarray(maxima[x], np.float64)
-            wmax = np.max(np.abs(np.concatenate(weights, axis=1)), axis=1).astype(np.float64)
-            scale = np.where(
-                (act > 0) & (wmax > 0), act**options.alpha / np.maximum(wmax, 1e-12) ** (1 - options.alpha), 1.0
-            )
-            scale = np.clip(scale, 1e-5, 1e5)
+            scale = smooth_scale(maxima[x], weights, options.alpha)
             weights = [w * scale[:, None].astype(np.float32) for w in weights]
             graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{tag}_smooth"))
             added.append(helper.make_node("Mul", [x, f"{tag}_smooth"], [f"{tag}_smoothed"], name=f"{tag}_smooth"))
@@ -318,13 +330,24 @@ def quantize_matmuls_rowwise(
     return done
 
 
+def smooth_scale(act: Any, weights: list[Any], alpha: float) -> Any:
+    """SmoothQuant's per-input-channel s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (1 where either is 0)."""
+    act = np.asarray(act, np.float64)
+    wmax = np.max(np.abs(np.concatenate(weights, axis=1)), axis=1).astype(np.float64)
+    scale = np.where((act > 0) & (wmax > 0), act**alpha / np.maximum(wmax, 1e-12) ** (1 - alpha), 1.0)
+    return np.clip(scale, 1e-5, 1e5)
+
+
 def _safe(name: str) -> str:
     return "int8" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def quantize_tables(model: Any) -> list[str]:
+def quantize_tables(model: Any, float_rows: Iterable[int] = ()) -> list[str]:
     """Rewrite each Gather of a large 2-D float32 initializer used by nothing else (an embedding table) into a
-    per-row int8 lookup, in place; the tables rewritten."""
+    per-row int8 lookup, in place; the tables rewritten. Rows kept exact: `float_rows` (the special tokens: a
+    text of specials alone, `</s> <pad>`, fell to cosine 0.345 on all-mpnet-base-v2 from the table's 3% row
+    error) and the rows whose int8 error is past OUTLIER_ROW x the median (at most MAX_FLOAT_ROWS of them). Their
+    error is added back from a small float table: + Gather(residual, Gather(row_map, ids)), row 0 all zeros."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
@@ -345,6 +368,8 @@ def quantize_tables(model: Any) -> list[str]:
         scale = np.abs(values).max(axis=1) / 127.0
         scale[scale == 0] = 1.0
         q = np.clip(np.rint(values / scale[:, None]), -127, 127).astype(np.int8)
+        residual = values - q.astype(np.float32) * scale[:, None]
+        rows = exact_rows(values, residual, float_rows)
         name, out, ids = table.name, node.output[0], node.input[1]
         graph.initializer.remove(table)
         graph.initializer.extend(
@@ -352,16 +377,40 @@ def quantize_tables(model: Any) -> list[str]:
         )
         index = list(graph.node).index(node)
         graph.node.remove(node)
+        wide = f"{out}_dequantized" if len(rows) else out
         lookup = [
             helper.make_node("Gather", [f"{name}_int8", ids], [f"{out}_int8"], name=f"{node.name}_int8", axis=0),
             helper.make_node("Cast", [f"{out}_int8"], [f"{out}_wide"], name=f"{node.name}_cast", to=TensorProto.FLOAT),
             helper.make_node("Gather", [f"{name}_scale", ids], [f"{out}_scale"], name=f"{node.name}_scale", axis=0),
-            helper.make_node("Mul", [f"{out}_wide", f"{out}_scale"], [out], name=f"{node.name}_dequantize"),
+            helper.make_node("Mul", [f"{out}_wide", f"{out}_scale"], [wide], name=f"{node.name}_dequantize"),
         ]
+        if len(rows):
+            row_map = np.zeros(len(values), np.int32)
+            row_map[rows] = np.arange(1, len(rows) + 1, dtype=np.int32)
+            small = np.concatenate([np.zeros((1, values.shape[1]), np.float32), residual[rows]])
+            graph.initializer.extend(
+                [numpy_helper.from_array(row_map, f"{name}_row_map"), numpy_helper.from_array(small, f"{name}_exact")]
+            )
+            lookup += [
+                helper.make_node("Gather", [f"{name}_row_map", ids], [f"{out}_row"], name=f"{node.name}_row", axis=0),
+                helper.make_node("Gather", [f"{name}_exact", f"{out}_row"], [f"{out}_fix"], name=f"{node.name}_fix"),
+                helper.make_node("Add", [wide, f"{out}_fix"], [out], name=f"{node.name}_exact"),
+            ]
         for k, n in enumerate(lookup):
             graph.node.insert(index + k, n)
         done.append(name)
     return done
+
+
+def exact_rows(values: Any, residual: Any, float_rows: Iterable[int]) -> Any:
+    """The table rows kept exact: `float_rows` in range, and the worst-quantized rows (relative error past
+    OUTLIER_ROW x the median), at most MAX_FLOAT_ROWS in all, sorted."""
+    wanted = {int(r) for r in float_rows if 0 <= int(r) < len(values)}
+    if OUTLIER_ROW:
+        error = np.linalg.norm(residual, axis=1) / np.maximum(np.linalg.norm(values, axis=1), 1e-12)
+        bar = OUTLIER_ROW * np.median(error)
+        wanted |= {int(i) for i in np.argsort(-error)[: MAX_FLOAT_ROWS - len(wanted)] if error[i] > bar}
+    return np.array(sorted(wanted)[:MAX_FLOAT_ROWS], np.int64)
 
 
 def _drop_unused(graph: Any) -> None:
@@ -378,6 +427,7 @@ def pack_int8(
     precision: Any,
     calibration: list[dict[str, Any]],
     texts: list[str] | None = None,
+    float_rows: Iterable[int] = (),
 ) -> dict[str, Any]:
     """`pack --from --quantize`: quantize the exported, checked float32 graph (`exported`, hf_export.Exported: its
     fusions chosen by `Int8Options.fuse_attention`), gate it (QualityError below the threshold, before anything
@@ -385,11 +435,15 @@ def pack_int8(
     entry, the gate's figures under "quality" (the caller moves them to the manifest's `precision`). `texts`: the
     calibration rows' texts in feed order (the worst is named; the retrieval check). The float32 graph is held
     in memory whole while it is quantized; nothing is serialized whole (a 0.6B model's float32 graph is past
-    protobuf's 2 GB)."""
+    protobuf's 2 GB). `float_rows`: the tokenizer's special tokens (their embedding rows kept exact)."""
     from infra.pack.onnx_io import ONNX_DATA, ONNX_FILE, save_onnx_file
-    from infra.pack.quality import check
+    from infra.pack.quality import DEFAULT_MIN_QUALITY, check
 
-    options = Int8Options(method=precision.quantize)
+    threshold = DEFAULT_MIN_QUALITY[source.task] if precision.min_quality is None else precision.min_quality
+    # The search aims at the gate's threshold for embeddings (its figure is the cosine it measures), and at
+    # SEARCH_COSINE at least (a pack made with --min-quality 0 is still made as good as the default's)
+    target = max(threshold, SEARCH_COSINE) if source.task == "embedding" else SEARCH_COSINE
+    options = Int8Options(method=precision.quantize, float_rows=tuple(sorted(set(float_rows))), target=target)
     what = f"--quantize {precision.quantize}"
 
     def gate(figures: dict[str, Any], early: str = "") -> dict[str, Any]:
@@ -397,11 +451,16 @@ def pack_int8(
 
     quantized, quality = quantize_checked(source, exported.where / ONNX_FILE, calibration, options, staged, gate, texts)
     save_onnx_file(quantized, tmp)
+    record = options.to_json()
+    found = quality.pop("search", None)
+    if found is not None:
+        record["kept_float"] += found["kept_float"]
+        record["search"] = found
     return {
         "model": ONNX_FILE,
         "files": [ONNX_FILE, ONNX_DATA],
         "fused": exported.fused,
-        "quantization": options.to_json(),
+        "quantization": record,
         "quality": quality,
     }
 
@@ -447,8 +506,19 @@ def quantize_checked(
     maxima, want_first = activation_maxima(
         graph, groups if options.method == "int8" else (), [calibration[i] for i in first]
     )
+    keep: list[str] = []
+    found = None
+    reference = _runner(graph)
+    want = dict(zip(first, want_first, strict=True))
+    if options.method == "int8" and options.target > 0 and first:
+        # on every text: a group kept for the sample's worst text can break one outside it (MiniLM: the sample's
+        # worst rose to 0.9935 and `[PAD] [SEP]`, outside it, fell to 0.86)
+        want |= {i: reference(calibration[i]) for i in rest}
+        found = search_kept(graph, options, maxima, list(groups), calibration, [want[i] for i in range(len(want))])
+        keep = found.kept
     where = staging / "int8"
-    save_onnx_file(quantize_int8(graph, options, maxima), where)  # the proto's tensors are cleared as written
+    # the proto's tensors are cleared as written
+    save_onnx_file(quantize_int8(graph, options, maxima, keep, options.float_rows), where)
     candidate = _runner(where / ONNX_FILE)
     got_first = [candidate(calibration[i]) for i in first]
     if gate is not None and rest:
@@ -458,12 +528,33 @@ def quantize_checked(
             figures(first, want_first, got_first),
             f" on a sample of {n} of the {total} calibration texts, checked first",
         )
-    reference = _runner(graph)
-    want = dict(zip(first, want_first, strict=True)) | {i: reference(calibration[i]) for i in rest}
+    want |= {i: reference(calibration[i]) for i in rest if i not in want}
     got = dict(zip(first, got_first, strict=True)) | {i: candidate(calibration[i]) for i in rest}
     rows = list(range(len(calibration)))
     measured = figures(rows, [want[i] for i in rows], [got[i] for i in rows])
-    return where / ONNX_FILE, gate(measured) if gate is not None else measured
+    measured = gate(measured) if gate is not None else measured
+    if found is not None:
+        measured["search"] = found.to_json()
+    return where / ONNX_FILE, measured
+
+
+def search_kept(
+    graph: Path, options: Int8Options, maxima: dict[str, Any], groups: list[str], feeds: list[Feeds], want: list[Any]
+) -> Any:
+    """The MatMul groups kept float32 so that the worst of `feeds` (every calibration batch) reaches options.target
+    (infra.pack.int8_search), found on the float32 graph held in memory."""
+    import onnx
+
+    from infra.pack.int8_search import search
+
+    base = onnx.load(str(graph), load_external_data=True)
+
+    def run(keep: Sequence[str], feeds: Sequence[Feeds]) -> Any:
+        return int8_answers(quantize_int8(base, options, maxima, keep, options.float_rows), feeds)
+
+    want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
+    found, _ = search(run, groups, feeds, want_rows, options.target)
+    return found
 
 
 def _rows(feed: dict[str, Any]) -> int:
@@ -473,6 +564,19 @@ def _rows(feed: dict[str, Any]) -> int:
 def _batch_texts(texts: list[str], feeds: list[dict[str, Any]], index: int) -> list[str]:
     start = sum(_rows(f) for f in feeds[:index])
     return texts[start : start + _rows(feeds[index])]
+
+
+def int8_answers(model: Any, feeds: Sequence[Feeds]) -> Any:
+    """The first output of the graph `model` (a ModelProto, written to a temporary folder a tensor at a time and
+    run from there) on each feed, rows concatenated."""
+    import tempfile
+
+    from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
+
+    with tempfile.TemporaryDirectory(prefix="warmstart-int8-search-") as tmp:
+        save_onnx_file(model, Path(tmp))
+        run = _runner(Path(tmp) / ONNX_FILE)
+        return np.concatenate([np.asarray(run(f), np.float32) for f in feeds])
 
 
 def _runner(model: Path) -> Any:

@@ -294,3 +294,72 @@ def test_the_gate_fails_fast_on_a_sample_before_running_the_rest(
     runs.clear()
     _, figures = quantize.quantize_checked(source, graph, feeds, quantize.Int8Options(), tmp_path / "t", None)
     assert figures["items"] == 64 and runs.count("float32") == len(feeds) - len(sample(feeds))
+
+
+def test_special_token_rows_stay_exact_in_an_int8_table() -> None:
+    """The rows named (the tokenizer's special tokens: a text of them alone is the worst one) come back exact
+    through the small float residual table; the others keep their per-row int8 step."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.quantize import MIN_TABLE_ROWS, quantize_tables
+
+    table = np.random.default_rng(2).standard_normal((MIN_TABLE_ROWS + 5, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["out"], axis=0)],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 8])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    assert quantize_tables(model, [0, 2, 10**9]) == ["table"]  # an id past the table is ignored
+    exact = next(t for t in model.graph.initializer if t.name == "table_exact")
+    assert list(exact.dims) == [3, 8]  # the zero row, then rows 0 and 2
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.arange(len(table), dtype=np.int64)
+    got = session.run(None, {"ids": ids})[0]
+    np.testing.assert_allclose(got[[0, 2]], table[[0, 2]], rtol=0, atol=1e-6)
+    error = np.abs(got - table).max(axis=1) / np.abs(table).max(axis=1)
+    assert 0 < error[1] <= 0.5 / 127 + 1e-6 and error.max() <= 0.5 / 127 + 1e-6
+
+
+def test_the_search_keeps_the_group_that_breaks_the_worst_row_in_float32(tmp_path: Path) -> None:
+    """Two MatMul groups, one fed a channel 1,000x the others (no SmoothQuant: one per-row scale crushes the
+    rest of its row): the search keeps that one float32, measured, and stops there; with the target met by
+    int8 alone it keeps nothing."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.int8_search import cosines, search
+    from infra.pack.onnx_io import save_onnx_file
+    from infra.pack.quantize import Int8Options, _runner, int8_answers, quantize_int8
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), n) for n in ("w1", "w2")]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"], name="/enc/a/MatMul"),
+            helper.make_node("MatMul", ["z", "w2"], ["b"], name="/enc/b/MatMul"),
+            helper.make_node("Add", ["a", "b"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 64]) for n in ("x", "z")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+        inits,
+    )
+    save_onnx_file(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), tmp_path)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    x[:, 5] = 1000.0 * np.abs(x[:, 5]) + 1000.0
+    feeds = [{"x": x, "z": rng.standard_normal((8, 64)).astype(np.float32)}]
+    want = _runner(tmp_path / "model.onnx")(feeds[0])
+    base = onnx.load(str(tmp_path / "model.onnx"))
+    options = Int8Options(alpha=0.0, tables=False)
+
+    def run(keep: object, feeds: object) -> object:
+        return int8_answers(quantize_int8(base, options, None, keep), feeds)  # type: ignore[arg-type]
+
+    found, got = search(run, ["x", "z"], feeds, want, target=0.9999, budget=0.5)
+    assert found.kept == ["x"] and found.full[0] < 0.9999 <= found.full[-1]
+    assert cosines(want, got).min() >= 0.9999
+    assert search(run, ["x", "z"], feeds, want, target=0.5)[0].kept == []
