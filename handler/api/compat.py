@@ -157,7 +157,8 @@ class Base:
     def check(self, task: str, key: str) -> None:
         # The served model's task says which routes it serves (`TaskSpec.routes`); no route names a task.
         if self.path not in catalog.spec(task).routes:
-            wanted = " or ".join(catalog.having(lambda spec: self.path in spec.routes)) or "another"
+            names = catalog.having(lambda spec: self.path in spec.routes)
+            wanted = (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)) or "another"
             raise UnsupportedRequestError(f"POST {self.path} needs a {wanted} model; {key} is {task}")
 
     def request(self, payload: JSON, find: Find) -> JSON:

@@ -121,7 +121,7 @@ def test_tei_embed_equals_native(client: TestClient, native: tuple[bytes, Any]) 
 
 def test_routes_needing_another_task_say_so(client: TestClient) -> None:
     r = client.post("/rerank", json={"query": "q", "texts": ["a", "b"]})
-    assert r.status_code == 400 and "rerank model" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "needs a rerank, " in r.json()["error"]["message"]  # and the other tasks that can
     r = client.post("/predict", json={"inputs": "a"})
     assert r.status_code == 400 and "classify model" in r.json()["error"]["message"]
 
@@ -322,7 +322,8 @@ def test_cohere_jina_rerank_maps_onto_the_rerank_task(runtime: Runtime, path: st
 
 def test_v1_rerank_needs_a_rerank_model(client: TestClient) -> None:
     r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
-    assert r.status_code == 400 and "rerank model" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "needs a rerank, multivector or hybrid model" in message, message
 
 
 def test_tei_predict_maps_onto_the_classify_task(runtime: Runtime) -> None:

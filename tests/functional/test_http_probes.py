@@ -94,7 +94,7 @@ def test_cohere_rerank_at_an_embedding_default_names_the_served_reranker(
     r = client.post(path, json={"model": "rerank-v3.5", "query": "q", "documents": ["a"]})
     assert r.status_code == 400 and r.json()["error"]["type"] == "UnsupportedRequestError"
     message = r.json()["error"]["message"]
-    assert message.startswith(f"POST {path} needs a rerank or multivector or hybrid model; {MODEL_KEY} is embedding")
+    assert message.startswith(f"POST {path} needs a rerank, multivector or hybrid model; {MODEL_KEY} is embedding")
     assert f"served here that can: {reranker}" in message and tiny["classifier"][1] not in message
     r = client.post("/predict", json={"inputs": "a"})  # the same for every route: the classifier is named
     assert r.status_code == 400 and tiny["classifier"][1] in r.json()["error"]["message"]

@@ -127,7 +127,7 @@ def test_a_task_from_outside_is_served_by_every_way_in(plugin: str, tmp_path: Pa
     refused = runtime.handle(http_v2_event("/rerank", {"query": "q", "texts": ["a"]}), None)
     error = json.loads(refused["body"])["error"]
     assert refused["statusCode"] == 400 and error["type"] == "UnsupportedRequestError"
-    assert "needs a rerank or multivector or hybrid model" in error["message"] and "toy-vectors" in error["message"]
+    assert "needs a rerank, multivector or hybrid model" in error["message"] and "toy-vectors" in error["message"]
 
     workers = WorkerPool(Sizing(min_workers=1, max_workers=2, max_queue=4), cpus=2)
     with TestClient(create_app(Host(lambda: runtime, workers))) as client:
