@@ -122,8 +122,7 @@ def test_a_route_the_task_does_not_serve_names_the_tasks_that_do() -> None:
         ROUTES["/predict"].check("embedding", "m@1")
     with pytest.raises(
         UnsupportedRequestError,
-        match="needs a embedding, rerank, classify, image-text, multivector, sparse or hybrid model; "
-        "m@1 is tensor",
+        match="needs a embedding, rerank, classify, image-text, multivector, sparse or hybrid model; m@1 is tensor",
     ):
         ROUTES["/tokenize"].check("tensor", "m@1")
     NATIVE.check("tensor", "m@1")  # every task serves its native request
