@@ -486,12 +486,16 @@ def quantize_checked(
     from infra.pack.quality import measure, sample
 
     def figures(rows: list[int], want: list[Any], got: list[Any]) -> dict[str, Any]:
+        labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
+        if source.task == "hybrid":  # three outputs in one: the smallest of their figures
+            from infra.pack.hybrid_quality import figures as hybrid_figures
+
+            return hybrid_figures(source, [calibration[i] for i in rows], want, got, labels)
         if source.task == "multivector":  # token vectors: ranked by MaxSim (their batches differ in length)
             from infra.pack.late_quality import agreement, token_rows
 
             masks = [calibration[i]["attention_mask"] for i in rows]
             return agreement(token_rows(want, masks), token_rows(got, masks))
-        labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
         return measure(
             source.task,
             np.concatenate([np.asarray(w, np.float32) for w in want]),
