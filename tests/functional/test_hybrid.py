@@ -172,7 +172,8 @@ def test_int8_gate_measures_all_three_outputs(source: Path, tmp_path: Path) -> N
     from infra.pack.precision import Precision
     from infra.pack.quality import QualityError
 
-    calibration = (*TEXTS, "paris", "berlin is the capital of germany", "12345", "    ", "machine learning")
+    # two batches of different lengths (the search's rows are the CLS rows)
+    calibration = (*TEXTS, *(f"text {i} " + "word " * i for i in range(16)))
     int8 = Precision(quantize="int8", calibration=calibration, min_quality=0.0)
     packed = pack_from(source, tmp_path / "int8", backends=("onnx",), precision=int8)
     quality = json.loads((packed / "manifest.json").read_text())["precision"]["quality"]
