@@ -11,6 +11,7 @@ The other tasks' shapes, for the routes every client already uses: {"inputs"} �
 sparse task answers); with `input_type` → {"embeddings": per-token vectors} (the multivector task's); and the
 multivector task's rerank, {"query", "documents", "top_n"?, "return_documents"?} → the rerank answer, each score
 FlagEmbedding's `colbert_score` (for each query vector its best dot product with the document's, averaged).
+The embedding task's `prompt_name` and `dimensions`, which those routes pass on, are refused (UNSERVED says why).
 
 The graph's one output is per token [hidden, unit length | lexical weight | multi-vector, unit length]
 (`infra.pack.hybrid_source`); this module slices it.
