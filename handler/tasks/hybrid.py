@@ -11,6 +11,7 @@ The other tasks' shapes, for the routes every client already uses: {"inputs"} �
 sparse task answers); with `input_type` → {"embeddings": per-token vectors} (the multivector task's); and the
 multivector task's rerank, {"query", "documents", "top_n"?, "return_documents"?} → the rerank answer, each score
 FlagEmbedding's `colbert_score` (for each query vector its best dot product with the document's, averaged).
+The embedding task's `prompt_name` and `dimensions`, which those routes pass on, are refused (UNSERVED says why).
 
 The graph's one output is per token [hidden, unit length | lexical weight | multi-vector, unit length]
 (`infra.pack.hybrid_source`); this module slices it.
@@ -50,6 +51,11 @@ if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with r
 OUTPUTS = ("return_dense", "return_sparse", "return_colbert_vecs")  # FlagEmbedding's encode flags
 SPARSE_FORMATS = ("indices", "milvus")  # as the sparse task: Qdrant's SparseVector, Milvus' dict
 INPUT_TYPES = ("document", "query")  # the multivector task's field: bge-m3 encodes both alike
+# The embedding task's fields the compatibility routes pass on: refused, not ignored (an answer that looks right)
+UNSERVED = {
+    "prompt_name": "bge-m3 has no prompts (FlagEmbedding encodes queries and documents alike)",
+    "dimensions": "bge-m3's dense vector is not Matryoshka-trained: its first components are no embedding",
+}
 
 
 class HybridTask(TextModel):
@@ -68,6 +74,9 @@ class HybridTask(TextModel):
             return self._prepare_rerank(payload)
         body = require_object(payload, "inputs")
         texts = check_texts(body["inputs"], "inputs", self.max_inputs, self.max_chars)
+        for field, why in UNSERVED.items():
+            if body.get(field) is not None:
+                raise InvalidInputError(f'"{field}" is not served by a hybrid model: {why}; leave it out')
         flagged = any(body.get(k) is not None for k in OUTPUTS)
         fmt = choice(body, "sparse_format", SPARSE_FORMATS, "")
         kind = choice(body, "input_type", INPUT_TYPES, "")

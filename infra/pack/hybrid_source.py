@@ -76,11 +76,12 @@ def linear(path: Path) -> Any:
 
 
 def resolved(source: Any, tokenizer: Any, precision: Any) -> Any:
-    """`source` with the ids of the tokens whose lexical weights FlagEmbedding drops; reduced precision refused
-    (no quality gate measures three outputs at once yet)."""
-    if precision.reduced:
+    """`source` with the ids of the tokens whose lexical weights FlagEmbedding drops; `--dtype` refused (int8's
+    gate, infra.pack.hybrid_quality, measures the three outputs; no float16 gate does yet)."""
+    if precision.dtype != "float32":
         raise SourceError(
-            f"{precision.label} is not served for hybrid (bge-m3): no gate for its three outputs; use float32"
+            f"--dtype {precision.dtype} is not served for hybrid (bge-m3): no gate for its three outputs in "
+            "that dtype; use float32 or --quantize int8"
         )
     ids = {getattr(tokenizer, f"{key}_id", None) for key in UNUSED}  # its special_tokens_map's, as FlagEmbedding
     unused = tuple(sorted(int(i) for i in ids if i is not None))

@@ -46,19 +46,25 @@ def maxsim_matrix(queries: Sequence[npt.NDArray[np.float32]], docs: Sequence[npt
     return scores
 
 
-def agreement(want: Sequence[npt.NDArray[np.float32]], got: Sequence[npt.NDArray[np.float32]]) -> dict[str, Any]:
-    """The gate's figures from the texts' float32 and reduced-precision token vectors (same texts, same order)."""
-    from infra.pack.quality import spearman
+def agreement(
+    want: Sequence[npt.NDArray[np.float32]], got: Sequence[npt.NDArray[np.float32]], texts: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The gate's figures from the texts' float32 and reduced-precision token vectors (same texts, same order).
+    `texts`: the rows' texts (the query whose ranking agrees least is named)."""
+    from infra.pack.quality import shown, spearman
 
     bad = sum(1 for g in got if not np.all(np.isfinite(g)))
     if bad:
         return {"metric": METRIC, "figure": 0.0, "non_finite_rows": bad, "items": len(got)}
     n = min(QUERIES, len(want))
     a, b = maxsim_matrix(want[:n], want), maxsim_matrix(got[:n], got)
-    top1 = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
-    rho = float(np.mean([spearman(x, y) for x, y in zip(a, b, strict=True)]))
+    same = np.argmax(a, axis=1) == np.argmax(b, axis=1)
+    rhos = [spearman(x, y) for x, y in zip(a, b, strict=True)]
+    top1, rho = float(np.mean(same)), float(np.mean(rhos))
     cos = [float((w * g).sum(axis=1).min()) for w, g in zip(want, got, strict=True) if len(w) and w.shape == g.shape]
+    named = {} if texts is None else {"worst_text": shown(texts[int(np.argmin(np.minimum(same, rhos)))])}
     return {
+        **named,
         "metric": METRIC,
         "figure": round(min(top1, rho), 6),
         "top1_agreement": round(top1, 6),

@@ -20,7 +20,14 @@ from infra.pack.hf_checks import SourceError
 # The default thresholds on the gate's figure, per task. Embedding: the worst text's cosine (int8 on
 # all-MiniLM-L6-v2 measured 0.997 on the built-in set, float16/bfloat16 higher: docs/models.md).
 SPARSE_TOP_K = 32  # a SPLADE query has tens of terms; a document's weight sits in its largest ones
-DEFAULT_MIN_QUALITY = {"embedding": 0.99, "rerank": 0.9, "classify": 0.95, "multivector": 0.9, "sparse": 0.9}
+DEFAULT_MIN_QUALITY = {
+    "embedding": 0.99,
+    "rerank": 0.9,
+    "classify": 0.95,
+    "multivector": 0.9,
+    "sparse": 0.9,
+    "hybrid": 0.9,
+}
 METRICS = {
     "embedding": "min cosine vs float32",
     "rerank": "min(top-1 agreement, Spearman) vs float32",
@@ -248,7 +255,7 @@ def check(task: str, figures: dict[str, Any], min_quality: float | None, what: s
         detail = ", ".join(
             f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}"
             for k, v in figures.items()
-            if k not in ("metric", "figure")
+            if k not in ("metric", "figure") and not isinstance(v, dict)  # hybrid's parts: its weakest is named
         )
         raise QualityError(
             f"{what}: quality {figures['figure']:.6f} ({figures['metric']}) is below --min-quality {threshold} "

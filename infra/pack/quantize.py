@@ -486,12 +486,16 @@ def quantize_checked(
     from infra.pack.quality import measure, sample
 
     def figures(rows: list[int], want: list[Any], got: list[Any]) -> dict[str, Any]:
+        labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
+        if source.task == "hybrid":  # three outputs in one: the smallest of their figures
+            from infra.pack.hybrid_quality import figures as hybrid_figures
+
+            return hybrid_figures(source, [calibration[i] for i in rows], want, got, labels)
         if source.task == "multivector":  # token vectors: ranked by MaxSim (their batches differ in length)
             from infra.pack.late_quality import agreement, token_rows
 
             masks = [calibration[i]["attention_mask"] for i in rows]
             return agreement(token_rows(want, masks), token_rows(got, masks))
-        labels = None if texts is None else [t for i in rows for t in _batch_texts(texts, calibration, i)]
         return measure(
             source.task,
             np.concatenate([np.asarray(w, np.float32) for w in want]),
@@ -514,7 +518,11 @@ def quantize_checked(
         # on every text: a group kept for the sample's worst text can break one outside it (MiniLM: the sample's
         # worst rose to 0.9935 and `[PAD] [SEP]`, outside it, fell to 0.86)
         want |= {i: reference(calibration[i]) for i in rest}
-        found = search_kept(graph, options, maxima, list(groups), calibration, [want[i] for i in range(len(want))])
+        # hybrid: a row per token, batches of different lengths; the search measures each text's CLS row
+        cls_only = source.task == "hybrid"
+        found = search_kept(
+            graph, options, maxima, list(groups), calibration, [want[i] for i in range(len(want))], cls_only
+        )
         keep = found.kept
     where = staging / "int8"
     # the proto's tensors are cleared as written
@@ -539,10 +547,17 @@ def quantize_checked(
 
 
 def search_kept(
-    graph: Path, options: Int8Options, maxima: dict[str, Any], groups: list[str], feeds: list[Feeds], want: list[Any]
+    graph: Path,
+    options: Int8Options,
+    maxima: dict[str, Any],
+    groups: list[str],
+    feeds: list[Feeds],
+    want: list[Any],
+    first_token: bool = False,
 ) -> Any:
     """The MatMul groups kept float32 so that the worst of `feeds` (every calibration batch) reaches options.target
-    (infra.pack.int8_search), found on the float32 graph held in memory."""
+    (infra.pack.int8_search), found on the float32 graph held in memory. `first_token`: a row per token (batches
+    differ in length): each text's first row is what is measured."""
     import onnx
 
     from infra.pack.int8_search import search
@@ -550,8 +565,9 @@ def search_kept(
     base = onnx.load(str(graph), load_external_data=True)
 
     def run(keep: Sequence[str], feeds: Sequence[Feeds]) -> Any:
-        return int8_answers(quantize_int8(base, options, maxima, keep, options.float_rows), feeds)
+        return int8_answers(quantize_int8(base, options, maxima, keep, options.float_rows), feeds, first_token)
 
+    want = [np.asarray(w, np.float32)[:, 0] if first_token else w for w in want]
     want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
     found, _ = search(run, groups, feeds, want_rows, options.target)
     return found
@@ -566,9 +582,9 @@ def _batch_texts(texts: list[str], feeds: list[dict[str, Any]], index: int) -> l
     return texts[start : start + _rows(feeds[index])]
 
 
-def int8_answers(model: Any, feeds: Sequence[Feeds]) -> Any:
+def int8_answers(model: Any, feeds: Sequence[Feeds], first_token: bool = False) -> Any:
     """The first output of the graph `model` (a ModelProto, written to a temporary folder a tensor at a time and
-    run from there) on each feed, rows concatenated."""
+    run from there) on each feed, rows concatenated (`first_token`: each row's first token's)."""
     import tempfile
 
     from infra.pack.onnx_io import ONNX_FILE, save_onnx_file
@@ -576,7 +592,8 @@ def int8_answers(model: Any, feeds: Sequence[Feeds]) -> Any:
     with tempfile.TemporaryDirectory(prefix="warmstart-int8-search-") as tmp:
         save_onnx_file(model, Path(tmp))
         run = _runner(Path(tmp) / ONNX_FILE)
-        return np.concatenate([np.asarray(run(f), np.float32) for f in feeds])
+        outputs = [np.asarray(run(f), np.float32) for f in feeds]
+        return np.concatenate([o[:, 0] if first_token else o for o in outputs])
 
 
 def _runner(model: Path) -> Any:

@@ -133,6 +133,16 @@ def test_routes_answer_dense_and_sparse(runtimes: dict[str, Runtime], reference:
     assert [[e["index"] for e in row] for row in sparse.json()] == [list(w) for w in reference["sparse"]]
 
 
+def test_embedding_fields_refused(runtimes: dict[str, Runtime]) -> None:
+    with client_for(runtimes["onnx"]) as client:
+        cut = client.post("/v1/embeddings", json={"input": TEXTS, "dimensions": 4})
+        named = client.post("/embed", json={"inputs": TEXTS, "prompt_name": "query"})
+    for answer, field in ((cut, "dimensions"), (named, "prompt_name")):
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["type"] == "InvalidInputError", answer.text
+        assert error["message"].startswith(f'"{field}" is not served by a hybrid model'), answer.text
+
+
 def test_refusals_are_one_line(source: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -149,5 +159,55 @@ def test_refusals_are_one_line(source: Path, tmp_path: Path) -> None:
     (plain / "colbert_linear.pt").write_bytes(b"not a pickle")
     with pytest.raises(SourceError, match=r"^[^\n]*colbert_linear.pt: not loadable[^\n]*$"):
         read_source(plain)
-    with pytest.raises(SourceError, match=r"^[^\n]*int8 is not served for hybrid[^\n]*$"):
-        pack_from(source, tmp_path / "q", precision=Precision(quantize="int8"))
+    with pytest.raises(SourceError, match=r"^[^\n]*--dtype float16 is not served for hybrid[^\n]*$"):
+        pack_from(source, tmp_path / "q", precision=Precision(dtype="float16"))
+
+
+def test_int8_gate_measures_all_three_outputs(source: Path, tmp_path: Path) -> None:
+    """`--quantize int8`: the record holds each output's figure and worst text, the gate's figure is the smallest
+    of the three, and a threshold just above that one refuses (nothing written)."""
+    import json
+
+    from infra.pack.hf_pack import pack_from
+    from infra.pack.precision import Precision
+    from infra.pack.quality import QualityError
+
+    # two batches of different lengths (the search's rows are the CLS rows)
+    calibration = (*TEXTS, *(f"text {i} " + "word " * i for i in range(16)))
+    int8 = Precision(quantize="int8", calibration=calibration, min_quality=0.0)
+    packed = pack_from(source, tmp_path / "int8", backends=("onnx",), precision=int8)
+    quality = json.loads((packed / "manifest.json").read_text())["precision"]["quality"]
+    parts = {p: quality[p]["figure"] for p in ("dense", "sparse", "multivector")}
+    assert all("worst_text" in quality[p] for p in parts) and quality["passed"] is True
+    assert quality["figure"] == min(parts.values()) < 1.0 and parts[quality["weakest"]] == quality["figure"]
+    above = Precision(quantize="int8", calibration=calibration, min_quality=quality["figure"] + 1e-6)
+    with pytest.raises(QualityError, match=rf"^[^\n]*weakest '{quality['weakest']}'[^\n]*nothing was written"):
+        pack_from(source, tmp_path / "refused", backends=("onnx",), precision=above)
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("part", ["dense", "sparse", "multivector"])
+def test_int8_gate_figure_drops_with_each_output(part: str) -> None:
+    """Each output broken alone lowers the gate's figure: none of the three is left out."""
+    from types import SimpleNamespace
+
+    from infra.pack.hybrid_quality import figures
+
+    rng = np.random.default_rng(0)
+    dim, texts = 8, [f"text {i}" for i in range(6)]  # 40 distinct ids a text: more than the sparse top k
+    ids = np.stack([np.concatenate([[0], rng.permutation(np.arange(3, 200))[:38], [2]]) for _ in texts])
+    ids[0, -5:] = 1  # padding
+    feed = {"input_ids": ids, "attention_mask": (ids != 1).astype(np.int64)}
+    want = rng.normal(size=(len(texts), 40, dim + 1 + 4)).astype(np.float32)
+    want[:, :, dim] = rng.uniform(0.1, 1.0, size=want.shape[:2])
+    got = want.copy()
+    where = {  # the part's values shuffled among its own (the other parts untouched)
+        "dense": np.s_[:, 0, :dim],
+        "sparse": np.s_[:, 1:39, dim],
+        "multivector": np.s_[:, 1:, dim + 1 :],
+    }[part]
+    got[where] = rng.permutation(want[where].ravel()).reshape(want[where].shape)
+    model = SimpleNamespace(dimension=dim, hybrid=SimpleNamespace(unused_ids=(0, 1, 2)))
+    same = figures(model, [feed], [want], [want], texts)
+    out = figures(model, [feed], [want], [got], texts)
+    assert same["figure"] == 1.0 and out["weakest"] == part and out["figure"] < 1.0, out
