@@ -24,7 +24,10 @@ from typing import Any
 from infra.pack.hf_checks import SourceError, is_int
 
 LOGIT_SCORE_TYPE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
-FAMILIES = ("qwen2", "qwen3")  # transformers' *ForCausalLM without logit soft-capping (Gemma 2 caps them)
+FAMILIES = ("qwen2", "qwen3", "gemma3_text")
+# Families whose *ForCausalLM soft-caps its logits (`tanh(logits / cap) * cap`, elementwise: the two kept rows'
+# logits capped are the full head's, capped); the others ignore the field, so it is refused there as a surprise.
+SOFTCAP_FAMILIES = ("gemma3_text",)
 _MARKS = ("\x00QUERY\x00", "\x00DOCUMENT\x00")
 # Pairs the literal-template proof renders (an empty text, markup the template might escape, spaces at the ends).
 _PROBES = (("what is a cold start?", "the first request of a new instance"), ("", "x"), (" <b>a</b> ", "{{ x }}\n"))
@@ -72,8 +75,11 @@ def check_reranker(
         )
     if not architecture.endswith("ForCausalLM"):
         raise LMRerankError(f"{root}: LogitScore needs a *ForCausalLM, this one is {architecture}")
-    if config.get("final_logit_softcapping"):
-        raise LMRerankError(f"{root}: final_logit_softcapping is not supported for a decoder reranker")
+    if config.get("final_logit_softcapping") and family not in SOFTCAP_FAMILIES:
+        raise LMRerankError(
+            f"{root}: final_logit_softcapping is not supported for a {family} decoder reranker; supported for: "
+            f"{', '.join(SOFTCAP_FAMILIES)}"
+        )
     return logit_score_ids(root, kinds[1][1], int(config["vocab_size"]))
 
 
@@ -132,11 +138,12 @@ def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any
         raise LMRerankError(f"{root}: the chat template does not render the query, then the document, once each")
     prefix, rest = text.split(_MARKS[0])
     middle, suffix = rest.split(_MARKS[1])
+    lead = _added_bos(tokenizer, prefix)
     for query, document in _PROBES:
         want = render(query, document)
         if want != prefix + query + middle + document + suffix:
             raise LMRerankError(f"{root}: the chat template changes the pair's text (not a literal template)")
-        ids = tokenizer(want, add_special_tokens=True)["input_ids"]
+        ids = tokenizer(want[len(lead) :], add_special_tokens=True)["input_ids"]
         if list(ids) != list(_ids(render(query, document, tokenize=True))):
             raise LMRerankError(f"{root}: the tokenizer adds tokens the chat template does not (e.g. a BOS)")
     first = list(_ids(render(*_PROBES[0], tokenize=True)))
@@ -144,7 +151,18 @@ def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any
     common = 0
     while common < min(len(first), len(other)) and first[-1 - common] == other[-1 - common]:
         common += 1
-    return {"prefix": prefix, "middle": middle, "suffix": suffix, "suffix_ids": first[len(first) - common :]}
+    suffix_ids = first[len(first) - common :]
+    return {"prefix": prefix[len(lead) :], "middle": middle, "suffix": suffix, "suffix_ids": suffix_ids}
+
+
+def _added_bos(tokenizer: Any, prefix: str) -> str:
+    """The BOS text the template renders at the start of `prefix` when the tokenizer adds that BOS itself (Gemma):
+    the served text leaves it out, so the row holds it once, as `apply_chat_template` (no special tokens) does."""
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if not bos or bos_id is None or not prefix.startswith(bos):
+        return ""
+    added = tokenizer("", add_special_tokens=True)["input_ids"]
+    return bos if list(added[:1]) == [bos_id] else ""
 
 
 def _ids(rendered: Any) -> list[int]:
@@ -152,11 +170,16 @@ def _ids(rendered: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def score_head(model: Any, ids: tuple[int, int | None], activation: str | None) -> Any:
+def score_head(model: Any, ids: tuple[int, int | None], activation: str | None, family: str) -> Any:
     """A torch module over the *ForCausalLM `model`: (input_ids, attention_mask) -> scores [batch]."""
     import torch
 
+    from infra.pack.families import NEW_FAMILIES, layer_type_masks
+
     true_id, false_id = ids
+    config = model.config
+    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 3's sliding window: its masks built traceably
+    cap = getattr(config, "final_logit_softcapping", None) if family in SOFTCAP_FAMILIES else None
     weight = model.get_output_embeddings().weight.detach()
     rows = weight[[true_id] if false_id is None else [true_id, false_id]].t().contiguous()  # [hidden, 1 or 2]
     bias = getattr(model.get_output_embeddings(), "bias", None)
@@ -170,13 +193,16 @@ def score_head(model: Any, ids: tuple[int, int | None], activation: str | None) 
             self.bias = None if picked is None else torch.nn.Parameter(picked.clone(), requires_grad=False)
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            mask = layer_type_masks(config, attention_mask) if per_layer_type else attention_mask
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
             last = torch.clamp(attention_mask.to(torch.int64).sum(dim=1) - 1, min=0)  # right padding
             index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
             state = torch.gather(hidden, 1, index).squeeze(1).float()
             logits = state @ self.rows.float()
             if self.bias is not None:
                 logits = logits + self.bias.float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
             scores = logits[:, 0] if false_id is None else logits[:, 0] - logits[:, 1]
             return torch.sigmoid(scores) if activation == "sigmoid" else scores
 

@@ -157,3 +157,41 @@ def test_requests_batched_together_answer_as_alone(runtime: Runtime, built: tupl
     assert [r["relevance_score"] for r in together[0]["results"]] == pytest.approx(
         sorted(built[2][:2].tolist(), reverse=True), abs=1e-4
     )
+
+
+GEMMA_CAP = 0.5  # tests.lm_rerankers.make_gemma_reranker_dir's final_logit_softcapping
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """bge-reranker-v2-gemma's shape (tiny, random), packed once for both backends; CrossEncoder.predict's scores."""
+    from sentence_transformers import CrossEncoder
+
+    from tests.lm_rerankers import make_gemma_reranker_dir
+
+    root = tmp_path_factory.mktemp("gemmarerank")
+    src = make_gemma_reranker_dir(root, softcap=GEMMA_CAP)
+    packed = pack_from(src, root / "packed", model_id="tiny-gemma-reranker", version="1", fuse=False)
+    return packed, CrossEncoder(str(src), local_files_only=True).predict([(QUERY, d) for d in DOCUMENTS])
+
+
+def test_gemma_reranker_bos_once_true_token_only_soft_capped(gemma: tuple[Path, Any]) -> None:
+    """The template renders <bos> and the tokenizer adds it: the served text leaves it out (one BOS a row, as
+    apply_chat_template gives); the score is the "Yes" logit alone, soft-capped in the graph."""
+    packed, want = gemma
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert (manifest["family"], manifest["pair_template"]["prefix"], manifest["pair_template"]["middle"]) == (
+        "gemma3_text",
+        "A: ",
+        "\nB: ",
+    )
+    logits = np.log(want / (1 - want))  # sigmoid activation: the capped logits, inside +-cap
+    assert np.abs(logits).max() < GEMMA_CAP and np.abs(logits).max() > GEMMA_CAP / 2  # the cap bends them
+    for backend in ("onnx", "torch"):
+        runtime = Runtime.start(Config(model_dir=packed, backend=backend, warmup=False), environ={}, emit=None)
+        reply = runtime.serve({"query": QUERY, "documents": DOCUMENTS})
+        got = np.zeros(len(DOCUMENTS), np.float32)
+        for item in reply["results"]:
+            got[item["index"]] = item["relevance_score"]
+        assert np.abs(got - want).max() < 1e-4, backend
+        assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist(), backend
