@@ -1,6 +1,7 @@
-"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2 style): a sentence-transformers `CrossEncoder` over a
-`*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
-at the last real position of the chat template's rendering of the pair.
+"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, Gemma 3 style): a sentence-transformers `CrossEncoder` over
+a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
+(or the true token's logit alone, soft-capped where the model caps its logits) at the last real position of the
+chat template's rendering of the pair.
 
 The graph keeps only what that score needs: the decoder body, the hidden state at each row's last real token
 (right padding: `attention_mask.sum - 1`; rotary positions are relative, so the left padding
@@ -12,7 +13,8 @@ pair is `prefix + query + middle + document + suffix` (checked on several pairs,
 transformers' `apply_chat_template`). Those three strings go in the manifest, so the function formats a pair
 with string concatenation (no Jinja on its import chain). `suffix_ids`: the tokens sentence-transformers writes
 back over the end of a truncated row (its `_restore_chat_template_suffix`), so the last position is still the
-template's, not the document's.
+template's, not the document's. A BOS both the template renders and the tokenizer adds (Gemma) is left out of
+`prefix`, so a row holds it once, as `apply_chat_template` (no special tokens of its own) gives it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Decoder rerankers: a tiny random Qwen3ForCausalLM saved as sentence-transformers saves a CrossEncoder with a
 LogitScore module ("yes" minus "no" at the last real position, a chat template per pair, a default prompt),
-packed once for both backends and served through the rerank routes, against `CrossEncoder.predict`."""
+packed once for both backends and served through the rerank routes, against `CrossEncoder.predict`; a tiny random
+Gemma3ForCausalLM in bge-reranker-v2-gemma's shape (BOS, a true token only, soft-capped logits) the same way."""
 
 from __future__ import annotations
 
