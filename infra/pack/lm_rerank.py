@@ -31,6 +31,9 @@ FAMILIES = ("qwen2", "qwen3", "gemma3_text")
 # logits capped are the full head's, capped); the others ignore the field, so it is refused there as a surprise.
 SOFTCAP_FAMILIES = ("gemma3_text",)
 _MARKS = ("\x00QUERY\x00", "\x00DOCUMENT\x00")
+_INSTRUCTION = "\x00INSTRUCTION\x00"
+# Instructions the literal proof of the per-request slot renders (a request's replaces the default prompt).
+_INSTRUCTIONS = ("Find the code", " <b>a</b> {{ x }}\n")
 # Pairs the literal-template proof renders (an empty text, markup the template might escape, spaces at the ends).
 _PROBES = (("what is a cold start?", "the first request of a new instance"), ("", "x"), (" <b>a</b> ", "{{ x }}\n"))
 
@@ -154,7 +157,37 @@ def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any
     while common < min(len(first), len(other)) and first[-1 - common] == other[-1 - common]:
         common += 1
     suffix_ids = first[len(first) - common :]
-    return {"prefix": prefix[len(lead) :], "middle": middle, "suffix": suffix, "suffix_ids": suffix_ids}
+    out = {"prefix": prefix[len(lead) :], "middle": middle, "suffix": suffix, "suffix_ids": suffix_ids}
+    slot = _instruction_slot(lambda p: _render_text(tokenizer, template_kwargs, p), middle, suffix)
+    if slot is not None:  # a template without one (no system message rendered): requests can't send one
+        out["instruction"] = {"head": slot[0][len(lead) :], "tail": slot[1]}
+    return out
+
+
+def _render_text(tokenizer: Any, template_kwargs: dict[str, Any], prompt: str) -> str | None:
+    try:
+        return str(tokenizer.apply_chat_template(_messages(prompt, *_MARKS), tokenize=False, **template_kwargs))
+    except Exception:  # a template that refuses a system message: no per-request instruction
+        return None
+
+
+def _instruction_slot(render: Any, middle: str, suffix: str) -> tuple[str, str] | None:
+    """The prefix around the instruction (the system message a request's `instruction` fills, as
+    `CrossEncoder.predict(prompt=...)` renders it): (head, tail), proved literal on `_INSTRUCTIONS`; None when
+    the template has no such slot."""
+    text = render(_INSTRUCTION)
+    if text is None or text.count(_INSTRUCTION) != 1 or text.count(_MARKS[0]) != 1:
+        return None
+    if text.index(_INSTRUCTION) > text.index(_MARKS[0]) or not text.endswith(_MARKS[1] + suffix):
+        return None
+    head, rest = text.split(_INSTRUCTION)
+    tail = rest.split(_MARKS[0])[0]
+    if rest != tail + _MARKS[0] + middle + _MARKS[1] + suffix:
+        return None
+    for instruction in _INSTRUCTIONS:
+        if render(instruction) != head + instruction + tail + _MARKS[0] + middle + _MARKS[1] + suffix:
+            return None
+    return head, tail
 
 
 def _added_bos(tokenizer: Any, prefix: str) -> str:

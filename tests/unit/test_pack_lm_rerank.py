@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from handler.core.config import Config
+from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
 from handler.tasks.lm_pairs import PairTemplate
 from handler.tasks.tokens import Kept
@@ -77,6 +78,26 @@ def test_scores_equal_cross_encoder_predict(runtime: Runtime, built: tuple[Path,
     assert np.abs(got - want).max() < 1e-4
     assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist()
     assert reply["usage"]["tokens"] > 512  # the long document was truncated at 512
+
+
+def test_a_request_instruction_replaces_the_default_prompt(runtime: Runtime, built: tuple[Path, Path, Any]) -> None:
+    """`instruction` fills the template's system slot, as `CrossEncoder.predict(prompt=...)` renders it."""
+    from sentence_transformers import CrossEncoder
+
+    instruction = "Find passages that define serverless terms"
+    want = CrossEncoder(str(built[0]), local_files_only=True).predict(
+        [(QUERY, d) for d in DOCUMENTS], prompt=instruction
+    )
+    assert np.abs(want - built[2]).max() > 1e-3  # the instruction changes the scores
+    reply = runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": instruction})
+    got = np.zeros(len(DOCUMENTS), np.float32)
+    for item in reply["results"]:
+        got[item["index"]] = item["relevance_score"]
+    assert np.abs(got - want).max() < 1e-4
+    assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist()
+    for bad, message in ((3, "instruction must be a string"), ("", '"instruction" is empty')):
+        with pytest.raises(InvalidInputError, match=message):
+            runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": bad})
 
 
 def test_cohere_and_tei_routes_over_http(runtime: Runtime, built: tuple[Path, Path, Any]) -> None:
@@ -188,8 +209,11 @@ def test_gemma_reranker_bos_once_true_token_only_soft_capped(gemma: tuple[Path, 
     )
     logits = np.log(want / (1 - want))  # sigmoid activation: the capped logits, inside +-cap
     assert np.abs(logits).max() < GEMMA_CAP and np.abs(logits).max() > GEMMA_CAP / 2  # the cap bends them
+    assert "instruction" not in manifest["pair_template"]  # its template renders no system message
     for backend in ("onnx", "torch"):
         runtime = Runtime.start(Config(model_dir=packed, backend=backend, warmup=False), environ={}, emit=None)
+        with pytest.raises(InvalidInputError, match="without an instruction slot"):
+            runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": "Find the code"})
         reply = runtime.serve({"query": QUERY, "documents": DOCUMENTS})
         got = np.zeros(len(DOCUMENTS), np.float32)
         for item in reply["results"]:
