@@ -90,7 +90,7 @@ class RerankTask(TextModel):
             what = "a cross-encoder" if self.template is None else "a decoder reranker without an instruction slot"
             raise InvalidInputError(f'"instruction" is not supported: {self.model} is {what}; leave it out')
         instruction = check_text(instruction, "instruction", self.max_chars)
-        if not instruction:  # CrossEncoder.predict renders an empty prompt as none: the default one
+        if not instruction:  # CrossEncoder.predict renders an empty prompt as no system message, not a filled slot
             raise InvalidInputError('"instruction" is empty; leave it out for the model\'s default prompt')
         return list(self.template.texts(pairs, instruction)), docs, top_n, with_docs
 
