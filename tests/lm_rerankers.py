@@ -21,6 +21,12 @@ TEMPLATE = (
     "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 )
 PROMPTS = {"web": "Given a web search query, retrieve relevant passages", "code": "Find the code"}
+# bge-reranker-v2-gemma's prompt over Gemma's BOS (rendered by the template; the tokenizer adds one too).
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}A: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "B: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}\n"
+    "Predict whether passage B contains an answer to query A. Answer 'Yes' or 'No'."
+)
 
 
 def make_reranker_dir(root: Path, scale: float = 8.0, vocab_rows: int | None = None, **sizes: Any) -> Path:
@@ -59,4 +65,38 @@ def make_reranker_dir(root: Path, scale: float = 8.0, vocab_rows: int | None = N
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(base)
     CrossEncoder(str(base), prompts=PROMPTS, default_prompt_name="web").save_pretrained(str(out))
+    return out
+
+
+def make_gemma_reranker_dir(root: Path, scale: float = 4.0, softcap: float | None = 0.5) -> Path:
+    """`root`/gemma-reranker: bge-reranker-v2-gemma's shape on a tiny random Gemma3ForCausalLM: a tokenizer that
+    adds BOS, a LogitScore with only a true token ("Yes": the score is its logit), final logit soft-capping."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules.logit_score import LogitScore
+
+    from tests import lm_models
+
+    base, out = Path(root) / "gemma-base", Path(root) / "gemma-reranker"
+    raw = lm_models.build_lm_tokenizer("gemma3_text")  # its post-processor adds <bos>
+    raw.add_tokens(["Yes"])
+    tid = raw.token_to_id
+    torch.manual_seed(0)
+    ids = {"bos_token_id": tid("<bos>"), "eos_token_id": tid("<eos>"), "pad_token_id": tid("<pad>")}
+    config = lm_models._config("gemma3_text", raw.get_vocab_size(), ids, final_logit_softcapping=softcap)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)  # scores that differ between pairs
+    model.save_pretrained(base)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", model_max_length=512
+    )
+    tokenizer.chat_template = GEMMA_TEMPLATE
+    tokenizer.save_pretrained(base)
+    transformer = Transformer(str(base), transformer_task="text-generation")
+    CrossEncoder(modules=[transformer, LogitScore(true_token_id=tid("Yes"))]).save_pretrained(str(out))
     return out

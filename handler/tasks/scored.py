@@ -1,6 +1,7 @@
 """The scoring text tasks: rerank (a cross-encoder) and classify (a sequence classifier).
 
-`rerank`:   {"query", "documents": ["...", ...], "top_n"?, "return_documents"?}
+`rerank`:   {"query", "documents": ["...", ...], "top_n"?, "return_documents"?, "instruction"? (a decoder reranker
+            whose template has an instruction slot: replaces its default prompt)}
             → {"results": [{"index", "relevance_score", "document"?: {"text"}}], "model", "usage"}, highest
             score first (Cohere's, Jina's and vLLM's shape); the scores are the model's own output, activation
             included, as `CrossEncoder.predict` gives them.
@@ -51,6 +52,8 @@ class RerankTask(TextModel):
     def tokenize(self, texts: Sequence[Text]) -> list[Any]:
         if self.template is None:
             return self.encoder.tokenize(texts)
+        if all(isinstance(t, str) for t in texts):  # already formatted: a request with an instruction
+            return self.template.restore(self.encoder.tokenize(texts), self.encoder.max_length)
         formatted = self.template.texts(texts)  # type: ignore[arg-type]  # a reranker's inputs are pairs
         return self.template.restore(self.encoder.tokenize(formatted), self.encoder.max_length)
 
@@ -70,15 +73,26 @@ class RerankTask(TextModel):
             for i, d in enumerate(docs)
         ]
 
-    def _options(self, payload: JSON) -> tuple[list[tuple[str, str]], list[str], int | None, bool]:
-        """The request's (query, document) pairs, documents, `top_n` and `return_documents`, checked."""
+    def _options(self, payload: JSON) -> tuple[list[Text], list[str], int | None, bool]:
+        """The request's (query, document) pairs (formatted texts with an `instruction`), documents, `top_n` and
+        `return_documents`, checked."""
         body = require_object(payload, "query")
         query = check_text(body["query"], "query", self.max_chars)
         docs = self.documents(body)
         joined(query, docs, "query", "documents", self.max_chars)  # the query goes with every document
         top_n = positive_int(body, "top_n")  # more than there are documents: all of them
         with_docs = flag(body, "return_documents")
-        return [(query, doc) for doc in docs], docs, top_n, with_docs
+        pairs = [(query, doc) for doc in docs]
+        instruction = body.get("instruction")
+        if instruction is None:
+            return list(pairs), docs, top_n, with_docs
+        if self.template is None or self.template.instruction is None:
+            what = "a cross-encoder" if self.template is None else "a decoder reranker without an instruction slot"
+            raise InvalidInputError(f'"instruction" is not supported: {self.model} is {what}; leave it out')
+        instruction = check_text(instruction, "instruction", self.max_chars)
+        if not instruction:  # CrossEncoder.predict renders an empty prompt as no system message, not a filled slot
+            raise InvalidInputError('"instruction" is empty; leave it out for the model\'s default prompt')
+        return list(self.template.texts(pairs, instruction)), docs, top_n, with_docs
 
     def prepare(self, payload: JSON) -> Prepared:
         """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`)."""
@@ -211,6 +225,7 @@ RERANK = TaskSpec(
             "documents": {"type": "array"},
             "top_n": POSITIVE,
             "return_documents": FLAG,
+            "instruction": STRING,
             "model": MODEL,
         },
     },

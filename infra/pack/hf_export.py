@@ -211,7 +211,7 @@ def build_head(source: HFSource, model: Any) -> Any:
     if source.logit_score is not None:
         from infra.pack.lm_rerank import score_head
 
-        return score_head(model, source.logit_score, source.activation)
+        return score_head(model, source.logit_score, source.activation, source.family)
 
     pooling, normalize, task, activation = source.pooling, source.normalize, source.task, source.activation
     splade_settings = source.splade

@@ -282,13 +282,17 @@ def _check_no_custom_code(path: Path, config: dict[str, Any]) -> None:
     )
 
 
+# Stock classes outside the family's prefix: gemma3_text's causal LM (a Gemma reranker's) is Gemma3ForCausalLM.
+_STOCK_EXTRA = {"gemma3_text": ("Gemma3ForCausalLM",)}
+
+
 def _check_architectures(path: Path, config: dict[str, Any], family: str) -> None:
     """Each class named in `architectures` must be one of transformers' own for the family (BertModel,
     BertFor...): another name is custom code, even without an auto_map."""
     prefix = ARCH_PREFIX[family]
     stock = re.compile(rf"{prefix}(Model|LMHeadModel|For[A-Z][A-Za-z]*)")
     for name in config.get("architectures") or []:
-        if not stock.fullmatch(str(name)):
+        if not stock.fullmatch(str(name)) and str(name) not in _STOCK_EXTRA.get(family, ()):
             raise UnsupportedModelError(
                 f"{path}: architecture {name!r} is not a stock transformers {family} class; supported: "
                 f"{prefix}Model, {prefix}For* (a custom class is the model's own code, never run; {_NATIVE})"[:600]

@@ -1,6 +1,7 @@
-"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2 style): a sentence-transformers `CrossEncoder` over a
-`*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
-at the last real position of the chat template's rendering of the pair.
+"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, Gemma 3 style): a sentence-transformers `CrossEncoder` over
+a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
+(or the true token's logit alone, soft-capped where the model caps its logits) at the last real position of the
+chat template's rendering of the pair.
 
 The graph keeps only what that score needs: the decoder body, the hidden state at each row's last real token
 (right padding: `attention_mask.sum - 1`; rotary positions are relative, so the left padding
@@ -12,7 +13,8 @@ pair is `prefix + query + middle + document + suffix` (checked on several pairs,
 transformers' `apply_chat_template`). Those three strings go in the manifest, so the function formats a pair
 with string concatenation (no Jinja on its import chain). `suffix_ids`: the tokens sentence-transformers writes
 back over the end of a truncated row (its `_restore_chat_template_suffix`), so the last position is still the
-template's, not the document's.
+template's, not the document's. A BOS both the template renders and the tokenizer adds (Gemma) is left out of
+`prefix`, so a row holds it once, as `apply_chat_template` (no special tokens of its own) gives it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ from typing import Any
 from infra.pack.hf_checks import SourceError, is_int
 
 LOGIT_SCORE_TYPE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
-FAMILIES = ("qwen2", "qwen3")  # transformers' *ForCausalLM without logit soft-capping (Gemma 2 caps them)
+FAMILIES = ("qwen2", "qwen3", "gemma3_text")
+# Families whose *ForCausalLM soft-caps its logits (`tanh(logits / cap) * cap`, elementwise: the two kept rows'
+# logits capped are the full head's, capped); the others ignore the field, so it is refused there as a surprise.
+SOFTCAP_FAMILIES = ("gemma3_text",)
 _MARKS = ("\x00QUERY\x00", "\x00DOCUMENT\x00")
+_INSTRUCTION = "\x00INSTRUCTION\x00"
+# Instructions the literal proof of the per-request slot renders (a request's replaces the default prompt).
+_INSTRUCTIONS = ("Find the code", " <b>a</b> {{ x }}\n")
 # Pairs the literal-template proof renders (an empty text, markup the template might escape, spaces at the ends).
 _PROBES = (("what is a cold start?", "the first request of a new instance"), ("", "x"), (" <b>a</b> ", "{{ x }}\n"))
 
@@ -72,8 +80,11 @@ def check_reranker(
         )
     if not architecture.endswith("ForCausalLM"):
         raise LMRerankError(f"{root}: LogitScore needs a *ForCausalLM, this one is {architecture}")
-    if config.get("final_logit_softcapping"):
-        raise LMRerankError(f"{root}: final_logit_softcapping is not supported for a decoder reranker")
+    if config.get("final_logit_softcapping") and family not in SOFTCAP_FAMILIES:
+        raise LMRerankError(
+            f"{root}: final_logit_softcapping is not supported for a {family} decoder reranker; supported for: "
+            f"{', '.join(SOFTCAP_FAMILIES)}"
+        )
     return logit_score_ids(root, kinds[1][1], int(config["vocab_size"]))
 
 
@@ -132,11 +143,12 @@ def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any
         raise LMRerankError(f"{root}: the chat template does not render the query, then the document, once each")
     prefix, rest = text.split(_MARKS[0])
     middle, suffix = rest.split(_MARKS[1])
+    lead = _added_bos(tokenizer, prefix)
     for query, document in _PROBES:
         want = render(query, document)
         if want != prefix + query + middle + document + suffix:
             raise LMRerankError(f"{root}: the chat template changes the pair's text (not a literal template)")
-        ids = tokenizer(want, add_special_tokens=True)["input_ids"]
+        ids = tokenizer(want[len(lead) :], add_special_tokens=True)["input_ids"]
         if list(ids) != list(_ids(render(query, document, tokenize=True))):
             raise LMRerankError(f"{root}: the tokenizer adds tokens the chat template does not (e.g. a BOS)")
     first = list(_ids(render(*_PROBES[0], tokenize=True)))
@@ -144,7 +156,48 @@ def pair_template(root: Path, model_root: Path, tokenizer: Any) -> dict[str, Any
     common = 0
     while common < min(len(first), len(other)) and first[-1 - common] == other[-1 - common]:
         common += 1
-    return {"prefix": prefix, "middle": middle, "suffix": suffix, "suffix_ids": first[len(first) - common :]}
+    suffix_ids = first[len(first) - common :]
+    out = {"prefix": prefix[len(lead) :], "middle": middle, "suffix": suffix, "suffix_ids": suffix_ids}
+    slot = _instruction_slot(lambda p: _render_text(tokenizer, template_kwargs, p), middle, suffix)
+    if slot is not None:  # a template without one (no system message rendered): requests can't send one
+        out["instruction"] = {"head": slot[0][len(lead) :], "tail": slot[1]}
+    return out
+
+
+def _render_text(tokenizer: Any, template_kwargs: dict[str, Any], prompt: str) -> str | None:
+    try:
+        return str(tokenizer.apply_chat_template(_messages(prompt, *_MARKS), tokenize=False, **template_kwargs))
+    except Exception:  # a template that refuses a system message: no per-request instruction
+        return None
+
+
+def _instruction_slot(render: Any, middle: str, suffix: str) -> tuple[str, str] | None:
+    """The prefix around the instruction (the system message a request's `instruction` fills, as
+    `CrossEncoder.predict(prompt=...)` renders it): (head, tail), proved literal on `_INSTRUCTIONS`; None when
+    the template has no such slot."""
+    text = render(_INSTRUCTION)
+    if text is None or text.count(_INSTRUCTION) != 1 or text.count(_MARKS[0]) != 1:
+        return None
+    if text.index(_INSTRUCTION) > text.index(_MARKS[0]) or not text.endswith(_MARKS[1] + suffix):
+        return None
+    head, rest = text.split(_INSTRUCTION)
+    tail = rest.split(_MARKS[0])[0]
+    if rest != tail + _MARKS[0] + middle + _MARKS[1] + suffix:
+        return None
+    for instruction in _INSTRUCTIONS:
+        if render(instruction) != head + instruction + tail + _MARKS[0] + middle + _MARKS[1] + suffix:
+            return None
+    return head, tail
+
+
+def _added_bos(tokenizer: Any, prefix: str) -> str:
+    """The BOS text the template renders at the start of `prefix` when the tokenizer adds that BOS itself (Gemma):
+    the served text leaves it out, so the row holds it once, as `apply_chat_template` (no special tokens) does."""
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if not bos or bos_id is None or not prefix.startswith(bos):
+        return ""
+    added = tokenizer("", add_special_tokens=True)["input_ids"]
+    return bos if list(added[:1]) == [bos_id] else ""
 
 
 def _ids(rendered: Any) -> list[int]:
@@ -152,11 +205,16 @@ def _ids(rendered: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def score_head(model: Any, ids: tuple[int, int | None], activation: str | None) -> Any:
+def score_head(model: Any, ids: tuple[int, int | None], activation: str | None, family: str) -> Any:
     """A torch module over the *ForCausalLM `model`: (input_ids, attention_mask) -> scores [batch]."""
     import torch
 
+    from infra.pack.families import NEW_FAMILIES, layer_type_masks
+
     true_id, false_id = ids
+    config = model.config
+    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 3's sliding window: its masks built traceably
+    cap = getattr(config, "final_logit_softcapping", None) if family in SOFTCAP_FAMILIES else None
     weight = model.get_output_embeddings().weight.detach()
     rows = weight[[true_id] if false_id is None else [true_id, false_id]].t().contiguous()  # [hidden, 1 or 2]
     bias = getattr(model.get_output_embeddings(), "bias", None)
@@ -170,13 +228,16 @@ def score_head(model: Any, ids: tuple[int, int | None], activation: str | None) 
             self.bias = None if picked is None else torch.nn.Parameter(picked.clone(), requires_grad=False)
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            mask = layer_type_masks(config, attention_mask) if per_layer_type else attention_mask
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
             last = torch.clamp(attention_mask.to(torch.int64).sum(dim=1) - 1, min=0)  # right padding
             index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
             state = torch.gather(hidden, 1, index).squeeze(1).float()
             logits = state @ self.rows.float()
             if self.bias is not None:
                 logits = logits + self.bias.float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
             scores = logits[:, 0] if false_id is None else logits[:, 0] - logits[:, 1]
             return torch.sigmoid(scores) if activation == "sigmoid" else scores
 

@@ -1,6 +1,7 @@
 """Decoder rerankers: a tiny random Qwen3ForCausalLM saved as sentence-transformers saves a CrossEncoder with a
 LogitScore module ("yes" minus "no" at the last real position, a chat template per pair, a default prompt),
-packed once for both backends and served through the rerank routes, against `CrossEncoder.predict`."""
+packed once for both backends and served through the rerank routes, against `CrossEncoder.predict`; a tiny random
+Gemma3ForCausalLM in bge-reranker-v2-gemma's shape (BOS, a true token only, soft-capped logits) the same way."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from handler.core.config import Config
+from handler.core.errors import InvalidInputError
 from handler.runtime.invocation import Runtime
 from handler.tasks.lm_pairs import PairTemplate
 from handler.tasks.tokens import Kept
@@ -76,6 +78,26 @@ def test_scores_equal_cross_encoder_predict(runtime: Runtime, built: tuple[Path,
     assert np.abs(got - want).max() < 1e-4
     assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist()
     assert reply["usage"]["tokens"] > 512  # the long document was truncated at 512
+
+
+def test_a_request_instruction_replaces_the_default_prompt(runtime: Runtime, built: tuple[Path, Path, Any]) -> None:
+    """`instruction` fills the template's system slot, as `CrossEncoder.predict(prompt=...)` renders it."""
+    from sentence_transformers import CrossEncoder
+
+    instruction = "Find passages that define serverless terms"
+    want = CrossEncoder(str(built[0]), local_files_only=True).predict(
+        [(QUERY, d) for d in DOCUMENTS], prompt=instruction
+    )
+    assert np.abs(want - built[2]).max() > 1e-3  # the instruction changes the scores
+    reply = runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": instruction})
+    got = np.zeros(len(DOCUMENTS), np.float32)
+    for item in reply["results"]:
+        got[item["index"]] = item["relevance_score"]
+    assert np.abs(got - want).max() < 1e-4
+    assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist()
+    for bad, message in ((3, "instruction must be a string"), ("", '"instruction" is empty')):
+        with pytest.raises(InvalidInputError, match=message):
+            runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": bad})
 
 
 def test_cohere_and_tei_routes_over_http(runtime: Runtime, built: tuple[Path, Path, Any]) -> None:
@@ -157,3 +179,44 @@ def test_requests_batched_together_answer_as_alone(runtime: Runtime, built: tupl
     assert [r["relevance_score"] for r in together[0]["results"]] == pytest.approx(
         sorted(built[2][:2].tolist(), reverse=True), abs=1e-4
     )
+
+
+GEMMA_CAP = 0.5  # tests.lm_rerankers.make_gemma_reranker_dir's final_logit_softcapping
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """bge-reranker-v2-gemma's shape (tiny, random), packed once for both backends; CrossEncoder.predict's scores."""
+    from sentence_transformers import CrossEncoder
+
+    from tests.lm_rerankers import make_gemma_reranker_dir
+
+    root = tmp_path_factory.mktemp("gemmarerank")
+    src = make_gemma_reranker_dir(root, softcap=GEMMA_CAP)
+    packed = pack_from(src, root / "packed", model_id="tiny-gemma-reranker", version="1", fuse=False)
+    return packed, CrossEncoder(str(src), local_files_only=True).predict([(QUERY, d) for d in DOCUMENTS])
+
+
+def test_gemma_reranker_bos_once_true_token_only_soft_capped(gemma: tuple[Path, Any]) -> None:
+    """The template renders <bos> and the tokenizer adds it: the served text leaves it out (one BOS a row, as
+    apply_chat_template gives); the score is the "Yes" logit alone, soft-capped in the graph."""
+    packed, want = gemma
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert (manifest["family"], manifest["pair_template"]["prefix"], manifest["pair_template"]["middle"]) == (
+        "gemma3_text",
+        "A: ",
+        "\nB: ",
+    )
+    logits = np.log(want / (1 - want))  # sigmoid activation: the capped logits, inside +-cap
+    assert np.abs(logits).max() < GEMMA_CAP and np.abs(logits).max() > GEMMA_CAP / 2  # the cap bends them
+    assert "instruction" not in manifest["pair_template"]  # its template renders no system message
+    for backend in ("onnx", "torch"):
+        runtime = Runtime.start(Config(model_dir=packed, backend=backend, warmup=False), environ={}, emit=None)
+        with pytest.raises(InvalidInputError, match="without an instruction slot"):
+            runtime.serve({"query": QUERY, "documents": DOCUMENTS, "instruction": "Find the code"})
+        reply = runtime.serve({"query": QUERY, "documents": DOCUMENTS})
+        got = np.zeros(len(DOCUMENTS), np.float32)
+        for item in reply["results"]:
+            got[item["index"]] = item["relevance_score"]
+        assert np.abs(got - want).max() < 1e-4, backend
+        assert [r["index"] for r in reply["results"]] == np.argsort(-want, kind="stable").tolist(), backend
