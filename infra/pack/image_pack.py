@@ -65,6 +65,11 @@ def pack_image_text(
         raise SourceError(
             f"--dtype {precision.dtype} for task {TASK}: packed float32, or int8 for onnx (--quantize int8, int8-block)"
         )
+    if source.kind == "siglip2" and (precision.quantize is not None or "torch" in chosen):
+        raise SourceError(
+            f"{source.root}: SigLIP2 (NaFlex) is packed float32 for the onnx backend only (its calibration images and "
+            "torch program take fixed-size pixels)"
+        )
     if precision.quantize is not None:
         # int4 (causal LMs only), or torch asked for with int8 (its programs are float), refused naming why
         chosen, _ = precision.backends(chosen, {}, asked)
@@ -169,6 +174,8 @@ class _Tower:
 def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[str, Any]]:
     """Inputs the graph is checked on: two batch shapes, padded rows for CLIP's mask."""
     rng = np.random.default_rng(0)
+    if tower == "image" and source.kind == "siglip2":
+        return [naflex_probe(source, grids) for grids in (((2, 3),), ((4, 4), (1, 7), (5, 2)))]
     if tower == "image":
         size = source.image_size
         return [{"pixel_values": rng.standard_normal((n, 3, size, size)).astype(np.float32)} for n in (1, 3)]
@@ -191,8 +198,20 @@ def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[st
     return out
 
 
+def naflex_probe(source: ImageTextSource, grids: tuple[tuple[int, int], ...]) -> dict[str, Any]:
+    """SigLIP2's image feeds for patch grids (rows, cols) of different shapes: random patches, padded."""
+    patch, max_patches = source.recipe.size
+    rng = np.random.default_rng(len(grids))
+    grids = tuple((min(r, max_patches), max(1, min(c, max_patches // min(r, max_patches)))) for r, c in grids)
+    mask = np.zeros((len(grids), max_patches), np.int32)
+    for i, (rows, cols) in enumerate(grids):
+        mask[i, : rows * cols] = 1
+    values = (rng.standard_normal((len(grids), max_patches, 3 * patch * patch)) * mask[..., None]).astype(np.float32)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": np.array(grids, np.int64)}
+
+
 def tower_inputs(source: ImageTextSource, tower: str) -> tuple[str, ...]:
-    return ("pixel_values",) if tower == "image" else source.text_inputs
+    return source.recipe.inputs if tower == "image" else source.text_inputs
 
 
 def export_tower(source: ImageTextSource, model: Any, tower: str, where: Path) -> float:
@@ -251,7 +270,6 @@ def manifest_for(
 ) -> dict[str, Any]:
     """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`.
     `specs`: each tower's backend entries (paths relative to the pack); the main entry's files are both towers'."""
-    size = source.image_size
     sequence: int | str = source.max_seq_length if source.padding == "max_length" else "sequence"
     vector = TensorSpec("", "float32", ("batch", source.dimension))
     main = {
@@ -277,7 +295,7 @@ def manifest_for(
         "towers": {
             "image": {
                 "backends": specs["image"],
-                "inputs": [TensorSpec("pixel_values", "float32", ("batch", 3, size, size)).to_json()],
+                "inputs": [spec.to_json() for spec in image_inputs(source)],
                 "outputs": [{**vector.to_json(), "name": OUTPUTS["image"]}],
             }
         },
@@ -294,3 +312,15 @@ def manifest_for(
         "parity": {f"{tower}_max_abs_diff": value for tower, value in parity.items()},
         "precision": {"dtype": "float32", "quantization": None},
     }
+
+
+def image_inputs(source: ImageTextSource) -> list[TensorSpec]:
+    if source.recipe.resize != "naflex":
+        size = source.image_size
+        return [TensorSpec("pixel_values", "float32", ("batch", 3, size, size))]
+    patch, max_patches = source.recipe.size
+    return [
+        TensorSpec("pixel_values", "float32", ("batch", max_patches, 3 * patch * patch)),
+        TensorSpec("pixel_attention_mask", "int32", ("batch", max_patches)),
+        TensorSpec("spatial_shapes", "int64", ("batch", 2)),
+    ]
