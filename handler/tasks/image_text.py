@@ -63,7 +63,12 @@ class ImageTextTask(TextModel):
             # its processor does (padding="max_length"). This encoder is this tokenizer file's alone.
             tok = self.encoder._tok
             pad_token = tok.id_to_token(self.encoder.pad_id) or "<pad>"
-            tok.enable_padding(pad_id=self.encoder.pad_id, pad_token=pad_token, length=self.encoder.max_length)
+            tok.enable_padding(
+                pad_id=self.encoder.pad_id,
+                pad_token=pad_token,
+                length=self.encoder.max_length,
+                direction=manifest.options["padding_side"],  # SigLIP2's tokenizer pads on the left
+            )
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -183,10 +188,13 @@ def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
     padding = (raw.get("tokenizer") or {}).get("padding", "longest")
     if padding not in ("longest", "max_length"):
         raise ValueError(f"tokenizer.padding {padding!r}; valid: longest, max_length")
+    side = (raw.get("tokenizer") or {}).get("padding_side", "right")
+    if side not in ("right", "left"):
+        raise ValueError(f"tokenizer.padding_side {side!r}; valid: right, left")
     towers = raw.get("towers")
     if not isinstance(towers, dict) or "image" not in towers:
         raise ValueError("an image-text pack needs towers.image (the vision tower's graph)")
-    return {"image": ImageRecipe.parse(raw.get("image")), "padding": padding}
+    return {"image": ImageRecipe.parse(raw.get("image")), "padding": padding, "padding_side": side}
 
 
 IMAGES: dict[str, Any] = {

@@ -82,6 +82,7 @@ def pack_image_text(
 
     def build(tmp: Path) -> dict[str, Any]:
         pad_id = write_tokenizer(source, tokenizer, tmp / "tokenizer.json")
+        side = str(getattr(tokenizer, "padding_side", "right"))  # SigLIP2's tokenizer pads on the left
         parity: dict[str, float] = {}
         specs: dict[str, dict[str, Any]] = {tower: {} for tower in TOWERS}
         for tower in TOWERS:
@@ -98,7 +99,7 @@ def pack_image_text(
                 feeds = probes(source, tower, int(model.config.text_config.vocab_size))
                 specs[tower]["torch"] = export_tower_program(source, tower, module, names, feeds, tmp / tower)
                 parity.setdefault(tower, specs[tower]["torch"]["max_abs_diff"])
-        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs)
+        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs, side)
         if precision.quantize is not None:
             from infra.pack.image_int8 import quantize_towers
 
@@ -139,7 +140,9 @@ def load(source: ImageTextSource) -> tuple[Any, Any]:
 
 
 def write_tokenizer(source: ImageTextSource, tokenizer: Any, dest: Path) -> int:
-    if (source.root / "tokenizer.json").is_file():
+    # SigLIP2: transformers' Siglip2Tokenizer rebuilds the file's vocabulary with its own normalizer (lowercased,
+    # as SigLIP2 was trained) and pre-tokenizer; what it built is what is served, not the file as it lies.
+    if (source.root / "tokenizer.json").is_file() and source.kind != "siglip2":
         shutil.copyfile(source.root / "tokenizer.json", dest)
     else:
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -267,6 +270,7 @@ def manifest_for(
     digest: str,
     source_info: dict[str, str] | None,
     specs: dict[str, dict[str, Any]],
+    padding_side: str = "right",
 ) -> dict[str, Any]:
     """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`.
     `specs`: each tower's backend entries (paths relative to the pack); the main entry's files are both towers'."""
@@ -303,6 +307,7 @@ def manifest_for(
             "file": "tokenizer.json",
             "truncation": source.max_seq_length,
             "padding": source.padding,
+            "padding_side": padding_side,
             "pad_id": pad_id,
         },
         "image": source.recipe.to_json(),

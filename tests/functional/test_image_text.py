@@ -205,7 +205,8 @@ def test_text_requests_never_build_the_image_tower(packs: dict[str, tuple[Path, 
 
 def test_siglip2_naflex_images_match_transformers(tmp_path: Path) -> None:
     """SigLIP2: each image its own patch grid (tall, wide, tiny), the position embeddings interpolated to it in
-    the ONNX graph; served vectors against transformers' processor + get_image_features, alone and batched."""
+    the ONNX graph; served vectors against transformers' processor + get_image_features (and the texts against
+    get_text_features), alone and batched with texts."""
     import torch
     import transformers
 
@@ -216,8 +217,14 @@ def test_siglip2_naflex_images_match_transformers(tmp_path: Path) -> None:
     pictures = [*_images(), Image.fromarray(np.full((90, 9, 3), 200, np.uint8)), Image.new("RGB", (3, 2), "red")]
     feeds = processor(images=[to_rgb(p) for p in pictures], return_tensors="pt")  # no do_convert_rgb by default
     assert len({tuple(s) for s in feeds["spatial_shapes"].tolist()}) == len(pictures)  # a grid each
+    tokens = transformers.AutoTokenizer.from_pretrained(str(source))(
+        TEXTS, return_tensors="pt", padding="max_length", max_length=TEXT_POSITIONS, truncation=True
+    )  # Siglip2Tokenizer: lowercased, padded on the left
     with torch.no_grad():
         want = _unit(model.get_image_features(**feeds).pooler_output.numpy())
+        want_text = _unit(model.get_text_features(input_ids=tokens["input_ids"]).pooler_output.numpy())
+    text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
+    assert float(np.abs(text - want_text).max()) < 1e-5
     images = [_b64(p) for p in pictures]
     got = np.asarray(runtime.task({"inputs": images, "modality": "image"})["embeddings"])
     diff = float(np.abs(got - want).max())
