@@ -1,4 +1,4 @@
-"""`warmstart pack --from DIR` for a CLIP / SigLIP directory: task `image-text`, two graphs in one pack.
+"""`warmstart pack --from DIR` for a CLIP / SigLIP / SigLIP2 directory: task `image-text`, two graphs in one pack.
 
 text/model.onnx: the text tower with its projection (transformers' `get_text_features`), image/model.onnx: the
 vision tower with its projection (`get_image_features`); both checked against the eager model before anything
@@ -51,7 +51,7 @@ def pack_image_text(
     source_info: dict[str, str] | None = None,
     precision: Precision | None = None,
 ) -> Path:
-    """Pack the CLIP / SigLIP directory `source_dir` into `out`; refusals (SourceError) before any write."""
+    """Pack the CLIP / SigLIP / SigLIP2 directory `source_dir` into `out`; refusals (SourceError) before any write."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     phase("reading the model directory")
     source = read_image_text(Path(source_dir))

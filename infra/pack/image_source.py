@@ -1,4 +1,4 @@
-"""Reading and checking a CLIP / SigLIP model directory for `warmstart pack --from DIR` (task `image-text`).
+"""Reading and checking a CLIP / SigLIP / SigLIP2 model directory for `warmstart pack --from DIR` (task `image-text`).
 
 Plain JSON and file checks, nothing imported from torch or transformers: a directory that is not a whole
 two-tower model, or whose image preprocessing we do not reproduce exactly, is refused here with one line before

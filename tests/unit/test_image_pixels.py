@@ -123,6 +123,24 @@ def test_unsupported_preprocessing_is_refused_in_one_line(
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"image_processor_type": "SiglipImageProcessor"}, "supported for siglip2"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "do_resize": False}, "do_resize"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "do_center_crop": True}, "do_center_crop"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "max_num_patches": 0}, "max patches"),
+    ],
+)
+def test_unsupported_naflex_preprocessing_is_refused_in_one_line(
+    tmp_path: Path, config: dict[str, object], words: str
+) -> None:
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    with pytest.raises(SourceError, match=words) as e:
+        read_recipe(tmp_path / "preprocessor_config.json", "siglip2", 0)
+    assert "\n" not in str(e.value)
+
+
 def _png(size: tuple[int, int] = (5, 4)) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, (1, 2, 3)).save(out, "PNG")
