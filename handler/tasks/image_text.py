@@ -1,4 +1,4 @@
-"""`image-text`: CLIP / SigLIP, text and images embedded into one space.
+"""`image-text`: CLIP / SigLIP / SigLIP2, text and images embedded into one space.
 
 `{"inputs": [...], "modality"?: "text" | "image", "encoding_format"?}` → `{"embeddings", "model", "usage"}`,
 as Infinity's `modality` on `/embeddings`: a request is all texts (the default) or all images, each image a base64
@@ -24,7 +24,7 @@ from handler.core.errors import InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.batch import Prepared, run_prepared
-from handler.tasks.pixels import ImageRecipe, decode, image_bytes, pixel_values
+from handler.tasks.pixels import ImageRecipe, decode, image_bytes, pixel_feeds
 from handler.tasks.spec import MODEL, USAGE, VECTOR_OR_BASE64, TaskSpec, nullable
 from handler.tasks.text import TEXT_ROUTES, TextModel, base64_rows, check_texts, choice, encoding_format
 
@@ -37,11 +37,11 @@ IMAGE_OUTPUT = "image_embeds"
 
 
 class PreparedImages:
-    """One image request, checked and decoded into pixels, and how its rows become its answer."""
+    """One image request, checked and decoded into the vision tower's feeds, and how its rows become its answer."""
 
     __slots__ = ("finish", "pixels")
 
-    def __init__(self, pixels: npt.NDArray[np.float32], finish: Callable[[Any, int], dict[str, Any]]) -> None:
+    def __init__(self, pixels: dict[str, npt.NDArray[Any]], finish: Callable[[Any, int], dict[str, Any]]) -> None:
         self.pixels = pixels
         self.finish = finish
 
@@ -63,7 +63,12 @@ class ImageTextTask(TextModel):
             # its processor does (padding="max_length"). This encoder is this tokenizer file's alone.
             tok = self.encoder._tok
             pad_token = tok.id_to_token(self.encoder.pad_id) or "<pad>"
-            tok.enable_padding(pad_id=self.encoder.pad_id, pad_token=pad_token, length=self.encoder.max_length)
+            tok.enable_padding(
+                pad_id=self.encoder.pad_id,
+                pad_token=pad_token,
+                length=self.encoder.max_length,
+                direction=manifest.options["padding_side"],  # SigLIP2's tokenizer pads on the left
+            )
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -84,20 +89,24 @@ class ImageTextTask(TextModel):
             )
         return modality, inputs, fmt
 
-    def pixels(self, inputs: Sequence[Any]) -> npt.NDArray[np.float32]:
-        """Each image checked, decoded within bounds and prepared as the model's processor would."""
+    def pixels(self, inputs: Sequence[Any]) -> dict[str, npt.NDArray[Any]]:
+        """Each image checked, decoded within bounds and prepared as the model's processor would: the vision
+        tower's feeds (`pixel_values`; SigLIP2 adds `pixel_attention_mask` and `spatial_shapes`)."""
         images = [decode(image_bytes(value, f"inputs[{i}]"), f"inputs[{i}]") for i, value in enumerate(inputs)]
-        return pixel_values(images, self.recipe)
+        return pixel_feeds(images, self.recipe)
 
     def _answer(self, vectors: npt.NDArray[np.float32], tokens: int, fmt: str) -> dict[str, Any]:
         vectors = normalized(vectors)
         embeddings = base64_rows(vectors) if fmt == "base64" else vectors
         return {"embeddings": embeddings, "model": self.model, "usage": {"tokens": tokens}}
 
-    def embed_images(self, pixels: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    def embed_images(self, pixels: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        rows = len(pixels["pixel_values"])
         outs = [
-            np.array(self.backend.run({"pixel_values": pixels[i : i + IMAGES_PER_RUN]})[IMAGE_OUTPUT], np.float32)
-            for i in range(0, len(pixels), IMAGES_PER_RUN)
+            np.array(
+                self.backend.run({k: v[i : i + IMAGES_PER_RUN] for k, v in pixels.items()})[IMAGE_OUTPUT], np.float32
+            )
+            for i in range(0, rows, IMAGES_PER_RUN)
         ]
         return np.concatenate(outs)
 
@@ -149,7 +158,7 @@ class ImageTextTask(TextModel):
 
     def _run_images(self, items: list[tuple[int, PreparedImages]], results: list[Any]) -> None:
         try:
-            out = self.embed_images(np.concatenate([p.pixels for _, p in items]))
+            out = self.embed_images({k: np.concatenate([p.pixels[k] for _, p in items]) for k in items[0][1].pixels})
         except Exception:
             if len(items) == 1:
                 raise
@@ -161,7 +170,7 @@ class ImageTextTask(TextModel):
             return
         row = 0
         for i, p in items:
-            n = len(p.pixels)
+            n = len(p.pixels["pixel_values"])
             try:
                 results[i] = p.finish(out[row : row + n], 0)
             except Exception as e:
@@ -179,10 +188,13 @@ def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
     padding = (raw.get("tokenizer") or {}).get("padding", "longest")
     if padding not in ("longest", "max_length"):
         raise ValueError(f"tokenizer.padding {padding!r}; valid: longest, max_length")
+    side = (raw.get("tokenizer") or {}).get("padding_side", "right")
+    if side not in ("right", "left"):
+        raise ValueError(f"tokenizer.padding_side {side!r}; valid: right, left")
     towers = raw.get("towers")
     if not isinstance(towers, dict) or "image" not in towers:
         raise ValueError("an image-text pack needs towers.image (the vision tower's graph)")
-    return {"image": ImageRecipe.parse(raw.get("image")), "padding": padding}
+    return {"image": ImageRecipe.parse(raw.get("image")), "padding": padding, "padding_side": side}
 
 
 IMAGES: dict[str, Any] = {

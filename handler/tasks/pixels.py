@@ -16,12 +16,13 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from handler.core.errors import InvalidInputError, PayloadTooLargeError
-from handler.core.records import record
+from handler.core.records import record, replace
 
 if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
     import numpy.typing as npt
@@ -33,6 +34,8 @@ FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # what a request's imag
 MAX_IMAGE_BYTES = 16 << 20  # encoded, per image (a base64 string is 4/3 of it)
 MAX_PIXELS = 40_000_000  # per image, width x height from the header: ~120 MB decoded as RGB
 _DATA_URL = "data:"
+RESIZES = ("shortest_edge", "fixed", "none", "naflex")
+NAFLEX_INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 
 
 class InvalidImageError(InvalidInputError):
@@ -43,8 +46,8 @@ class InvalidImageError(InvalidInputError):
 class ImageRecipe:
     """How a model's images are prepared: transformers' image processor settings, checked."""
 
-    resize: str  # "shortest_edge" | "fixed" | "none"
-    size: tuple[int, int]  # (height, width) for "fixed"; (edge, 0) for "shortest_edge"
+    resize: str  # "shortest_edge" | "fixed" | "none" | "naflex"
+    size: tuple[int, int]  # (height, width) for "fixed"; (edge, 0) for "shortest_edge"; (patch, max patches) for naflex
     resample: int  # a key of RESAMPLE
     crop: tuple[int, int] | None  # (height, width), or None: no center crop
     scale: float | None  # rescale factor, or None: not rescaled
@@ -57,6 +60,11 @@ class ImageRecipe:
         if self.crop is not None:
             return self.crop
         return self.size if self.resize == "fixed" else None
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The vision tower's inputs: NaFlex (SigLIP2) adds each image's patch mask and patch grid."""
+        return NAFLEX_INPUTS if self.resize == "naflex" else ("pixel_values",)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,8 +83,8 @@ class ImageRecipe:
         if not isinstance(raw, dict):
             raise ValueError("image: expected an object (the image preprocessing)")
         resize = raw.get("resize")
-        if resize not in ("shortest_edge", "fixed", "none"):
-            raise ValueError(f"image.resize {resize!r}; valid: shortest_edge, fixed, none")
+        if resize not in RESIZES:
+            raise ValueError(f"image.resize {resize!r}; valid: {', '.join(RESIZES)}")
         if raw.get("resample") not in RESAMPLE:
             raise ValueError(f"image.resample {raw.get('resample')!r}; valid: {sorted(RESAMPLE)}")
 
@@ -96,6 +104,8 @@ class ImageRecipe:
         scale = raw.get("scale")
         if scale is not None and not isinstance(scale, (int, float)):
             raise ValueError(f"image.scale {scale!r}; expected a number or null")
+        if resize == "naflex" and min(pair(raw.get("size"), "size")) < 1:
+            raise ValueError(f"image.size {raw.get('size')!r}; naflex needs [patch size, max patches], both >= 1")
         return cls(
             resize,
             pair(raw.get("size"), "size"),
@@ -206,3 +216,44 @@ def prepare(image: Image, recipe: ImageRecipe) -> npt.NDArray[np.float32]:
 def pixel_values(images: list[Image], recipe: ImageRecipe) -> npt.NDArray[np.float32]:
     """The batch's `pixel_values` (N, 3, H, W)."""
     return np.stack([prepare(image, recipe) for image in images])
+
+
+def pixel_feeds(images: list[Image], recipe: ImageRecipe) -> dict[str, npt.NDArray[Any]]:
+    """The vision tower's feeds for the batch (`recipe.inputs`, each with the batch first)."""
+    if recipe.resize != "naflex":
+        return {"pixel_values": pixel_values(images, recipe)}
+    patched = [naflex(image, recipe) for image in images]
+    return {name: np.stack([p[i] for p in patched]) for i, name in enumerate(NAFLEX_INPUTS)}
+
+
+def naflex_size(height: int, width: int, patch: int, max_patches: int, eps: float = 1e-5) -> tuple[int, int]:
+    """transformers' get_image_size_for_max_num_patches: the largest scale (by its bisection, to the same
+    floats) whose sides, rounded up to whole patches (at least one), give at most `max_patches` patches."""
+
+    def scaled(scale: float, size: int) -> int:
+        return int(max(patch, math.ceil(size * scale / patch) * patch))
+
+    low, high = eps / 10, 100.0
+    while (high - low) >= eps:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch) * (scaled(scale, width) / patch) <= max_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
+
+
+def naflex(image: Image, recipe: ImageRecipe) -> tuple[npt.NDArray[Any], ...]:
+    """One RGB image → SigLIP2's (pixel_values (max patches, p*p*3), pixel_attention_mask (max patches,) int32,
+    spatial_shapes (2,) int64): resized keeping its aspect ratio to fit, patchified row-major, zero-padded."""
+    patch, max_patches = recipe.size
+    height, width = naflex_size(image.height, image.width, patch, max_patches)
+    array = prepare(image.resize((width, height), resample=recipe.resample), replace(recipe, resize="none"))
+    rows, cols = height // patch, width // patch
+    # (C, rows, p, cols, p) → (rows, cols, p, p, C): each patch's pixels row by row, channels last
+    patches = array.reshape(3, rows, patch, cols, patch).transpose(1, 3, 2, 4, 0).reshape(rows * cols, -1)
+    values = np.zeros((max_patches, patches.shape[1]), np.float32)
+    values[: rows * cols] = patches
+    mask = np.zeros(max_patches, np.int32)
+    mask[: rows * cols] = 1
+    return values, mask, np.array([rows, cols], np.int64)

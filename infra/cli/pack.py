@@ -75,7 +75,7 @@ def register(sub: Any) -> None:
         default="auto",
         help="for --from: auto (sentence-transformers modules -> embedding; a one-label cross-encoder -> rerank; "
         "another sequence classifier -> classify; a *ForCausalLM chat model -> generate; CLIPModel / SiglipModel "
-        "-> image-text; a PyLate ColBERT -> multivector) or the task to pack",
+        "/ Siglip2Model -> image-text; a PyLate ColBERT -> multivector) or the task to pack",
     )
     p.add_argument(
         "--pooling",

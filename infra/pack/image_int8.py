@@ -84,11 +84,11 @@ def calibration_images(n: int = CALIBRATION_IMAGES, seed: int = 0) -> list[tuple
 
 def image_feeds(source: ImageTextSource) -> tuple[list[dict[str, Any]], list[str]]:
     """The calibration images as the image tower's `pixel_values` batches, and their names in row order."""
-    from handler.tasks.pixels import pixel_values
+    from handler.tasks.pixels import pixel_feeds
 
     named = calibration_images()
-    pixels = pixel_values([image for _, image in named], source.recipe)
-    feeds = [{"pixel_values": pixels[i : i + IMAGE_BATCH]} for i in range(0, len(pixels), IMAGE_BATCH)]
+    pixels = pixel_feeds([image for _, image in named], source.recipe)
+    feeds = [{k: v[i : i + IMAGE_BATCH] for k, v in pixels.items()} for i in range(0, len(named), IMAGE_BATCH)]
     return feeds, [name for name, _ in named]
 
 

@@ -1,4 +1,4 @@
-"""`warmstart pack --from DIR` for a CLIP / SigLIP directory: task `image-text`, two graphs in one pack.
+"""`warmstart pack --from DIR` for a CLIP / SigLIP / SigLIP2 directory: task `image-text`, two graphs in one pack.
 
 text/model.onnx: the text tower with its projection (transformers' `get_text_features`), image/model.onnx: the
 vision tower with its projection (`get_image_features`); both checked against the eager model before anything
@@ -51,7 +51,7 @@ def pack_image_text(
     source_info: dict[str, str] | None = None,
     precision: Precision | None = None,
 ) -> Path:
-    """Pack the CLIP / SigLIP directory `source_dir` into `out`; refusals (SourceError) before any write."""
+    """Pack the CLIP / SigLIP / SigLIP2 directory `source_dir` into `out`; refusals (SourceError) before any write."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub from here
     phase("reading the model directory")
     source = read_image_text(Path(source_dir))
@@ -65,6 +65,11 @@ def pack_image_text(
         raise SourceError(
             f"--dtype {precision.dtype} for task {TASK}: packed float32, or int8 for onnx (--quantize int8, int8-block)"
         )
+    if source.kind == "siglip2" and (precision.quantize is not None or "torch" in chosen):
+        raise SourceError(
+            f"{source.root}: SigLIP2 (NaFlex) is packed float32 for the onnx backend only (its calibration images and "
+            "torch program take fixed-size pixels)"
+        )
     if precision.quantize is not None:
         # int4 (causal LMs only), or torch asked for with int8 (its programs are float), refused naming why
         chosen, _ = precision.backends(chosen, {}, asked)
@@ -77,6 +82,7 @@ def pack_image_text(
 
     def build(tmp: Path) -> dict[str, Any]:
         pad_id = write_tokenizer(source, tokenizer, tmp / "tokenizer.json")
+        side = str(getattr(tokenizer, "padding_side", "right"))  # SigLIP2's tokenizer pads on the left
         parity: dict[str, float] = {}
         specs: dict[str, dict[str, Any]] = {tower: {} for tower in TOWERS}
         for tower in TOWERS:
@@ -93,7 +99,7 @@ def pack_image_text(
                 feeds = probes(source, tower, int(model.config.text_config.vocab_size))
                 specs[tower]["torch"] = export_tower_program(source, tower, module, names, feeds, tmp / tower)
                 parity.setdefault(tower, specs[tower]["torch"]["max_abs_diff"])
-        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs)
+        manifest = manifest_for(source, model_id, version, pad_id, parity, digest, source_info, specs, side)
         if precision.quantize is not None:
             from infra.pack.image_int8 import quantize_towers
 
@@ -134,7 +140,9 @@ def load(source: ImageTextSource) -> tuple[Any, Any]:
 
 
 def write_tokenizer(source: ImageTextSource, tokenizer: Any, dest: Path) -> int:
-    if (source.root / "tokenizer.json").is_file():
+    # SigLIP2: transformers' Siglip2Tokenizer rebuilds the file's vocabulary with its own normalizer (lowercased,
+    # as SigLIP2 was trained) and pre-tokenizer; what it built is what is served, not the file as it lies.
+    if (source.root / "tokenizer.json").is_file() and source.kind != "siglip2":
         shutil.copyfile(source.root / "tokenizer.json", dest)
     else:
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -169,6 +177,8 @@ class _Tower:
 def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[str, Any]]:
     """Inputs the graph is checked on: two batch shapes, padded rows for CLIP's mask."""
     rng = np.random.default_rng(0)
+    if tower == "image" and source.kind == "siglip2":
+        return [naflex_probe(source, grids) for grids in (((2, 3),), ((4, 4), (1, 7), (5, 2)))]
     if tower == "image":
         size = source.image_size
         return [{"pixel_values": rng.standard_normal((n, 3, size, size)).astype(np.float32)} for n in (1, 3)]
@@ -191,8 +201,20 @@ def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[st
     return out
 
 
+def naflex_probe(source: ImageTextSource, grids: tuple[tuple[int, int], ...]) -> dict[str, Any]:
+    """SigLIP2's image feeds for patch grids (rows, cols) of different shapes: random patches, padded."""
+    patch, max_patches = source.recipe.size
+    rng = np.random.default_rng(len(grids))
+    grids = tuple((min(r, max_patches), max(1, min(c, max_patches // min(r, max_patches)))) for r, c in grids)
+    mask = np.zeros((len(grids), max_patches), np.int32)
+    for i, (rows, cols) in enumerate(grids):
+        mask[i, : rows * cols] = 1
+    values = (rng.standard_normal((len(grids), max_patches, 3 * patch * patch)) * mask[..., None]).astype(np.float32)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": np.array(grids, np.int64)}
+
+
 def tower_inputs(source: ImageTextSource, tower: str) -> tuple[str, ...]:
-    return ("pixel_values",) if tower == "image" else source.text_inputs
+    return source.recipe.inputs if tower == "image" else source.text_inputs
 
 
 def export_tower(source: ImageTextSource, model: Any, tower: str, where: Path) -> float:
@@ -248,10 +270,10 @@ def manifest_for(
     digest: str,
     source_info: dict[str, str] | None,
     specs: dict[str, dict[str, Any]],
+    padding_side: str = "right",
 ) -> dict[str, Any]:
     """Text tower as the manifest's main graph (inputs, outputs, tokenizer); the image tower under `towers`.
     `specs`: each tower's backend entries (paths relative to the pack); the main entry's files are both towers'."""
-    size = source.image_size
     sequence: int | str = source.max_seq_length if source.padding == "max_length" else "sequence"
     vector = TensorSpec("", "float32", ("batch", source.dimension))
     main = {
@@ -277,7 +299,7 @@ def manifest_for(
         "towers": {
             "image": {
                 "backends": specs["image"],
-                "inputs": [TensorSpec("pixel_values", "float32", ("batch", 3, size, size)).to_json()],
+                "inputs": [spec.to_json() for spec in image_inputs(source)],
                 "outputs": [{**vector.to_json(), "name": OUTPUTS["image"]}],
             }
         },
@@ -285,6 +307,7 @@ def manifest_for(
             "file": "tokenizer.json",
             "truncation": source.max_seq_length,
             "padding": source.padding,
+            "padding_side": padding_side,
             "pad_id": pad_id,
         },
         "image": source.recipe.to_json(),
@@ -294,3 +317,15 @@ def manifest_for(
         "parity": {f"{tower}_max_abs_diff": value for tower, value in parity.items()},
         "precision": {"dtype": "float32", "quantization": None},
     }
+
+
+def image_inputs(source: ImageTextSource) -> list[TensorSpec]:
+    if source.recipe.resize != "naflex":
+        size = source.image_size
+        return [TensorSpec("pixel_values", "float32", ("batch", 3, size, size))]
+    patch, max_patches = source.recipe.size
+    return [
+        TensorSpec("pixel_values", "float32", ("batch", max_patches, 3 * patch * patch)),
+        TensorSpec("pixel_attention_mask", "int32", ("batch", max_patches)),
+        TensorSpec("spatial_shapes", "int64", ("batch", 2)),
+    ]

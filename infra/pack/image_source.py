@@ -1,9 +1,9 @@
-"""Reading and checking a CLIP / SigLIP model directory for `warmstart pack --from DIR` (task `image-text`).
+"""Reading and checking a CLIP / SigLIP / SigLIP2 model directory for `warmstart pack --from DIR` (task `image-text`).
 
 Plain JSON and file checks, nothing imported from torch or transformers: a directory that is not a whole
 two-tower model, or whose image preprocessing we do not reproduce exactly, is refused here with one line before
-anything is written. SigLIP2 (`Siglip2Model`) is refused: its NaFlex processor resizes each image to its own
-patch grid and the vision tower interpolates position embeddings to it, which this pack does not export.
+anything is written. SigLIP2 (`Siglip2Model`): its NaFlex processor resizes each image to its own patch grid (the
+recipe's resize "naflex"); the vision tower interpolates its position embeddings to that grid in the graph.
 """
 
 from __future__ import annotations
@@ -17,15 +17,12 @@ from handler.tasks.pixels import RESAMPLE, ImageRecipe
 from infra.pack.hf_checks import SourceError, read_source_file
 
 # config.json model_type → the architecture packed and how its text tower is fed.
-KINDS = {"clip": "CLIPModel", "siglip": "SiglipModel"}
-REFUSED = {
-    "siglip2": "SigLIP2 (Siglip2Model) uses NaFlex patching (per-image patch grids, interpolated position "
-    "embeddings), which `pack --from` does not export; supported: CLIPModel, SiglipModel (SigLIP2's fixed-resolution "
-    "checkpoints are SiglipModel directories)",
-}
+KINDS = {"clip": "CLIPModel", "siglip": "SiglipModel", "siglip2": "Siglip2Model"}
+REFUSED: dict[str, str] = {}
 PROCESSORS = {
     "clip": ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil"),
     "siglip": ("SiglipImageProcessor", "SiglipImageProcessorFast", "SiglipImageProcessorPil"),
+    "siglip2": ("Siglip2ImageProcessor", "Siglip2ImageProcessorFast", "Siglip2ImageProcessorPil"),
 }
 # Keys of preprocessor_config.json that change nothing when they hold these values (anything else is refused).
 _IGNORED = {
@@ -70,14 +67,14 @@ def is_image_text(root: Path) -> bool:
 @dataclass(frozen=True)
 class ImageTextSource:
     root: Path
-    kind: str  # "clip" | "siglip"
+    kind: str  # "clip" | "siglip" | "siglip2"
     config: dict[str, Any]
     recipe: ImageRecipe
     weights: Path
     dimension: int  # projection_dim (CLIP) / the text hidden size (SigLIP)
     max_seq_length: int
-    padding: str  # "longest" (CLIP: input_ids + attention_mask) | "max_length" (SigLIP: input_ids only)
-    image_size: int
+    padding: str  # "longest" (CLIP: input_ids + attention_mask) | "max_length" (SigLIP, SigLIP2: input_ids only)
+    image_size: int  # SigLIP2: 0 (each image its own patch grid)
 
     @property
     def text_inputs(self) -> tuple[str, ...]:
@@ -132,6 +129,8 @@ def read_image_text(root: Path) -> ImageTextSource:
         raise SourceError(f"{root}: no tokenizer (tokenizer.json or tokenizer_config.json with its vocabulary)")
     text_positions = _positive(text, "max_position_embeddings", where) if "max_position_embeddings" in text else 64
     image_size = _positive(vision, "image_size", where) if "image_size" in vision else 224
+    if kind == "siglip2":
+        image_size = 0
     if kind == "clip":
         dimension = _positive(config, "projection_dim", where) if "projection_dim" in config else 512
     else:
@@ -157,6 +156,8 @@ def read_recipe(path: Path, kind: str, image_size: int) -> ImageRecipe:
     """preprocessor_config.json → the run time's recipe, with the processor class's defaults where a key is
     absent; any setting whose effect we do not reproduce is refused, naming it."""
     raw = _read(path)
+    if kind == "siglip2":
+        return _naflex_recipe(raw, path)
     ptype = raw.get("image_processor_type") or raw.get("feature_extractor_type")
     if ptype not in PROCESSORS[kind]:
         raise SourceError(
@@ -211,3 +212,42 @@ def read_recipe(path: Path, kind: str, image_size: int) -> ImageRecipe:
             f"{image_size}x{image_size} (vision_config.image_size)"
         )
     return recipe
+
+
+_NAFLEX_KNOWN = {"patch_size", "max_num_patches", "resample", "do_rescale", "rescale_factor", "do_normalize"}
+_NAFLEX_KNOWN |= {"image_mean", "image_std", "do_resize"}
+
+
+def _naflex_recipe(raw: dict[str, Any], path: Path) -> ImageRecipe:
+    """Siglip2ImageProcessor's settings (its defaults where absent) → a "naflex" recipe; others refused."""
+    ptype = raw.get("image_processor_type") or raw.get("feature_extractor_type")
+    if ptype not in PROCESSORS["siglip2"]:
+        raise SourceError(
+            f"{path}: image_processor_type {ptype!r}; supported for siglip2: {', '.join(PROCESSORS['siglip2'])}"
+        )
+    unknown = sorted(set(raw) - _IGNORED - _NAFLEX_KNOWN - {"size"})
+    if unknown:
+        raise SourceError(
+            f"{path}: settings {', '.join(unknown)} are not supported; supported: {', '.join(sorted(_NAFLEX_KNOWN))}"
+        )
+    if raw.get("do_convert_rgb") is False:
+        raise SourceError(f"{path}: do_convert_rgb=false is not supported (images are always converted to RGB)")
+    if raw.get("do_resize") is False:  # patches must be whole: NaFlex resizes every image
+        raise SourceError(f"{path}: do_resize=false is not supported (NaFlex resizes every image)")
+    resample = raw.get("resample", 2)
+    if resample not in RESAMPLE:
+        raise SourceError(f"{path}: resample {resample!r}; valid: {sorted(RESAMPLE)} (PIL's filters)")
+    try:
+        return ImageRecipe.parse(
+            {
+                "resize": "naflex",
+                "size": [raw.get("patch_size", 16), raw.get("max_num_patches", 256)],
+                "resample": resample,
+                "crop": None,
+                "scale": float(raw.get("rescale_factor", 1 / 255)) if raw.get("do_rescale", True) else None,
+                "mean": raw.get("image_mean", [0.5, 0.5, 0.5]) if raw.get("do_normalize", True) else None,
+                "std": raw.get("image_std", [0.5, 0.5, 0.5]) if raw.get("do_normalize", True) else None,
+            }
+        )
+    except ValueError as e:
+        raise SourceError(f"{path}: {e}") from None

@@ -1,6 +1,6 @@
-"""image-text: tiny random CLIP and SigLIP directories packed by `pack --from` (two graphs), served, and compared
-with transformers' get_text_features / get_image_features (normalized); Infinity's `/embeddings` over HTTP;
-batches of texts and images; refusals."""
+"""image-text: tiny random CLIP, SigLIP and SigLIP2 (NaFlex) directories packed by `pack --from` (two graphs),
+served, and compared with transformers' get_text_features / get_image_features (normalized); Infinity's
+`/embeddings` over HTTP; batches of texts and images; refusals."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from handler.http_host.host import Host
 from handler.http_host.routes import create_app
 from handler.runtime.invocation import Runtime
 from handler.runtime.workers import Sizing, WorkerPool
-from handler.tasks.pixels import InvalidImageError
+from handler.tasks.pixels import InvalidImageError, to_rgb
 from infra.pack.hf_checks import SourceError
 from infra.pack.hf_pack import pack_from
 from infra.pack.precision import Precision
@@ -159,7 +159,7 @@ def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runt
         (lambda: pack_from(clip, tmp_path / "b", precision=Precision(dtype="float16")), "packed float32, or int8"),
     ]
     siglip2 = make_image_text_dir(tmp_path, "siglip2")
-    refusals.append((lambda: pack_from(siglip2, tmp_path / "c"), "NaFlex"))
+    refusals.append((lambda: pack_from(siglip2, tmp_path / "c", backends=["onnx", "torch"]), "NaFlex"))
     for call, words in refusals:
         with pytest.raises(SourceError, match=words) as e:
             call()
@@ -201,3 +201,49 @@ def test_text_requests_never_build_the_image_tower(packs: dict[str, tuple[Path, 
     assert backend.describe()["loaded"] == ["main", "image"] and backend.tower_ms["image"] > 0
     want = packs["siglip"][1].task({"inputs": [_b64(_images()[0])], "modality": "image"})["embeddings"]
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_siglip2_naflex_images_match_transformers(tmp_path: Path) -> None:
+    """SigLIP2: each image its own patch grid (tall, wide, tiny), the position embeddings interpolated to it in
+    the ONNX graph; served vectors against transformers' processor + get_image_features (and the texts against
+    get_text_features), alone and batched with texts."""
+    import torch
+    import transformers
+
+    source = make_image_text_dir(tmp_path, "siglip2")
+    runtime = start(pack_from(source, tmp_path / "packed"), "onnx")
+    model = transformers.AutoModel.from_pretrained(str(source)).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(str(source))
+    pictures = [*_images(), Image.fromarray(np.full((90, 9, 3), 200, np.uint8)), Image.new("RGB", (3, 2), "red")]
+    feeds = processor(images=[to_rgb(p) for p in pictures], return_tensors="pt")  # no do_convert_rgb by default
+    assert len({tuple(s) for s in feeds["spatial_shapes"].tolist()}) == len(pictures)  # a grid each
+    tokens = transformers.AutoTokenizer.from_pretrained(str(source))(
+        TEXTS, return_tensors="pt", padding="max_length", max_length=TEXT_POSITIONS, truncation=True
+    )  # Siglip2Tokenizer: lowercased, padded on the left
+    with torch.no_grad():
+        want = _unit(model.get_image_features(**feeds).pooler_output.numpy())
+        want_text = _unit(model.get_text_features(input_ids=tokens["input_ids"]).pooler_output.numpy())
+    text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
+    text_diff = float(np.abs(text - want_text).max())
+    assert text_diff < 1e-5
+    images = [_b64(p) for p in pictures]
+    got = np.asarray(runtime.task({"inputs": images, "modality": "image"})["embeddings"])
+    diff = float(np.abs(got - want).max())
+    parity = runtime.manifest.raw["parity"]
+    print(f"siglip2 onnx: image vectors max abs diff {diff:.3g}, text {text_diff:.3g}; pack-time graphs {parity}")
+    assert diff < 1e-5
+    task: Any = runtime.task
+    requests = [
+        {"inputs": images[:1], "modality": "image"},
+        {"inputs": TEXTS},
+        {"inputs": images[1:], "modality": "image"},
+    ]
+    batched = task.run_batch([task.prepare(r) for r in requests], 1 << 20)
+    np.testing.assert_allclose(np.concatenate([batched[0]["embeddings"], batched[2]["embeddings"]]), want, atol=1e-5)
+    manifest = runtime.manifest.raw
+    assert [i["name"] for i in manifest["towers"]["image"]["inputs"]] == [
+        "pixel_values",
+        "pixel_attention_mask",
+        "spatial_shapes",
+    ]
+    assert manifest["image"]["resize"] == "naflex" and manifest["parity"]["image_max_abs_diff"] < 1e-4

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from handler.core.errors import PayloadTooLargeError
-from handler.tasks.pixels import InvalidImageError, decode, image_bytes, pixel_values, to_rgb
+from handler.tasks.pixels import InvalidImageError, decode, image_bytes, pixel_feeds, pixel_values, to_rgb
 from infra.pack.hf_checks import SourceError
 from infra.pack.image_source import read_recipe
 
@@ -70,10 +70,43 @@ def test_pixels_match_transformers_processor(tmp_path: Path, name: str) -> None:
     assert diff == 0.0
 
 
+NAFLEX = {
+    "siglip2": {"image_processor_type": "Siglip2ImageProcessor", "patch_size": 7, "max_num_patches": 16},
+    "siglip2-bicubic": {
+        "image_processor_type": "Siglip2ImageProcessor",
+        "patch_size": 4,
+        "max_num_patches": 64,
+        "resample": 3,
+        "image_mean": [0.4, 0.5, 0.6],
+        "image_std": [0.2, 0.3, 0.4],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAFLEX))
+def test_naflex_feeds_match_transformers_processor(tmp_path: Path, name: str) -> None:
+    """SigLIP2's NaFlex feeds (pixel_values as patches, pixel_attention_mask, spatial_shapes) against
+    Siglip2ImageProcessor (its PIL backend): max abs difference 0.0, each image keeping its own aspect ratio."""
+    from transformers import Siglip2ImageProcessor
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(NAFLEX[name]))
+    recipe = read_recipe(tmp_path / "preprocessor_config.json", "siglip2", 0)
+    images = [to_rgb(i) for i in _images()] + [Image.new("RGB", (300, 7), "blue")]  # wider than the patch budget
+    want = Siglip2ImageProcessor.from_pretrained(str(tmp_path))(images=images, return_tensors="np")
+    got = pixel_feeds(images, recipe)
+    assert list(got) == ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
+    for key, value in got.items():
+        assert value.shape == want[key].shape and value.dtype == want[key].dtype, key
+        diff = float(np.abs(value.astype(np.float64) - want[key]).max())
+        print(f"{name}: {key} max abs diff {diff}")
+        assert diff == 0.0, key
+    assert len({tuple(s) for s in got["spatial_shapes"].tolist()}) > 3  # grids differ with the aspect ratio
+
+
 @pytest.mark.parametrize(
     ("config", "words"),
     [
-        ({"image_processor_type": "Siglip2ImageProcessor"}, "image_processor_type"),
+        ({"image_processor_type": "Siglip2ImageProcessor"}, "image_processor_type"),  # for a CLIP model
         ({"image_processor_type": "CLIPImageProcessor", "do_pad": True}, "do_pad"),
         ({"image_processor_type": "CLIPImageProcessor", "max_num_patches": 256}, "max_num_patches"),
         ({"image_processor_type": "CLIPImageProcessor", "resample": 9}, "resample"),
@@ -87,6 +120,24 @@ def test_unsupported_preprocessing_is_refused_in_one_line(
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
     with pytest.raises(SourceError, match=words) as e:
         read_recipe(tmp_path / "preprocessor_config.json", "clip", 224)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"image_processor_type": "SiglipImageProcessor"}, "supported for siglip2"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "do_resize": False}, "do_resize"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "do_center_crop": True}, "do_center_crop"),
+        ({"image_processor_type": "Siglip2ImageProcessor", "max_num_patches": 0}, "max patches"),
+    ],
+)
+def test_unsupported_naflex_preprocessing_is_refused_in_one_line(
+    tmp_path: Path, config: dict[str, object], words: str
+) -> None:
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    with pytest.raises(SourceError, match=words) as e:
+        read_recipe(tmp_path / "preprocessor_config.json", "siglip2", 0)
     assert "\n" not in str(e.value)
 
 
