@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -159,14 +160,22 @@ def serve_http(start: Callable[[], Runtime], environ: Mapping[str, str] | None =
     except KeyboardInterrupt:
         # uvicorn raises the SIGINT again once its shutdown (our drain) is done, so that the process "dies of
         # it": asyncio then answers with a CancelledError and KeyboardInterrupt traceback. Ctrl-C is no error.
-        print("warmstart: stopped (Ctrl-C); requests in flight were answered first", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
+        stopped_by_ctrl_c()
     except SystemExit:
         error = host_server.host.init_error if host_server.host is not None else None
         if isinstance(error, WarmstartError):  # expected (no model, unpacked, configured twice): its sentence
             print(f"warmstart: the HTTP host cannot start: {error}", file=sys.stderr, flush=True)
             sys.exit(EXIT_STARTUP_FAILURE)
         raise
+    # asyncio's own SIGINT handler can take uvicorn's re-raised signal as a cancel of a task that has just
+    # finished, and run() then returns (seen once under load: exit 0, no line): the captured signal decides.
+    if signal.SIGINT in getattr(host_server, "_captured_signals", ()):
+        stopped_by_ctrl_c()
+
+
+def stopped_by_ctrl_c() -> None:
+    print("warmstart: stopped (Ctrl-C); requests in flight were answered first", file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def pool_plan(workers: WorkerPool) -> dict[str, Any]:
