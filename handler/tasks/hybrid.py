@@ -31,8 +31,10 @@ from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared, run_prepared
+from handler.tasks.multivector import maxsim
 from handler.tasks.scored import RERANK_RESULT
 from handler.tasks.scoring import rank
+from handler.tasks.sparse import sparse_entry, top_terms
 from handler.tasks.spec import FLAG, MODEL, NUMBER, POSITIVE, STRING, TEXTS, USAGE, TaskSpec, nullable
 from handler.tasks.text import (
     TEXT_ROUTES,
@@ -162,13 +164,8 @@ class HybridTask(TextModel):
         best = np.zeros(len(unique), dtype=np.float32)
         np.maximum.at(best, where, np.asarray(weights, dtype=np.float32))
         keep = (best > 0) & ~np.isin(unique, self.unused)
-        indices, values = unique[keep], best[keep]
-        if top_k is not None and top_k < indices.size:  # the k largest (ties: the lower id), back in id order
-            chosen = np.sort(np.argsort(-values, kind="stable")[:top_k])
-            indices, values = indices[chosen], values[chosen]
-        if fmt == "milvus":
-            return {"sparse": {str(i): v for i, v in zip(indices.tolist(), values, strict=True)}}
-        return {"indices": indices.tolist(), "values": values}
+        indices, values = top_terms(unique[keep], best[keep], top_k)
+        return sparse_entry(indices, values, fmt)
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
         (answer,) = run_prepared(self, [self.prepare(payload)], self.batch_tokens)
@@ -186,9 +183,7 @@ class HybridTask(TextModel):
 def colbert_score(query: npt.NDArray[np.float32], document: npt.NDArray[np.float32]) -> float:
     """FlagEmbedding's `colbert_score`: for each query vector its largest dot product with a document vector,
     summed, over the query's vector count. No vector on either side (a one-token text) scores 0."""
-    if not len(document) or not len(query):
-        return 0.0
-    return float((query @ document.T).max(axis=1).sum(dtype=np.float64) / len(query))
+    return maxsim(query, document) / len(query) if len(query) else 0.0
 
 
 def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:

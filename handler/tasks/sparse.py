@@ -102,15 +102,9 @@ class SparseTask(TextModel):
 
     def _entry(self, row: npt.NDArray[np.float32], top_k: int | None, with_tokens: bool, fmt: str) -> dict[str, Any]:
         indices = np.flatnonzero(row)
-        if top_k is not None and top_k < indices.size:
-            # The k largest (ties: the lower token id), then back in token id order.
-            keep = np.argsort(-row[indices], kind="stable")[:top_k]
-            indices = np.sort(indices[keep])
         values = row[indices].astype(np.float32)  # a copy: the row is a pooled buffer's
-        if fmt == "milvus":
-            entry: dict[str, Any] = {"sparse": {str(i): v for i, v in zip(indices.tolist(), values, strict=True)}}
-        else:
-            entry = {"indices": indices.tolist(), "values": values}
+        indices, values = top_terms(indices, values, top_k)
+        entry = sparse_entry(indices, values, fmt)
         if with_tokens:
             entry["tokens"] = [self.encoder.token(int(i)) for i in indices]
         return entry
@@ -142,6 +136,23 @@ class SparseTask(TextModel):
 
     def prompt(self, body: dict[str, Any]) -> str:
         return prompt_for(body, self.prompts, self.default_prompt, self.max_chars)
+
+
+def top_terms(
+    indices: npt.NDArray[Any], values: npt.NDArray[np.float32], top_k: int | None
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.float32]]:
+    """The `top_k` largest weights of terms sorted by id (ties: the lower id), back in id order; all when None."""
+    if top_k is not None and top_k < indices.size:
+        chosen = np.sort(np.argsort(-values, kind="stable")[:top_k])
+        return indices[chosen], values[chosen]
+    return indices, values
+
+
+def sparse_entry(indices: npt.NDArray[Any], values: npt.NDArray[np.float32], fmt: str) -> dict[str, Any]:
+    """One text's answer: `indices` + `values` (Qdrant's shape), or Milvus's `sparse` dict (the hybrid task's too)."""
+    if fmt == "milvus":
+        return {"sparse": {str(i): v for i, v in zip(indices.tolist(), values, strict=True)}}
+    return {"indices": indices.tolist(), "values": values}
 
 
 def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
