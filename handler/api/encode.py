@@ -38,6 +38,24 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson writes as an integer
+_DEPTH = 128  # below orjson's limit of 254 levels; deeper values are written as fragments of their own
+
+
+def _fit(obj: Any, depth: int, fragment: Callable[[bytes], Any], encode: Callable[[Any], bytes]) -> Any:
+    """`obj` with each integer orjson cannot write as its decimal text, and each container nested past
+    `_DEPTH` written on its own (its own depth starts again): both as orjson fragments, pasted as they are."""
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj not in _INT_RANGE:
+        return fragment(str(obj).encode())
+    if isinstance(obj, dict | list | tuple):
+        if depth >= _DEPTH:
+            return fragment(encode(obj))
+        if isinstance(obj, dict):
+            return {k: _fit(v, depth + 1, fragment, encode) for k, v in obj.items()}
+        return [_fit(v, depth + 1, fragment, encode) for v in obj]
+    return obj
+
+
 def load() -> Callable[[Any], bytes]:
     """The encoder, orjson imported (once)."""
     global _encode
@@ -48,7 +66,12 @@ def load() -> Callable[[Any], bytes]:
         dumps_ = orjson.dumps
 
         def encode(obj: Any) -> bytes:
-            return dumps_(obj, default=_default, option=option)
+            try:
+                return dumps_(obj, default=_default, option=option)
+            except orjson.JSONEncodeError:
+                # Valid JSON values orjson will not write, echoed from a caller (a ping's correlation_id): an
+                # integer past 64 bits, nesting past its depth of 254. Rare, so only then a second pass.
+                return dumps_(_fit(obj, 0, orjson.Fragment, encode), default=_default, option=option)
 
         _encode = encode
     return _encode

@@ -106,6 +106,22 @@ def test_what_an_answer_may_hold(value: Any, text: bytes) -> None:
     assert dumps(value) == text
 
 
+@pytest.mark.parametrize("n", [2**64, -(2**63) - 1, 10**40, -(10**40)])
+def test_integers_past_64_bits_are_written_as_json_writes_them(n: int) -> None:
+    """A warm ping echoes its `correlation_id`, any JSON value a caller sends: an integer past 64 bits is
+    valid JSON that orjson will not write (it raised, found by tests/test_property.py). Written exactly."""
+    out = dumps({"correlation_id": [n, {"k": n}], "v": np.array([1.5], np.float32)})
+    assert out == b'{"correlation_id":[%d,{"k":%d}],"v":[1.5]}' % (n, n)
+    assert json.loads(out)["correlation_id"] == [n, {"k": n}]
+
+
+def test_a_value_nested_past_orjsons_depth_is_still_written() -> None:
+    deep: Any = 7
+    for _ in range(400):
+        deep = [deep]
+    assert json.loads(dumps({"correlation_id": deep})) == {"correlation_id": deep}
+
+
 def test_an_unknown_type_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="not JSON serializable: set"):
         dumps({"x": {1, 2}})
