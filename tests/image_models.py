@@ -54,6 +54,9 @@ def make_image_text_dir(tmp_path: Path, kind: str, seed: int = 0) -> Path:
         config = transformers.SiglipConfig(text_config=text, vision_config=vision)
         model = transformers.SiglipModel(config)
     else:
+        # Siglip2Tokenizer adds <bos>, <eos> and <mask> after the file's vocabulary (ids 130-132 here): the
+        # embedding table covers them, as a real SigLIP2's does (the int8 calibration texts include them)
+        text.update(vocab_size=len(vocab) + 3)
         vision.pop("image_size")
         config = transformers.Siglip2Config(text_config=text, vision_config={**vision, "num_patches": 16})
         model = transformers.Siglip2Model(config)

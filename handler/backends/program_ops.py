@@ -69,6 +69,7 @@ FRESH = frozenset(
         "amax.default",
         "arange.default",
         "argmax.default",
+        "baddbmm.default",  # SigLIP2's pooling head: nn.MultiheadAttention's scores plus its key padding mask
         "bitwise_not.default",
         "bmm.default",
         "cat.default",
@@ -80,6 +81,7 @@ FRESH = frozenset(
         "cos.default",
         "cumsum.default",
         "div.Tensor",
+        "div.Tensor_mode",  # SigLIP2's position-embedding resize: each patch's row (floor division) in its grid
         "embedding.default",
         "eq.Scalar",
         "full_like.default",
@@ -97,6 +99,7 @@ FRESH = frozenset(
         "log.default",
         "log1p.default",
         "lt.Scalar",
+        "lt.Tensor",  # SigLIP2's resize: which positions are inside each image's grid
         "masked_fill.Scalar",
         "matmul.default",
         "max.dim",
@@ -108,6 +111,8 @@ FRESH = frozenset(
         "ones_like.default",
         "new_ones.default",
         "pow.Tensor_Scalar",
+        "prod.dim_int",  # SigLIP2's resize: each image's patch count (rows x cols)
+        "reciprocal.default",  # SigLIP2's resize: the scale of each grid (positions / rows, positions / cols)
         "relu.default",
         "repeat.default",
         "rsqrt.default",

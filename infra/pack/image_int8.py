@@ -94,10 +94,11 @@ def image_feeds(source: ImageTextSource) -> tuple[list[dict[str, Any]], list[str
 
 def text_feeds(source: ImageTextSource, tokenizer: Any, texts: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """The calibration texts as the text tower's batches, padded as the run time pads them (SigLIP: to the
-    full window), and the texts in row order."""
+    full window; SigLIP2: on the left), and the texts in row order."""
     from infra.pack.quality import BATCH
 
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    side = str(getattr(tokenizer, "padding_side", "right"))  # the run time's (the manifest's): SigLIP2 pads left
     feeds = []
     padding: dict[str, Any] = {"padding": True}
     if source.padding == "max_length":
@@ -109,7 +110,7 @@ def text_feeds(source: ImageTextSource, tokenizer: Any, texts: list[str]) -> tup
             truncation=True,
             max_length=source.max_seq_length,
             return_tensors="np",
-            padding_side="right",
+            padding_side=side,
             **padding,
         )
         feeds.append({n: np.asarray(encoded[n]).astype(np.int64) for n in source.text_inputs})

@@ -65,11 +65,6 @@ def pack_image_text(
         raise SourceError(
             f"--dtype {precision.dtype} for task {TASK}: packed float32, or int8 for onnx (--quantize int8, int8-block)"
         )
-    if source.kind == "siglip2" and (precision.quantize is not None or "torch" in chosen):
-        raise SourceError(
-            f"{source.root}: SigLIP2 (NaFlex) is packed float32 for the onnx backend only (its calibration images and "
-            "torch program take fixed-size pixels)"
-        )
     if precision.quantize is not None:
         # int4 (causal LMs only), or torch asked for with int8 (its programs are float), refused naming why
         chosen, _ = precision.backends(chosen, {}, asked)

@@ -6,12 +6,24 @@ too), written as infra.pack.torch_program writes an encoder's program (program.j
 model.safetensors under the program's parameter names, only operators the run-time interpreter allows), and run
 through that interpreter on the probes against eager before it is kept. handler.backends.towers then holds one
 torch backend per tower, as it does for onnx.
+
+SigLIP2's NaFlex vision tower: transformers resizes the position embeddings to each image's `spatial_shapes` with
+plain tensor arithmetic (F.interpolate's bilinear + antialias weights, built per image), which torch.export
+captures with the batch dynamic. What it cannot run is the two input checks before it (`torch_compilable_check`:
+every grid positive and within max_num_patches): under export they become `aten.all` -> `_is_all_true` ->
+`item` -> `sym_ite` -> `_assert_scalar`, a data-dependent boolean the run-time interpreter has no value for. They
+are switched off for the capture (transformers' own TRANSFORMERS_DISABLE_TORCH_CHECK, read per call) and their
+now unused `all` nodes dropped: the run time's grids come from handler.tasks.pixels.naflex_size, which keeps
+them within both bounds (the ONNX graph holds no such check either).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +57,10 @@ def export_tower_program(
     if tower == "text" and source.padding == "longest":
         axes[1] = torch.export.Dim("sequence", max=source.max_seq_length)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _no_input_checks():
             warnings.simplefilter("ignore")
             ep = torch.export.export(module, feeds[-1], dynamic_shapes=tuple(axes for _ in names), strict=False)
+            ep.graph_module.graph.eliminate_dead_code()  # the checks' conditions, computed and never read
             artifact = serialize(
                 ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
             )
@@ -79,6 +92,21 @@ def export_tower_program(
     }
 
 
+@contextlib.contextmanager
+def _no_input_checks() -> Iterator[None]:
+    """transformers' torch_compilable_check off while torch.export captures (see the module docstring)."""
+    key = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def _named(tower: Any, names: tuple[str, ...]) -> Any:
     """`tower` with a forward whose parameters are named as the manifest's inputs: the program's input names are
     the forward's (the torch backend checks them against the manifest)."""
@@ -100,5 +128,14 @@ def _named(tower: Any, names: tuple[str, ...]) -> Any:
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:  # type: ignore[override]
             return self.tower(input_ids, attention_mask)
 
-    kinds = {("pixel_values",): Pixels, ("input_ids",): Ids, ("input_ids", "attention_mask"): IdsAndMask}
+    class NaFlex(Pixels):  # SigLIP2: patches, which of them are real, each image's patch grid
+        def forward(self, pixel_values: Any, pixel_attention_mask: Any, spatial_shapes: Any) -> Any:  # type: ignore[override]
+            return self.tower(pixel_values, pixel_attention_mask, spatial_shapes)
+
+    kinds = {
+        ("pixel_values",): Pixels,
+        ("input_ids",): Ids,
+        ("input_ids", "attention_mask"): IdsAndMask,
+        ("pixel_values", "pixel_attention_mask", "spatial_shapes"): NaFlex,
+    }
     return kinds[names]().eval()

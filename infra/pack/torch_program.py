@@ -215,6 +215,9 @@ def allowed_only(raw: dict[str, Any]) -> None:
             # Exact only when what it writes is a new tensor (no view of a weight or an input) read nowhere else.
             if producer.get(written, "") in FRESH and readers.get(written) == 1:
                 node["target"] = twin
+                # its result is now that twin's new tensor: a chain (SigLIP2's `.abs_().div_().clamp_()`) follows
+                for name in _flat(_output_names(node["outputs"])):
+                    producer[name] = twin
                 continue
         if target not in ALLOWED and target not in INT_OPS:
             raise ProgramExportError(

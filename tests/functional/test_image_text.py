@@ -158,13 +158,11 @@ def test_refusals_are_one_line(tmp_path: Path, packs: dict[str, tuple[Path, Runt
         ),
         (lambda: pack_from(clip, tmp_path / "b", precision=Precision(dtype="float16")), "packed float32, or int8"),
     ]
-    siglip2 = make_image_text_dir(tmp_path, "siglip2")
-    refusals.append((lambda: pack_from(siglip2, tmp_path / "c", backends=["onnx", "torch"]), "NaFlex"))
     for call, words in refusals:
         with pytest.raises(SourceError, match=words) as e:
             call()
         assert "\n" not in str(e.value)
-    assert not any((tmp_path / n).exists() for n in "abcd")
+    assert not any((tmp_path / n).exists() for n in "abd")
 
 
 def test_int8_quantizes_both_towers_behind_the_gate(tmp_path: Path, packs: dict[str, tuple[Path, Runtime]]) -> None:
@@ -203,47 +201,115 @@ def test_text_requests_never_build_the_image_tower(packs: dict[str, tuple[Path, 
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def test_siglip2_naflex_images_match_transformers(tmp_path: Path) -> None:
-    """SigLIP2: each image its own patch grid (tall, wide, tiny), the position embeddings interpolated to it in
-    the ONNX graph; served vectors against transformers' processor + get_image_features (and the texts against
-    get_text_features), alone and batched with texts."""
+@pytest.fixture(scope="module")
+def siglip2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Runtime]]:
+    """A tiny SigLIP2 packed for both backends: its source and one runtime per backend."""
+    tmp = tmp_path_factory.mktemp("siglip2")
+    source = make_image_text_dir(tmp, "siglip2")
+    packed = pack_from(source, tmp / "packed", backends=["onnx", "torch"])
+    return source, {backend: start(packed, backend) for backend in ("onnx", "torch")}
+
+
+def _naflex_pictures() -> list[Image.Image]:
+    """Aspect ratios and sizes that give each image its own patch grid (tall, wide, square-ish, tiny)."""
+    wide = Image.fromarray(np.random.default_rng(2).integers(0, 256, (12, 100, 3), dtype=np.uint8))
+    return [*_images(), Image.fromarray(np.full((90, 9, 3), 200, np.uint8)), wide, Image.new("RGB", (3, 2), "red")]
+
+
+def test_siglip2_naflex_images_match_transformers(siglip2: tuple[Path, dict[str, Runtime]]) -> None:
+    """SigLIP2: each image its own patch grid, the position embeddings resized to it inside the ONNX graph and
+    the torch program alike; served vectors against transformers' processor + get_image_features (and the texts
+    against get_text_features), on both backends, alone and batched with texts."""
     import torch
     import transformers
 
-    source = make_image_text_dir(tmp_path, "siglip2")
-    runtime = start(pack_from(source, tmp_path / "packed"), "onnx")
+    source, runtimes = siglip2
     model = transformers.AutoModel.from_pretrained(str(source)).eval()
     processor = transformers.AutoImageProcessor.from_pretrained(str(source))
-    pictures = [*_images(), Image.fromarray(np.full((90, 9, 3), 200, np.uint8)), Image.new("RGB", (3, 2), "red")]
+    pictures = _naflex_pictures()
     feeds = processor(images=[to_rgb(p) for p in pictures], return_tensors="pt")  # no do_convert_rgb by default
-    assert len({tuple(s) for s in feeds["spatial_shapes"].tolist()}) == len(pictures)  # a grid each
+    assert len({tuple(s) for s in feeds["spatial_shapes"].tolist()}) == len(pictures)  # a grid each, one batch
     tokens = transformers.AutoTokenizer.from_pretrained(str(source))(
         TEXTS, return_tensors="pt", padding="max_length", max_length=TEXT_POSITIONS, truncation=True
     )  # Siglip2Tokenizer: lowercased, padded on the left
     with torch.no_grad():
         want = _unit(model.get_image_features(**feeds).pooler_output.numpy())
         want_text = _unit(model.get_text_features(input_ids=tokens["input_ids"]).pooler_output.numpy())
-    text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
-    text_diff = float(np.abs(text - want_text).max())
-    assert text_diff < 1e-5
     images = [_b64(p) for p in pictures]
-    got = np.asarray(runtime.task({"inputs": images, "modality": "image"})["embeddings"])
-    diff = float(np.abs(got - want).max())
-    parity = runtime.manifest.raw["parity"]
-    print(f"siglip2 onnx: image vectors max abs diff {diff:.3g}, text {text_diff:.3g}; pack-time graphs {parity}")
-    assert diff < 1e-5
-    task: Any = runtime.task
-    requests = [
-        {"inputs": images[:1], "modality": "image"},
-        {"inputs": TEXTS},
-        {"inputs": images[1:], "modality": "image"},
-    ]
-    batched = task.run_batch([task.prepare(r) for r in requests], 1 << 20)
-    np.testing.assert_allclose(np.concatenate([batched[0]["embeddings"], batched[2]["embeddings"]]), want, atol=1e-5)
-    manifest = runtime.manifest.raw
+    for backend, runtime in runtimes.items():
+        assert runtime.task.backend.name == backend
+        text = np.asarray(runtime.task({"inputs": TEXTS})["embeddings"])
+        got = np.asarray(runtime.task({"inputs": images, "modality": "image"})["embeddings"])
+        text_diff, diff = float(np.abs(text - want_text).max()), float(np.abs(got - want).max())
+        print(f"siglip2 {backend}: image vectors max abs diff {diff:.3g}, text {text_diff:.3g}")
+        assert diff < 1e-5 and text_diff < 1e-5
+        task: Any = runtime.task
+        requests = [
+            {"inputs": images[:1], "modality": "image"},
+            {"inputs": TEXTS},
+            {"inputs": images[1:], "modality": "image"},
+        ]
+        batched = task.run_batch([task.prepare(r) for r in requests], 1 << 20)
+        both = np.concatenate([batched[0]["embeddings"], batched[2]["embeddings"]])
+        np.testing.assert_allclose(both, want, atol=1e-5)
+    manifest = runtimes["onnx"].manifest.raw
     assert [i["name"] for i in manifest["towers"]["image"]["inputs"]] == [
         "pixel_values",
         "pixel_attention_mask",
         "spatial_shapes",
     ]
     assert manifest["image"]["resize"] == "naflex" and manifest["parity"]["image_max_abs_diff"] < 1e-4
+    program = manifest["towers"]["image"]["backends"]["torch"]  # the pack's own check: probes of mixed grids
+    assert program["architecture"] == "exported-program" and program["max_abs_diff"] < 1e-4
+    print(f"siglip2 pack-time: {manifest['parity']}, torch image program {program['max_abs_diff']:.3g}")
+
+
+def test_siglip2_images_over_http_on_both_backends(siglip2: tuple[Path, dict[str, Runtime]]) -> None:
+    """Infinity's `/embeddings` with modality image, each backend behind the HTTP host: the task's answer."""
+    answers = {}
+    urls = [f"data:image/png;base64,{_b64(p)}" for p in _naflex_pictures()]
+    for backend, runtime in siglip2[1].items():
+        workers = WorkerPool(Sizing(min_workers=1, max_workers=1, max_queue=4), cpus=2)
+        with TestClient(create_app(Host(lambda runtime=runtime: runtime, workers))) as c:
+            r = c.post("/embeddings", json={"input": urls, "modality": "image", "model": "any"})
+        assert r.status_code == 200, r.text
+        answers[backend] = np.asarray([row["embedding"] for row in r.json()["data"]])
+        native = runtime.task({"inputs": urls, "modality": "image"})["embeddings"]
+        np.testing.assert_allclose(answers[backend], native, atol=1e-6)
+    assert answers["onnx"].shape == (len(urls), siglip2[1]["onnx"].manifest.raw["dimension"])
+    np.testing.assert_allclose(answers["onnx"], answers["torch"], atol=1e-5)
+
+
+def test_siglip2_int8_quantizes_both_towers_behind_the_gate(
+    tmp_path: Path, siglip2: tuple[Path, dict[str, Runtime]]
+) -> None:
+    """NaFlex calibration images (each its own grid) through the image tower's gate; served answers near
+    float32's; a threshold the towers cannot meet publishes nothing."""
+    import onnx
+    import transformers
+
+    from infra.pack.image_int8 import text_feeds
+    from infra.pack.image_source import read_image_text
+
+    source, float32 = siglip2[0], siglip2[1]["onnx"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    feeds, order = text_feeds(read_image_text(source), tokenizer, TEXTS)  # calibrated as served: padded left
+    served = tokenizer(order, padding="max_length", max_length=TEXT_POSITIONS, truncation=True, return_tensors="np")
+    np.testing.assert_array_equal(np.concatenate([f["input_ids"] for f in feeds]), served["input_ids"])
+    packed = pack_from(source, tmp_path / "int8", precision=Precision(quantize="int8"))
+    graph = onnx.load(str(packed / "image" / "model.onnx"), load_external_data=False)
+    assert any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node)
+    runtime = start(packed, "onnx")
+    quality = runtime.manifest.raw["precision"]["quality"]
+    assert quality["image_tower"]["items"] == 64 and quality["text_tower"]["items"] > 100
+    assert quality["figure"] == min(quality["text_tower"]["figure"], quality["image_tower"]["figure"]) >= 0.99
+    print(f"siglip2 int8: min cosine {quality['figure']} ({quality['worst_input']})")
+    images = {"inputs": [_b64(p) for p in _naflex_pictures()], "modality": "image"}
+    for request in ({"inputs": TEXTS}, images):
+        got = np.asarray(runtime.task(request)["embeddings"])
+        want = np.asarray(float32.task(request)["embeddings"])
+        assert float((got * want).sum(axis=1).min()) > 0.99, request.get("modality")
+    with pytest.raises(QualityError, match=r"(text|image) tower") as e:
+        refused = Precision(quantize="int8", min_quality=1.0, calibration=("a photo", "two cats"))
+        pack_from(source, tmp_path / "refused", precision=refused)
+    assert "nothing was written" in str(e.value) and not (tmp_path / "refused").exists()

@@ -417,6 +417,17 @@ def test_the_pack_writes_in_place_nodes_as_their_functional_twins_only_where_exa
     )
     allowed_only(fresh)
     assert [n["target"] for n in fresh["graph_module"]["graph"]["nodes"]][1] == "torch.ops.aten.add.Tensor"
+    chain = graph(  # SigLIP2's resize, `(a - b).abs_().div_(s)`: each write is on the one before's new tensor
+        [
+            _node("torch.ops.aten.sub.Tensor", [_t("x"), _t("w")], "d"),
+            _node("torch.ops.aten.abs_.default", [_t("d")], "a"),
+            _node("torch.ops.aten.div_.Tensor", [_t("a"), _t("w")], "q"),
+        ],
+        "q",
+    )
+    allowed_only(chain)
+    targets = [n["target"] for n in chain["graph_module"]["graph"]["nodes"]]
+    assert targets[1:] == ["torch.ops.aten.abs.default", "torch.ops.aten.div.Tensor"]
     on_weight = graph([_node("torch.ops.aten.add_.Tensor", [_t("w"), _t("x")], "sum")], "sum")
     read_again = graph(  # `sq` is read after the write: the functional twin would give that reader another value
         [
