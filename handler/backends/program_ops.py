@@ -4,7 +4,9 @@ at load, `ProgramError` naming the operator) read.
 
 Derived from what torch.export (torch 2.13) emits for every family and task the project packs: the tiny models
 of tests/tiny_models.py for all 13 families as embedders (mean, max + Dense + Normalize, last-token, CLS),
-rerankers and single/multi-label classifiers, float16/bfloat16 packs, and the default model (MiniLM);
+rerankers and single/multi-label classifiers, float16/bfloat16 packs, the default model (MiniLM), and the
+image-text towers of tests/image_models.py (CLIP, SigLIP, SigLIP2's NaFlex vision tower: its position-embedding
+resize and masked attention-pooling head; tests/functional/test_image_text.py packs them);
 tests/functional/test_program_ops.py packs them again and fails naming any operator outside the table
 (`python -m tests.functional.test_program_ops` lists them). Each entry was reviewed:
 

@@ -6,10 +6,11 @@ is published (their largest differences go into the manifest's `parity`). The im
 as the manifest's `image` recipe (handler.tasks.pixels runs it with Pillow + numpy).
 
 Backends: onnx by default; `--backends onnx,torch` (or torch) adds text/program.json and image/program.json,
-torch.export's program of each tower (infra.pack.image_torch), one torch backend per tower at run time
-(handler.backends.towers).
+torch.export's program of each tower (infra.pack.image_torch; SigLIP2's NaFlex tower included), one torch
+backend per tower at run time (handler.backends.towers).
 int8 / int8-block: both towers quantized, each behind the quality gate (infra.pack.image_int8: the text tower
-on the built-in calibration texts, the image tower on calibration images generated at pack time).
+on the built-in calibration texts, the image tower on calibration images generated at pack time, SigLIP2's as
+NaFlex patches of each image's own grid). The torch programs stay float32 (torch with int8 is refused).
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ def probes(source: ImageTextSource, tower: str, vocab_size: int) -> list[dict[st
     """Inputs the graph is checked on: two batch shapes, padded rows for CLIP's mask."""
     rng = np.random.default_rng(0)
     if tower == "image" and source.kind == "siglip2":
-        return [naflex_probe(source, grids) for grids in (((2, 3),), ((4, 4), (1, 7), (5, 2)))]
+        # grids of one batch all differ (a single row, a single column among them): a program that kept the
+        # example's grid, or one position grid for all, fails the check
+        return [naflex_probe(source, grids) for grids in (((2, 3),), ((4, 4), (1, 7), (5, 2), (9, 1)))]
     if tower == "image":
         size = source.image_size
         return [{"pixel_values": rng.standard_normal((n, 3, size, size)).astype(np.float32)} for n in (1, 3)]
