@@ -277,9 +277,11 @@ def _implied_parameters(
     return implied
 
 
-def check_tokenizer_json(path: Path) -> None:
+def check_tokenizer_json(path: Path, rows: int | None = None) -> None:
     """What transformers' fast tokenizer and `tokenizers` both need: an object with a model and a list of added
-    tokens, that `tokenizers` itself loads."""
+    tokens, that `tokenizers` itself loads; and, given the model's embedding rows (config's `vocab_size`), no
+    token id past them: such a token (an added `<eos>` at id 130 of a 130-row table) packs, then fails every
+    request that holds it."""
     from tokenizers import Tokenizer
 
     try:
@@ -293,9 +295,19 @@ def check_tokenizer_json(path: Path) -> None:
     if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
         raise _error(f"{path}: 'added_tokens' {'missing' if added is None else 'malformed'}; expected a list")
     try:
-        Tokenizer.from_str(text)
+        tokenizer = Tokenizer.from_str(text)
     except Exception as e:  # the Rust side's parse error (a plain Exception): its message says what is wrong
         raise _error(f"{path}: not a tokenizer `tokenizers` can load ({str(e)[:200]})") from None
+    if rows is not None:
+        past = sorted((i, t) for t, i in tokenizer.get_vocab(with_added_tokens=True).items() if i >= rows)
+        if past:
+            shown = ", ".join(f"{t!r} = {i}" for i, t in past[:3]) + (
+                f" and {len(past) - 3} more" if len(past) > 3 else ""
+            )
+            raise _error(
+                f"{path}: {len(past)} token id(s) past the model's {rows} embedding rows (config vocab_size): {shown}; "
+                "a text holding one could not be embedded: resize the embeddings (resize_token_embeddings) and save again"
+            )
 
 
 # Tensor names (after the base model's prefix: `bert.`, `roberta.`...) transformers' loading info may report

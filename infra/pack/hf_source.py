@@ -417,7 +417,7 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
     ):  # a tokenizer class of the model's own: not what tokenizer.json does
         _check_no_custom_code(where / "tokenizer_config.json", _optional_object(where / "tokenizer_config.json"))
     if tokenizer_json is not None:
-        check_tokenizer_json(tokenizer_json)
+        check_tokenizer_json(tokenizer_json, config["vocab_size"] if is_int(config.get("vocab_size")) else None)
     max_seq = _max_seq_length(model_root, config, family, st_config)
     fields: dict[str, Any] = {}
     if chosen == "multivector":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.tasks.pixels import RESAMPLE, ImageRecipe
-from infra.pack.hf_checks import SourceError, read_source_file
+from infra.pack.hf_checks import SourceError, check_tokenizer_json, read_source_file
 
 # config.json model_type → the architecture packed and how its text tower is fed.
 KINDS = {"clip": "CLIPModel", "siglip": "SiglipModel", "siglip2": "Siglip2Model"}
@@ -127,6 +127,8 @@ def read_image_text(root: Path) -> ImageTextSource:
         raise SourceError(f"{root}: no model.safetensors (the only weights format image-text packs)")
     if not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
         raise SourceError(f"{root}: no tokenizer (tokenizer.json or tokenizer_config.json with its vocabulary)")
+    if (root / "tokenizer.json").is_file() and "vocab_size" in text:  # absent: the class's default, as built
+        check_tokenizer_json(root / "tokenizer.json", _positive(text, "vocab_size", where))
     text_positions = _positive(text, "max_position_embeddings", where) if "max_position_embeddings" in text else 64
     image_size = _positive(vision, "image_size", where) if "image_size" in vision else 224
     if kind == "siglip2":

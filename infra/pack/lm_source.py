@@ -166,7 +166,8 @@ def read_lm_source(root: Path) -> LMSource:
             f"{tokenizer_json}: missing; task generate serves the model's fast tokenizer (tokenizer.json): save it "
             "with transformers' AutoTokenizer(...).save_pretrained"
         )
-    check_tokenizer_json(tokenizer_json)
+    vocab = config.get("vocab_size")
+    check_tokenizer_json(tokenizer_json, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None)
     tokenizer_config = _json_object(root / "tokenizer_config.json", required=False)
     _check_no_custom_code(root / "tokenizer_config.json", tokenizer_config)
     generation_config = _json_object(root / "generation_config.json", required=False)

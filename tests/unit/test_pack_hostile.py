@@ -147,3 +147,39 @@ def test_special_files_in_a_source_directory_are_refused_in_one_line(tmp_path: P
         assert line["name"].rsplit("/", 1)[-1] in stderr[0], line  # names the file
         assert line["left"] == [], line  # nothing at --out, no temporary sibling
         assert line["s"] < 10, line
+
+
+def _add_token_past_the_table(src: Path) -> int:
+    """An added special token at id = the config's vocab_size (one past the embedding table's last row): what
+    the tiny SigLIP2 fixture once had (`<eos>` at 130 of 130 rows)."""
+    config = json.loads((src / "config.json").read_text())
+    rows = int((config.get("text_config") or config)["vocab_size"])
+    tokenizer = json.loads((src / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append(
+        {"id": rows, "content": "<past>", "single_word": False, "lstrip": False, "rstrip": False}
+        | {"normalized": False, "special": True}
+    )
+    (src / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["encoder", "generate", "image-text"])
+def test_a_token_id_past_the_embedding_table_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
+    """Before: it packed, and every request holding the token failed at run time (a Gather out of range)."""
+    if kind == "encoder":
+        src = make_model_dir(tmp_path, "bert", "sentence-transformers")
+    elif kind == "generate":
+        from tests.lm_models import make_lm_dir
+
+        src = make_lm_dir(tmp_path, "qwen3")
+    else:
+        from tests.image_models import make_image_text_dir
+
+        src = make_image_text_dir(tmp_path, "clip")
+    rows = _add_token_past_the_table(src)
+    out = tmp_path / "models" / "packed"
+    out.parent.mkdir()
+    rc, err = _pack(src, out)
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"past the model's {rows} embedding rows" in err and f"'<past>' = {rows}" in err
+    assert list(out.parent.iterdir()) == []
