@@ -1,6 +1,6 @@
 """What `pack --from` knows of each family beyond BERT's five (electra, deberta-v2, modernbert, gte, nomic_bert,
-qwen2, qwen3, gemma3_text, gemma, gemma2): the config.json `model_type`, the class names, the tokenizer files, the checkpoint's
-tensor names and how the export builds the attention mask.
+qwen2, qwen3, gemma3_text; gemma and gemma2 as decoder rerankers only): the config.json `model_type`, the class
+names, the tokenizer files, the checkpoint's tensor names and how the export builds the attention mask.
 
 All export through one path (infra.pack.hf_export): transformers' stock class, the task head in the graph,
 checked against the eager model at several shapes; the torch backend serves torch.export's program of the same
