@@ -2,6 +2,9 @@
 `CrossEncoder.save_pretrained`: a Qwen3ForCausalLM whose tokenizer has "yes" and "no" tokens (LogitScore's
 defaults), Qwen3-Reranker's prompt as a chat template over the query/document roles, and prompts with a default.
 
+`make_gemma_family_reranker_dir(root, family)`: bge-reranker-v2-gemma's layout (FlagEmbedding's prompt, a
+"Yes"-only LogitScore) on a tiny GemmaForCausalLM or Gemma2ForCausalLM.
+
 `make_reranker_dir(root, **sizes)`: the test shape by default (hidden 64, 2 layers); the benchmark passes a
 realistic one (bench/coldstart/lm_rerank.py). Heavy imports happen inside the function.
 """

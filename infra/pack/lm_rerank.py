@@ -1,7 +1,7 @@
-"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, Gemma 3 style): a sentence-transformers `CrossEncoder` over
-a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
-(or the true token's logit alone, soft-capped where the model caps its logits) at the last real position of the
-chat template's rendering of the pair.
+"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, bge-reranker-v2-gemma, Gemma 2 and 3): a sentence-transformers
+`CrossEncoder` over a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit
+minus the "no" logit (or the true token's logit alone, soft-capped where the model caps its logits) at the last
+real position of the chat template's rendering of the pair.
 
 The graph keeps only what that score needs: the decoder body, the hidden state at each row's last real token
 (right padding: `attention_mask.sum - 1`; rotary positions are relative, so the left padding
@@ -221,7 +221,7 @@ def score_head(model: Any, ids: tuple[int, int | None], activation: str | None, 
 
     true_id, false_id = ids
     config = model.config
-    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 3's sliding window: its masks built traceably
+    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 2/3 sliding windows: masks built traceably
     cap = getattr(config, "final_logit_softcapping", None) if family in SOFTCAP_FAMILIES else None
     weight = model.get_output_embeddings().weight.detach()
     rows = weight[[true_id] if false_id is None else [true_id, false_id]].t().contiguous()  # [hidden, 1 or 2]
