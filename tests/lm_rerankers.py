@@ -11,6 +11,7 @@ realistic one (bench/coldstart/lm_rerank.py). Heavy imports happen inside the fu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +152,7 @@ def make_gemma_family_reranker_dir(root: Path, family: str = "gemma", scale: flo
     ids = {"bos_token_id": tid("<bos>"), "eos_token_id": tid("<eos>"), "pad_token_id": tid("<pad>")}
     fields: dict[str, Any] = {"vocab_size": raw.get_vocab_size(), **ids, **GEMMA_SIZES}
     if family == "gemma":
-        config: Any = transformers.GemmaConfig(**{**fields, "hidden_act": "gelu", **extra})
-        config.hidden_act = "gelu"  # as bge-reranker-v2-gemma's config.json says it (transformers reads tanh GELU)
+        config: Any = transformers.GemmaConfig(**{**fields, **extra})
     elif family == "gemma2":
         config = transformers.Gemma2Config(
             **{**fields, **GEMMA2_CAPS, "query_pre_attn_scalar": 16, "sliding_window": 8, **extra}
@@ -175,4 +175,7 @@ def make_gemma_family_reranker_dir(root: Path, family: str = "gemma", scale: flo
     tokenizer.save_pretrained(base)
     transformer = Transformer(str(base), transformer_task="text-generation")
     CrossEncoder(modules=[transformer, LogitScore(true_token_id=tid("Yes"))]).save_pretrained(str(out))
+    if family == "gemma":  # bge-reranker-v2-gemma's config.json says the legacy "gelu" (transformers reads tanh GELU)
+        path = out / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "hidden_act": "gelu"}, indent=2))
     return out

@@ -77,7 +77,9 @@ def _scores(reply: dict[str, Any]) -> tuple[np.ndarray, list[int]]:
 
 
 def test_manifest_holds_flagembedding_prompt_and_both_backends(packed: Packed) -> None:
-    family, _, out, _ = packed
+    family, src, out, _ = packed
+    if family == "gemma":  # the released config.json's legacy value, read as tanh GELU by both sides
+        assert json.loads((src / "config.json").read_text())["hidden_act"] == "gelu"
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["family"], manifest["task"], manifest["activation"]) == (family, "rerank", "sigmoid")
     assert set(manifest["backends"]) == set(BACKENDS) and manifest.get("unsupported_backends") is None
@@ -206,3 +208,14 @@ def test_refusals_are_one_line(packed: Packed, tmp_path: Path) -> None:
         with pytest.raises(UnsupportedModelError, match=f"a {family} model packs only as a decoder reranker") as e:
             read_source(copy, task, pooling)
         assert "\n" not in str(e.value)
+
+
+def test_the_hub_layout_is_refused_with_the_way_to_pack_it(packed: Packed, tmp_path: Path) -> None:
+    """The causal LM as the hub has it (no modules.json: `--task auto` takes it for task generate) is refused in
+    one line naming the CrossEncoder layout it packs from."""
+    family, src, _, _ = packed
+    base = src.parent / f"{family}-base"  # the plain causal LM the CrossEncoder directory was saved from
+    architecture = json.loads((base / "config.json").read_text())["architectures"][0]
+    with pytest.raises(UnsupportedModelError, match=f"{architecture} packs as a decoder reranker only") as e:
+        pack_from(base, tmp_path / "out")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
