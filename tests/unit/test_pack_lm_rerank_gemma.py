@@ -126,7 +126,7 @@ def test_gemma2_caps_and_window_move_the_scores(gemma2: Packed) -> None:
         else:  # the masks are built from the config at each call
             lm.config.sliding_window = 4096
         changes[what] = float(np.abs(model.predict(pairs) - want).max())
-    assert min(changes.values()) > 1e-3, changes
+    assert min(changes.values()) > 1e-2, changes
 
 
 @pytest.fixture(scope="module")
