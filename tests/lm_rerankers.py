@@ -2,12 +2,16 @@
 `CrossEncoder.save_pretrained`: a Qwen3ForCausalLM whose tokenizer has "yes" and "no" tokens (LogitScore's
 defaults), Qwen3-Reranker's prompt as a chat template over the query/document roles, and prompts with a default.
 
+`make_gemma_family_reranker_dir(root, family)`: bge-reranker-v2-gemma's layout (FlagEmbedding's prompt, a
+"Yes"-only LogitScore) on a tiny GemmaForCausalLM or Gemma2ForCausalLM.
+
 `make_reranker_dir(root, **sizes)`: the test shape by default (hidden 64, 2 layers); the benchmark passes a
 realistic one (bench/coldstart/lm_rerank.py). Heavy imports happen inside the function.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,30 @@ GEMMA_TEMPLATE = (
     "B: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}\n"
     "Predict whether passage B contains an answer to query A. Answer 'Yes' or 'No'."
 )
+
+
+# bge-reranker-v2-gemma's own prompt (FlagEmbedding's LayerWiseFlagLLMReranker / FlagLLMReranker default), after
+# "A: {query}\nB: {passage}\n"; its score is the "Yes" logit at the last position.
+BGE_GEMMA_PROMPT = (
+    "Given a query A and a passage B, determine whether the passage contains an answer to the query by providing a "
+    "prediction of either 'Yes' or 'No'."
+)
+BGE_GEMMA_TEMPLATE = (
+    "{{ bos_token }}A: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "B: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}\n" + BGE_GEMMA_PROMPT
+)
+# The tiny Gemma / Gemma 2 rerankers' sizes: a head_dim other than hidden / heads (Gemma 7B's 256 over 3072 / 16),
+# one key/value head (bge-reranker-v2-gemma's multi-query attention), a sliding window shorter than the probes.
+GEMMA_SIZES: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 24,
+    "max_position_embeddings": 512,
+}
+GEMMA2_CAPS = {"attn_logit_softcapping": 1.0, "final_logit_softcapping": 0.5}  # small: both bend the tiny logits
 
 
 def make_reranker_dir(root: Path, scale: float = 8.0, vocab_rows: int | None = None, **sizes: Any) -> Path:
@@ -99,4 +127,55 @@ def make_gemma_reranker_dir(root: Path, scale: float = 4.0, softcap: float | Non
     tokenizer.save_pretrained(base)
     transformer = Transformer(str(base), transformer_task="text-generation")
     CrossEncoder(modules=[transformer, LogitScore(true_token_id=tid("Yes"))]).save_pretrained(str(out))
+    return out
+
+
+def make_gemma_family_reranker_dir(root: Path, family: str = "gemma", scale: float = 4.0, **extra: Any) -> Path:
+    """`root`/`family`-reranker: bge-reranker-v2-gemma's layout on a tiny random `GemmaForCausalLM` (family "gemma",
+    its real class, with its config's legacy `hidden_act: "gelu"`) or `Gemma2ForCausalLM` ("gemma2": attention
+    and final logit soft-capping, sliding-window layers between full ones, `query_pre_attn_scalar` other than
+    head_dim), saved by `CrossEncoder.save_pretrained`: the template renders `<bos>A: {query}\nB: {passage}\n` and
+    FlagEmbedding's prompt, the tokenizer adds a BOS too, the LogitScore has only the true token "Yes".
+    `extra`: config fields over GEMMA_SIZES (and GEMMA2_CAPS)."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules.logit_score import LogitScore
+
+    from tests import lm_models
+
+    base, out = Path(root) / f"{family}-base", Path(root) / f"{family}-reranker"
+    raw = lm_models.build_lm_tokenizer("gemma3_text")  # Gemma's special tokens; its post-processor adds <bos>
+    raw.add_tokens(["Yes", "No"])
+    tid = raw.token_to_id
+    ids = {"bos_token_id": tid("<bos>"), "eos_token_id": tid("<eos>"), "pad_token_id": tid("<pad>")}
+    fields: dict[str, Any] = {"vocab_size": raw.get_vocab_size(), **ids, **GEMMA_SIZES}
+    if family == "gemma":
+        config: Any = transformers.GemmaConfig(**{**fields, **extra})
+    elif family == "gemma2":
+        config = transformers.Gemma2Config(
+            **{**fields, **GEMMA2_CAPS, "query_pre_attn_scalar": 16, "sliding_window": 8, **extra}
+        )
+    else:
+        raise ValueError(f"family {family!r}; valid: gemma, gemma2")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)  # scores that differ between pairs
+            else:
+                p.normal_(0.0, 0.5)  # the norms' (1 + weight) away from 1 (transformers starts them at 0)
+    model.save_pretrained(base)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", model_max_length=512
+    )
+    tokenizer.chat_template = BGE_GEMMA_TEMPLATE
+    tokenizer.save_pretrained(base)
+    transformer = Transformer(str(base), transformer_task="text-generation")
+    CrossEncoder(modules=[transformer, LogitScore(true_token_id=tid("Yes"))]).save_pretrained(str(out))
+    if family == "gemma":  # bge-reranker-v2-gemma's config.json says the legacy "gelu" (transformers reads tanh GELU)
+        path = out / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "hidden_act": "gelu"}, indent=2))
     return out

@@ -31,6 +31,8 @@ FAMILIES = (
     "qwen2",
     "qwen3",
     "gemma3_text",
+    "gemma",  # decoder rerankers only (bge-reranker-v2-gemma)
+    "gemma2",
     # task generate only (infra/pack/lm_pack.py): onnxruntime-genai's graph holds the whole model
     "llama",
     "phi3",

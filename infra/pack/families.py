@@ -1,6 +1,6 @@
 """What `pack --from` knows of each family beyond BERT's five (electra, deberta-v2, modernbert, gte, nomic_bert,
-qwen2, qwen3, gemma3_text): the config.json `model_type`, the class names, the tokenizer files, the checkpoint's
-tensor names and how the export builds the attention mask.
+qwen2, qwen3, gemma3_text; gemma and gemma2 as decoder rerankers only): the config.json `model_type`, the class
+names, the tokenizer files, the checkpoint's tensor names and how the export builds the attention mask.
 
 All export through one path (infra.pack.hf_export): transformers' stock class, the task head in the graph,
 checked against the eager model at several shapes; the torch backend serves torch.export's program of the same
@@ -28,10 +28,13 @@ class Family:
     # How the export passes the attention mask: "bert" (the additive 4D mask ORT's attention fusion knows, through
     # hf_export's attention function), "2d" (the 0/1 mask: the model builds its own, causal or local windows),
     # "gemma3" (a mask per layer type, built in the graph: transformers' bidirectional sliding window does not
-    # trace).
+    # trace; Gemma 2's causal sliding window takes the same masks).
     mask: str = "2d"
     fuse: bool = False  # try ORT's BERT fusions (they match only BERT-shaped graphs)
     decoder: bool = False  # causal attention: only last-token pooling sees the whole text
+    # Packed only as a decoder reranker (a CrossEncoder with a LogitScore over its *ForCausalLM): the other tasks
+    # have no test against their reference library for the family yet, so they are refused (hf_source).
+    reranker_only: bool = False
 
 
 _GPT_LAYER = re.compile(r"(?:^|.*\.)layers\.(\d+)\..+")
@@ -47,6 +50,16 @@ NEW_FAMILIES: dict[str, Family] = {
     "gemma3_text": Family(
         "gemma3_text", "Gemma3Text", embedding_table="embed_tokens.weight", layer=_GPT_LAYER, mask="gemma3"
     ),
+    # bge-reranker-v2-gemma (GemmaForCausalLM): causal attention, the model builds its own mask.
+    "gemma": Family(
+        "gemma", "Gemma", embedding_table="embed_tokens.weight", layer=_GPT_LAYER, decoder=True, reranker_only=True
+    ),
+    # Gemma 2: sliding-window layers between full ones, a mask per layer type built in the graph as for Gemma 3
+    # (transformers' own masks trace to a matching ONNX graph, but their torch program calls aten.gt, which the
+    # run-time interpreter does not run: torch was dropped).
+    "gemma2": Family(
+        "gemma2", "Gemma2", embedding_table="embed_tokens.weight", layer=_GPT_LAYER, mask="gemma3", reranker_only=True
+    ),
 }
 
 # model_types transformers has no class for: the model's own code, never run (what to use instead).
@@ -57,8 +70,8 @@ CUSTOM_ONLY = {
 
 
 def layer_type_masks(config: Any, attention_mask: Any) -> dict[str, Any]:
-    """Gemma3's additive 4D masks per layer type, the same as transformers' (gemma3 `create_causal_mask` /
-    `create_sliding_window_causal_mask`), written with traceable broadcasting. Bidirectional
+    """Gemma 3's (and Gemma 2's) additive 4D masks per layer type, the same as transformers'
+    (`create_causal_mask` / `create_sliding_window_causal_mask`), written with traceable broadcasting. Bidirectional
     (`use_bidirectional_attention`, EmbeddingGemma): full layers see every real token, sliding layers the real
     tokens closer than `sliding_window` (which the config already halved); else causal, sliding layers the
     last `sliding_window` tokens."""

@@ -364,6 +364,13 @@ def read_source(root: Path, task: str = "auto", pooling: str | None = None) -> H
         logit_score = check_reranker(root, kinds, family, architecture, config)
         if task not in ("auto", "rerank"):
             raise UnsupportedModelError(f"{root}: a decoder reranker (LogitScore) packs as --task rerank only")
+    new = NEW_FAMILIES.get(family)
+    if new is not None and new.reranker_only and logit_score is None:
+        raise UnsupportedModelError(
+            f"{model_root / 'config.json'}: a {family} model packs only as a decoder reranker (a sentence-transformers "
+            f"CrossEncoder directory: Transformer -> LogitScore over {new.prefix}ForCausalLM); its other tasks are "
+            "not proved against their reference library"
+        )
     is_cross_encoder = (
         logit_score is not None
         or st_meta.get("model_type") == "CrossEncoder"

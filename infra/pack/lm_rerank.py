@@ -1,7 +1,7 @@
-"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, Gemma 3 style): a sentence-transformers `CrossEncoder` over
-a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit minus the "no" logit
-(or the true token's logit alone, soft-capped where the model caps its logits) at the last real position of the
-chat template's rendering of the pair.
+"""Decoder rerankers (Qwen3-Reranker, mxbai-rerank-v2, bge-reranker-v2-gemma, Gemma 2 and 3): a sentence-transformers
+`CrossEncoder` over a `*ForCausalLM` whose `LogitScore` module scores a (query, document) pair by the "yes" logit
+minus the "no" logit (or the true token's logit alone, soft-capped where the model caps its logits) at the last
+real position of the chat template's rendering of the pair.
 
 The graph keeps only what that score needs: the decoder body, the hidden state at each row's last real token
 (right padding: `attention_mask.sum - 1`; rotary positions are relative, so the left padding
@@ -26,10 +26,13 @@ from typing import Any
 from infra.pack.hf_checks import SourceError, is_int
 
 LOGIT_SCORE_TYPE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
-FAMILIES = ("qwen2", "qwen3", "gemma3_text")
+FAMILIES = ("qwen2", "qwen3", "gemma3_text", "gemma", "gemma2")
 # Families whose *ForCausalLM soft-caps its logits (`tanh(logits / cap) * cap`, elementwise: the two kept rows'
 # logits capped are the full head's, capped); the others ignore the field, so it is refused there as a surprise.
-SOFTCAP_FAMILIES = ("gemma3_text",)
+SOFTCAP_FAMILIES = ("gemma3_text", "gemma2")
+# Families whose export builds no bidirectional mask (their config does not halve the window as Gemma 3's does):
+# a reranker scoring the last position of a causal LM never sets it, so it is refused rather than assumed.
+CAUSAL_ONLY_FAMILIES = ("gemma", "gemma2")
 _MARKS = ("\x00QUERY\x00", "\x00DOCUMENT\x00")
 _INSTRUCTION = "\x00INSTRUCTION\x00"
 # Instructions the literal proof of the per-request slot renders (a request's replaces the default prompt).
@@ -84,6 +87,11 @@ def check_reranker(
         raise LMRerankError(
             f"{root}: final_logit_softcapping is not supported for a {family} decoder reranker; supported for: "
             f"{', '.join(SOFTCAP_FAMILIES)}"
+        )
+    if config.get("use_bidirectional_attention") and family in CAUSAL_ONLY_FAMILIES:
+        raise LMRerankError(
+            f"{root}: use_bidirectional_attention is not supported for a {family} decoder reranker (its causal LM "
+            "scores the last position); supported: causal attention"
         )
     return logit_score_ids(root, kinds[1][1], int(config["vocab_size"]))
 
@@ -213,7 +221,7 @@ def score_head(model: Any, ids: tuple[int, int | None], activation: str | None, 
 
     true_id, false_id = ids
     config = model.config
-    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 3's sliding window: its masks built traceably
+    per_layer_type = NEW_FAMILIES[family].mask == "gemma3"  # Gemma 2/3 sliding windows: masks built traceably
     cap = getattr(config, "final_logit_softcapping", None) if family in SOFTCAP_FAMILIES else None
     weight = model.get_output_embeddings().weight.detach()
     rows = weight[[true_id] if false_id is None else [true_id, false_id]].t().contiguous()  # [hidden, 1 or 2]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.pack.families import NEW_FAMILIES
 from infra.pack.hf_checks import SourceError, check_tokenizer_json, read_source_file, safetensors_shapes
 from infra.pack.hf_source import MissingFileError, UnsupportedModelError, content_hash
 
@@ -27,6 +28,8 @@ LM_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "MistralForCausalLM": "mistral",
 }
+# Causal LMs packed only as decoder rerankers (infra.pack.families: reranker_only): their refusal says how.
+RERANKER_ONLY = tuple(f"{f.prefix}ForCausalLM" for f in NEW_FAMILIES.values() if f.reranker_only)
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 # Besides the weights, what the builder's transformers reads (config, tokenizer) and what the manifest records.
@@ -140,6 +143,12 @@ def read_lm_source(root: Path) -> LMSource:
     names = config.get("architectures") or []
     architecture = str(names[0]) if isinstance(names, list) and names else "(none)"
     family = LM_ARCHITECTURES.get(architecture)
+    if family is None and architecture in RERANKER_ONLY:  # bge-reranker-v2-gemma as the hub has it
+        raise UnsupportedModelError(
+            f"{config_path}: {architecture} packs as a decoder reranker only, from a sentence-transformers "
+            "CrossEncoder directory (Transformer -> LogitScore, a chat template per pair: docs/own-model.md); "
+            f"task generate supports: {', '.join(LM_ARCHITECTURES)}"
+        )
     if family is None:
         raise UnsupportedModelError(
             f"{config_path}: architecture {architecture} is not a supported causal LM for task generate; "

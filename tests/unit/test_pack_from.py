@@ -635,7 +635,7 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], Callable[[Path], None], type[Sour
         r"implementation--modeling_bert.JinaBertModel, .*\), which warmstart never runs; a checkpoint with "
         r"native transformers support is needed \(e.g. the model's -hf variant, or one whose model_type is a "
         r"stock bert, roberta, xlm-roberta, distilbert, mpnet, electra, deberta-v2, modernbert, gte, nomic_bert, "
-        r"qwen2, qwen3, gemma3_text without auto_map\)",
+        r"qwen2, qwen3, gemma3_text, gemma, gemma2 without auto_map\)",
     ),
     "custom-st-module-jina-v3": (  # jina-embeddings-v3: xlm-roberta + a custom_st.Transformer module
         "sentence-transformers",
