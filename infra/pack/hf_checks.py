@@ -306,7 +306,7 @@ def check_tokenizer_json(path: Path, rows: int | None = None) -> None:
             )
             raise _error(
                 f"{path}: {len(past)} token id(s) past the model's {rows} embedding rows (config vocab_size): {shown}; "
-                "a text holding one could not be embedded: resize the embeddings (resize_token_embeddings) and save again"
+                "a text holding one could not be embedded: resize_token_embeddings and save the model again"
             )
 
 
