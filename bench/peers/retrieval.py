@@ -165,11 +165,23 @@ def build_sparse(work: Path) -> dict[str, str]:
 
 
 def build_colbert(work: Path) -> dict[str, str]:
+    import transformers
+    from safetensors.torch import load_file, save_file
+
     from bench.peers.colbert_serve import SHAPE, fastembed_dir
     from infra.pack.hf_pack import pack_from
     from tests.colbert_models import make_colbert_dir
 
     src = make_colbert_dir(work / "src", shape=SHAPE, dimension=96, query_length=32, document_length=180)
+    # fastembed's ColBERT puts ids 1 and 2 after CLS as the markers (a real ColBERT's [unused0], [unused1]: the
+    # rows "[Q] " and "[D] " are saved to); the tests' tokenizer added them at its end instead, so rows 1 and 2
+    # get the markers' weights: both sides then feed the same vectors.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    weights = load_file(str(src / "model.safetensors"))
+    table = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    for row, marker in ((1, "[Q] "), (2, "[D] ")):
+        weights[table][row] = weights[table][tokenizer.convert_tokens_to_ids(marker)]
+    save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
     packed = pack_from(src, work / "packed", backends=("onnx",), force=True)
     return {"packed": str(packed), "fastembed": str(fastembed_dir(src, packed, work / "fastembed"))}
 
