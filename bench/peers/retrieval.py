@@ -1,7 +1,7 @@
 """Every retrieval kind against fastembed serving the same weights, one run, interleaved, under a 1 vCPU quota.
 
     PYTHONPATH=$PWD .venv/bin/python bench/peers/retrieval.py [--kinds sparse,colbert,images,hybrid,rerank]
-        [--rounds 3] [--b1-calls 10] [--b32-calls 2] [--work build/bench/retrieval] [--out DIR]
+        [--rounds 3] [--b1-calls 10] [--b32-calls 2] [--evict] [--work build/bench/retrieval] [--out DIR]
 
 Root (cgroup v1 `cpu` quota). Nothing is downloaded: each kind is a real model's shape with random weights,
 packed by `pack_from` (ONNX) for ours and handed to fastembed 0.9.1 (installed --no-deps beside
@@ -31,7 +31,9 @@ difference printed); a pair beyond its tolerance is refused, not timed. Then per
 an order rotated each round: each side one child in its own cgroup with a 1 vCPU quota (`runner.Quota`),
 spawn -> first answer to one input (cold; its CPU time and peak RSS read then), then untimed warm-up calls and,
 the sides asked in turn, a block of batch-1 calls and a block of batch-32 calls (one intra-op thread each; block
-medians of wall and CPU time per call), then the peak RSS after warm calls. Writes runs.json and results.md.
+medians of wall and CPU time per call), then the peak RSS after warm calls. `--evict`: each round, first one more
+start of each side with its model's files (and the images) evicted from the page cache (`runner.evict`; Python
+and the libraries stay cached). Writes runs.json and results.md.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ def figures(rows: Sequence[dict[str, Any]], kind: str) -> str:
     measures = (
         ("cold start, spawn -> first answer (ms)", "cold_ms", 0),
         ("CPU time of that start (ms)", "cold_cpu_ms", 0),
+        ("cold start, the model's files evicted (ms)", "evicted_ms", 0),
+        ("CPU time of the evicted start (ms)", "evicted_cpu_ms", 0),
         ("peak RSS at the first answer (MB)", "cold_rss_mb", 0),
         ("warm batch 1 (ms)", "b1_ms", 1),
         ("warm batch 1, CPU (ms)", "b1_cpu_ms", 1),
@@ -128,6 +132,8 @@ def figures(rows: Sequence[dict[str, Any]], kind: str) -> str:
     header = ["", *sides, *(f"{a} / {b}" for a, b in pairs)]
     body = []
     for label, key, digits in measures:
+        if not any(key in r for r in pick):
+            continue  # not measured in this run (--evict not given)
         cells = [runner.Stat.of(r[key] for r in pick if r["side"] == s and key in r).fmt(digits) for s in sides]
         have = [r for r in pick if key in r]
         cells += [runner.fmt_ratio(runner.ratios(have, key, a, b, by="side")) for a, b in pairs]
@@ -505,14 +511,29 @@ def check_parity(kind: str, work: Path, paths: dict[str, str], quotas: dict[str,
     return diffs
 
 
-def one_round(kind: str, rnd: int, work: Path, quotas: dict[str, runner.Quota], args: Any, res: runner.Results) -> None:
+def model_files(kind: str, side: str, paths: dict[str, str]) -> list[Path]:
+    """The files a side's start reads its model (and the images) from: what `--evict` drops from the page cache."""
+    key = "packed" if side.startswith("ours") else "source" if side == "cross-encoder" else "fastembed"
+    dirs = [Path(paths[key])] + ([Path(paths["images"])] if "images" in paths else [])
+    return sorted(f for d in dirs for f in d.rglob("*") if f.is_file())
+
+
+def one_round(
+    kind: str, rnd: int, work: Path, quotas: dict[str, runner.Quota], args: Any, res: runner.Results, paths: Any
+) -> None:
     sides = runner.order(SIDES[kind], rnd)
     children: dict[str, runner.Child] = {}
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Any]] = {side: {} for side in sides}
+    if args.evict:  # first a start with the model's files out of the page cache (the libraries' stay in it)
+        for side in sides:
+            runner.evict(map(str, model_files(kind, side, paths)))
+            c = spawn(kind, side, work, quotas[side])
+            rows[side] |= {"evicted_ms": c.ready_ms, "evicted_cpu_ms": c.hello["cpu_ms"]}
+            c.close()
     try:
         for side in sides:
             c = children[side] = spawn(kind, side, work, quotas[side])
-            rows[side] = {
+            rows[side] |= {
                 "cold_ms": c.ready_ms,
                 "cold_cpu_ms": c.hello["cpu_ms"],
                 "cold_rss_mb": runner.peak_rss_mb(c.pid),
@@ -541,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench" / "retrieval", help="built models")
     ap.add_argument("--b1-calls", type=int, default=10, help="batch-1 calls a block (default %(default)s)")
     ap.add_argument("--b32-calls", type=int, default=2, help="batch-32 calls a block (default %(default)s)")
+    ap.add_argument("--evict", action="store_true", help="also a start with the model's files evicted, each round")
     args = ap.parse_args(argv)
     if args.mode == "child":
         kind, side = args.child_args
@@ -559,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         res.meta["parity"] = {k: check_parity(k, args.work, paths[k], per_kind[k]) for k in kinds}
         for rnd in range(args.rounds):
             for kind in kinds:
-                one_round(kind, rnd, args.work, per_kind[kind], args, res)
+                one_round(kind, rnd, args.work, per_kind[kind], args, res, paths[kind])
     finally:
         for q in groups.values():
             q.close()

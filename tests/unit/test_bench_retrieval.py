@@ -4,6 +4,7 @@ per-kind table with its within-round ratios, and the flag refusals. Nothing is b
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,23 @@ def test_figures_take_ratios_within_each_round() -> None:
     # ours 100/300/50 -> median 100; fastembed 200/300/200 -> 200; per-round ratios 0.5, 1.0, 0.25 -> 0.50x
     assert "| 100 (50-300) | 200 (200-300) | 0.50x (0.25-1.00) |" in cold
     assert "| 10.0 (5.0-30.0) | 20.0 (20.0-30.0) | 0.50x (0.25-1.00) |" in lines["warm batch 1 (ms)"]
-    assert lines["warm batch 32 (ms)"].endswith("| - | - | - |")  # not measured: shown as such, not as 0
+    assert "warm batch 32 (ms)" not in lines  # measured by no side: no row, not a row of zeros
+    rows[0]["b32_ms"] = 5.0  # measured by one side once: shown for it alone, no ratio
+    assert br.figures(rows, "sparse").count("| warm batch 32 (ms) | 5 | - | - |") == 1
+
+
+def test_evict_drops_each_sides_own_model_files(tmp_path: Path) -> None:
+    paths = {}
+    for key in ("packed", "fastembed", "source", "images"):
+        (tmp_path / key / "sub").mkdir(parents=True)
+        (tmp_path / key / "sub" / f"{key}.bin").write_bytes(b"x")
+        paths[key] = str(tmp_path / key)
+    names = {side: [f.name for f in br.model_files("rerank", side, paths)] for side in br.SIDES["rerank"]}
+    assert names == {
+        "ours": ["images.bin", "packed.bin"],
+        "cross-encoder": ["images.bin", "source.bin"],
+        "fastembed-ce": ["fastembed.bin", "images.bin"],
+    }
 
 
 def test_unknown_kind_is_refused_with_the_valid_ones() -> None:
