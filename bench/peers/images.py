@@ -75,6 +75,12 @@ def build(work: Path) -> tuple[Path, Path, Path]:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]").save_pretrained(source)
     preprocessor = {
         "image_processor_type": "CLIPImageProcessor",
+        # as a real CLIP's file says them: fastembed reads a missing do_* as false (no resize, no normalization)
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
         "size": {"shortest_edge": 224},
         "crop_size": {"height": 224, "width": 224},
         "do_center_crop": True,
