@@ -105,7 +105,8 @@ class TaskSpec:
     tei_info_schema: Schema | None = None  # their schema (None: any object)
     npy_input: bool = False  # an `application/x-npy` body is its one input (`handler.api.media`)
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
-    # Its Open Inference Protocol tensors (an adapter of `handler.tasks.oip_io`); None: not served there.
+    # Its Open Inference Protocol tensors: the name of its adapter class in `handler.tasks.oip_io`, made by the
+    # first such request (the module is not on a direct invoke's path), or an adapter; None: not served there.
     oip: Any = None
     # A valid native request, for what `warmstart local` suggests and `invoke` sends by default (None: the
     # request depends on the model, as a tensor model's input names do).

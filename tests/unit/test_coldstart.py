@@ -114,6 +114,8 @@ LAMBDA_DEFERRED = {
     "handler.runtime.streamed",
     "handler.runtime.control",
     "base64",
+    "handler.tasks.oip_io",  # the inference protocol's adapters: made by its first request (handler.api.oip)
+    "handler.backends.towers",  # a pack with towers only (image-text)
 }
 
 
