@@ -13,7 +13,7 @@ module is on Lambda's init path and the schemas module (with its validator) is n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
@@ -21,7 +21,7 @@ from handler.backends.registry import Needs
 from handler.core.config import Config
 from handler.core.manifest import Manifest
 from handler.core.records import record
-from handler.core.types import JSON
+from handler.core.types import JSON, Protocol
 
 Schema = dict[str, Any]
 
