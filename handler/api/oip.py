@@ -30,7 +30,7 @@ from handler.api.media import JSON_TYPE, Kind, NotAcceptableError
 from handler.core.errors import InvalidInputError, RequestError, UnsupportedRequestError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
-from handler.tasks import catalog
+from handler.tasks import catalog, oip_io
 from handler.tasks.oip_io import BYTES, DATATYPES
 
 PREFIX = "/v2"
@@ -103,7 +103,15 @@ def adapter(task: str, key: str) -> Any:
     if found is None:
         served = ", ".join(catalog.having(lambda s: s.oip is not None))
         raise UnsupportedRequestError(f"{key} is a {task} model; the inference protocol serves {served} models")
+    if isinstance(found, str):  # a built-in task names its adapter class (oip_io is this module's, not init's)
+        made = _adapters.get(found)
+        if made is None:
+            made = _adapters[found] = getattr(oip_io, found)()
+        return made
     return found
+
+
+_adapters: dict[str, Any] = {}  # adapter class name → the one instance
 
 
 def model_metadata(manifest: Manifest, backend: str) -> dict[str, Any]:

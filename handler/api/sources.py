@@ -8,7 +8,7 @@ error so the runtime client reports its class name as `errorType`.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from handler.api.encode import dumps
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT
@@ -19,7 +19,7 @@ from handler.core.errors import (
     UnsupportedEventSourceError,
     UnsupportedRequestError,
 )
-from handler.core.types import JSON, Event
+from handler.core.types import JSON, Event, Protocol
 
 JSON_HEADERS = {"content-type": "application/json"}
 

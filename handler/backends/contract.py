@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from handler.backends.device import CudaProbe
 from handler.backends.registry import BUILTIN_BACKENDS, NEEDS, BackendSpec, Needs
 from handler.core.errors import ConfigError
 from handler.core.manifest import Manifest
 from handler.core.records import record
-from handler.core.types import JSON, Arrays
+from handler.core.types import JSON, Arrays, Protocol
 from handler.observability.report import PhaseTimer
 
 Own = TypeVar("Own")

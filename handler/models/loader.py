@@ -17,7 +17,6 @@ from handler.backends import registry
 from handler.backends.contract import Backend, BackendSettings, create_backend
 from handler.backends.device import probe_cuda
 from handler.backends.pool import BufferPool
-from handler.backends.towers import with_towers
 from handler.core.config import Config
 from handler.core.cpu import cpu_budget, plan_threads
 from handler.core.errors import ModelLoadError
@@ -152,9 +151,10 @@ def load_model(
     cuda = probe_cuda(config.device)
     settings = BackendSettings(threads, cuda, plan.spin, own)
     backend.initialize(manifest, settings, timer)
-    backend = with_towers(
-        backend, backend_spec, manifest, settings, timer, spec.gives
-    )  # an image-text pack's two graphs
+    if manifest.raw.get("towers"):  # an image-text pack's two graphs (with_towers checks the entry)
+        from handler.backends.towers import with_towers  # deferred: a one-graph pack never needs it
+
+        backend = with_towers(backend, backend_spec, manifest, settings, timer, spec.gives)
     with timer.phase("device"):
         device = backend.warm_device()
     # After the session is built (weights mapped, prepacked): its RSS is what the runs' memory comes after.

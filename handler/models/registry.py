@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from handler.core.errors import ConfigError, InvalidInputError, RequestError
 from handler.core.manifest import Manifest
+from handler.core.records import record
 from handler.core.types import JSON
 from handler.models.loader import Loaded
 from handler.tasks.catalog import load_manifest
@@ -93,7 +94,8 @@ class Slot:
         return self.loaded.key
 
 
-class Available(NamedTuple):
+@record  # not a NamedTuple: its `exec`'d __new__ ran the compiler at init (~0.5 M instructions, callgrind)
+class Available:
     """A model that may be loaded on demand: its local directory and the bytes it will count."""
 
     source: str

@@ -28,9 +28,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from handler.core.errors import ConfigError
+from handler.core.types import Protocol
 from handler.observability import logs
 
 Mode = Literal["emf", "init", "off"]

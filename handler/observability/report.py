@@ -13,8 +13,9 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
+from handler.core.types import Protocol
 from handler.observability import logs
 
 

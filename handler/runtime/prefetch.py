@@ -132,7 +132,7 @@ def _warm(files: list[Item], mode: str, backend: str) -> bool:
     code: list[Item] = []
     if mode == "all" and not getattr(sys, startfiles.ISSUED, False):
         try:
-            code = startfiles.load(backend, count=6)[0] or []
+            code = startfiles.load(backend, count=startfiles.PROBE)[0] or []
         except Exception:  # never fail a start over a hint
             return False
     return startfiles.warm([*code, *files])

@@ -14,12 +14,13 @@ error.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
+from handler.core.types import Protocol
 from handler.tasks.text import chunks
 from handler.tasks.tokens import TextEncoder
 

@@ -14,7 +14,6 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
-from handler.tasks import oip_io
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
 from handler.tasks.spec import MODEL, POSITIVE, STRING, TEXTS, USAGE, VECTOR_OR_BASE64, TaskSpec, nullable
@@ -132,7 +131,7 @@ def manifest_fields(raw: dict[str, Any]) -> dict[str, Any]:
 SPEC = TaskSpec(
     name=EmbeddingTask.name,
     factory=EmbeddingTask,
-    oip=oip_io.TextsToVectors(),
+    oip="TextsToVectors",
     request={
         "title": "embedding",
         "type": "object",

@@ -22,7 +22,6 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError, TooManyInputsError
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
-from handler.tasks import oip_io
 from handler.tasks.arrays import finite
 from handler.tasks.batch import Prepared
 from handler.tasks.lm_pairs import PairTemplate, template_fields
@@ -215,7 +214,7 @@ PREDICTION = {"type": "object", "required": ["label", "score"], "properties": {"
 RERANK = TaskSpec(
     name=RerankTask.name,
     factory=RerankTask,
-    oip=oip_io.QueryToScores(),
+    oip="QueryToScores",
     request={
         "title": "rerank",
         "type": "object",
@@ -247,7 +246,7 @@ RERANK = TaskSpec(
 CLASSIFY = TaskSpec(
     name=ClassifyTask.name,
     factory=ClassifyTask,
-    oip=oip_io.TextsToLabelScores(),
+    oip="TextsToLabelScores",
     request={
         "title": "classify",
         "type": "object",

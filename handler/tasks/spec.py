@@ -13,7 +13,7 @@ module is on Lambda's init path and the schemas module (with its validator) is n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
@@ -21,7 +21,7 @@ from handler.backends.registry import Needs
 from handler.core.config import Config
 from handler.core.manifest import Manifest
 from handler.core.records import record
-from handler.core.types import JSON
+from handler.core.types import JSON, Protocol
 
 Schema = dict[str, Any]
 
@@ -105,7 +105,8 @@ class TaskSpec:
     tei_info_schema: Schema | None = None  # their schema (None: any object)
     npy_input: bool = False  # an `application/x-npy` body is its one input (`handler.api.media`)
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
-    # Its Open Inference Protocol tensors (an adapter of `handler.tasks.oip_io`); None: not served there.
+    # Its Open Inference Protocol tensors: the name of its adapter class in `handler.tasks.oip_io`, made by the
+    # first such request (the module is not on a direct invoke's path), or an adapter; None: not served there.
     oip: Any = None
     # A valid native request, for what `warmstart local` suggests and `invoke` sends by default (None: the
     # request depends on the model, as a tensor model's input names do).

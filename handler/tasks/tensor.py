@@ -16,7 +16,6 @@ from handler.core.config import Config
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest, TensorSpec
 from handler.core.types import JSON, Arrays
-from handler.tasks import oip_io
 from handler.tasks.arrays import finite, from_list, from_npy
 from handler.tasks.spec import MODEL, STRING, TaskSpec, nullable
 from handler.tasks.text import require_object
@@ -111,7 +110,7 @@ class TensorTask:
 SPEC = TaskSpec(
     name=TensorTask.name,
     factory=TensorTask,
-    oip=oip_io.Tensors(),
+    oip="Tensors",
     request={
         "title": "tensor",
         "type": "object",

@@ -114,6 +114,8 @@ LAMBDA_DEFERRED = {
     "handler.runtime.streamed",
     "handler.runtime.control",
     "base64",
+    "handler.tasks.oip_io",  # the inference protocol's adapters: made by its first request (handler.api.oip)
+    "handler.backends.towers",  # a pack with towers only (image-text)
 }
 
 
@@ -126,6 +128,20 @@ def test_a_direct_invoke_loads_no_http_or_control_module(model_dir: Path) -> Non
     )
     env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
     assert json.loads(run_python(code, env)) == [1, []]
+
+
+def test_a_direct_invoke_defines_no_typing_protocol_class(model_dir: Path) -> None:
+    # Protocols are mypy's (handler.core.types.Protocol): at run time a plain base, without typing's class machinery.
+    code = (
+        "import json, sys, handler.app\n"
+        "handler.app.lambda_handler({'inputs': ['a cold start']}, None)\n"
+        "mods = [(n, m) for n, m in list(sys.modules.items()) if n.startswith('handler')]\n"
+        "found = [f'{n}.{k}' for n, m in mods for k, v in vars(m).items()\n"
+        "         if isinstance(v, type) and v.__module__ == n and getattr(v, '_is_protocol', False)]\n"
+        "print(json.dumps(sorted(found)))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
+    assert json.loads(run_python(code, env)) == []
 
 
 def test_a_start_parses_its_manifest_once(model_dir: Path) -> None:

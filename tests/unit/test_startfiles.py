@@ -64,6 +64,29 @@ def test_load_resolves_against_sys_path_and_refuses_what_is_stale(tmp_path: Path
     assert startfiles.load("onnx", write_list(tmp_path / "v0.json", version=0)) == (None, "stale: another format")
 
 
+def test_a_warm_cache_probe_parses_only_the_header_line(tmp_path: Path) -> None:
+    listed = [[f"json/{n}", None] for n in ("__init__.py", "decoder.py", "encoder.py", "scanner.py", "tool.py")]
+    listed += [["handler/runtime/prefetch.py", [[0, 4096]]]] * 5
+    head = {"version": startfiles.VERSION, "cache_tag": sys.implementation.cache_tag, "backend": "onnx"}
+    probe = startfiles.sample(listed, startfiles.PROBE)
+    text = json.dumps({**head, "probe": probe})[:-1] + ",\n" + '"files": ' + json.dumps(listed, indent=0) + "}\n"
+    whole = tmp_path / "startfiles.json"
+    whole.write_text(text)
+    assert json.loads(text)["files"] == listed  # still one JSON document
+    # The probe is the same read from the header alone as sampled from the whole list (a list without one).
+    from_head = startfiles.load("onnx", whole, count=startfiles.PROBE)
+    old_layout = write_list(tmp_path / "old.json", files=listed)
+    assert from_head == startfiles.load("onnx", old_layout, count=startfiles.PROBE)
+    assert from_head[0] is not None and len(from_head[0]) == startfiles.PROBE
+    # Only the first line is parsed: a list cut short after it still gives the probe (the full load refuses it).
+    cut = tmp_path / "cut.json"
+    cut.write_text(text.split("\n", 1)[0] + "\n" + '"files": [[')
+    assert startfiles.load("onnx", cut, count=startfiles.PROBE) == from_head
+    assert startfiles.load("onnx", cut) == (None, "unreadable: JSONDecodeError")
+    # The header's own checks still hold.
+    assert startfiles.load("torch", whole, count=startfiles.PROBE) == (None, "stale: recorded for the onnx backend")
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 1, "files": 7})])
 def test_a_broken_list_falls_back_to_the_libraries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
@@ -84,6 +107,8 @@ def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
     summary = startfiles.record(out, model_dir)
     doc = json.loads(out.read_text())
     assert summary["files"] == len(doc["files"]) > 50 and doc["backend"] == "onnx"
+    assert doc["probe"] == startfiles.sample(doc["files"], startfiles.PROBE)  # the header line's warm-cache probe
+    assert startfiles._head(out.read_bytes()) == {k: v for k, v in doc.items() if k != "files"}
     names = [rel for rel, _ in doc["files"]]
     # in import order: Lambda mode's runtime client first (what the .pth hook gets ahead of), then ours
     tops = [n.split("/", 1)[0] for n in names]
