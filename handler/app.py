@@ -20,6 +20,13 @@ from handler.runtime import prefetch  # noqa: E402
 # First, before the imports below take the CPU: the kernel reads the libraries and model files meanwhile.
 prefetch.start()
 
+# numpy here, from this module's frame, not from where the chain below first needs it (eight imports deeper):
+# CPython 3.11 keeps frames in 16 KiB chunks and frees a chunk as soon as the frame at its base returns, so an
+# import tree that runs across a chunk's end maps and unmaps it for each call there. From that depth numpy's
+# own imports did it ~650 times (a mmap, a munmap and a page fault each: kernel time no instruction count
+# shows); from here, the depth the tuned floor imports it at, none. Every start imports numpy (backends.pool).
+import numpy  # noqa: E402, F401
+
 from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
 from handler.core.types import Event  # noqa: E402
 from handler.runtime.invocation import Runtime  # noqa: E402
