@@ -15,6 +15,12 @@ from typing import Any
 _gc_was_on = gc.isenabled()
 gc.disable()
 
+# The init chain's modules from one file of compiled code written at build time (stale entries are skipped):
+# one read instead of ~45 .pyc lookups, ~10 system calls each. Taken off sys.meta_path when init ends.
+from handler.runtime import codebundle  # noqa: E402
+
+codebundle.install()
+
 from handler.runtime import prefetch  # noqa: E402
 
 # First, before the imports below take the CPU: the kernel reads the libraries and model files meanwhile.
@@ -41,6 +47,7 @@ try:
         snapshot.register(runtime)
     gc.freeze()
 finally:
+    codebundle.uninstall()
     if _gc_was_on:  # a failed init too: whatever runs next in this process gets its GC back
         gc.enable()
 

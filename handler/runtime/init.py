@@ -148,14 +148,15 @@ def _report(
 
 def coldstart_report(facts: Mapping[str, Any]) -> dict[str, Any]:
     """Which cold-start savings this start used (docs/coldstart.md): BLAS threads pinned before numpy, the
-    background prefetch, the pre-optimized model, the tokenizer shortcut; and any deferred module that got
-    imported anyway (something pulled it onto the init path)."""
+    background prefetch, the init chain's bundled code, the pre-optimized model, the tokenizer shortcut; and
+    any deferred module that got imported anyway (something pulled it onto the init path)."""
     import handler  # the root package: the BLAS pin, made before numpy loaded
-    from handler.runtime import prefetch
+    from handler.runtime import codebundle, prefetch
 
     return {
         "blas_threads": handler.BLAS_THREADS,
         "prefetch": prefetch.report(),
+        "code_bundle": codebundle.report(),
         **facts,
         "deferred_imports_loaded": [m for m in DEFERRED if m in sys.modules],
     }

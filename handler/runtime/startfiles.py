@@ -252,14 +252,18 @@ try:
 except Exception:
     pass  # a task that takes other inputs: the init chain is recorded all the same
 mods = []
+from handler.runtime import codebundle
+bundled = codebundle.report()["modules"] > 0
 for name, mod in list(sys.modules.items()):
     spec = getattr(mod, "__spec__", None)
-    if name in before or spec is None:
-        continue
+    if name in before or spec is None or type(spec.loader).__name__ == "BundleLoader":
+        continue  # a bundled module's .pyc is not read
     for p in (getattr(spec, "cached", None), getattr(spec, "origin", None)):
         if isinstance(p, str) and os.path.isfile(p):
             mods.append(p)
             break
+    if name == "handler.runtime.codebundle" and bundled:
+        mods.append(codebundle.BUNDLE)  # read whole by its first function, before the modules it holds
 maps = []
 with open("/proc/self/maps") as f:
     for line in f:

@@ -1,0 +1,201 @@
+"""The init chain's own modules as one file of compiled code, written where the function is built (`make setup`,
+beside startfiles.json) and read once at init instead of one `.pyc` per module.
+
+Why: importing one of warmstart's ~45 modules on the Lambda path costs the import system a directory stat, a
+source stat, a `.pyc` open, fstat, two reads and a close (strace: ~10 system calls) plus its Python steps to
+find, check and read the file (~0.3 M instructions). From the bundle it is one source stat and a dict lookup.
+
+What stays right: each module is compiled from its own source path, so `__file__`, `__spec__.origin` and the
+frames of a traceback name the source file and line, as from a `.pyc`; the loader is a `SourceFileLoader` for
+that path (`get_source`, `inspect`, a reload read the file as before). A module whose source's size or mtime is
+not the one recorded is imported the ordinary way (a stale entry is never used); a bundle written by another
+Python (version, bytecode magic, optimization level) or another layout is not used at all. The finder is placed
+first only while `handler.app` initializes (`install` ... `uninstall`); WARMSTART_CODE_BUNDLE=off turns it off.
+
+Writing: `python -m handler.runtime.codebundle [--model DIR] [--out FILE]` imports `handler.app` in a child (no
+bundle) and bundles the `handler` modules it loaded, stdlib only.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import marshal
+import os
+import sys
+from collections.abc import Sequence
+from importlib._bootstrap_external import MAGIC_NUMBER  # the import system's own (always loaded)
+from typing import Any
+
+BUNDLE = os.path.join(os.path.dirname(__file__), "codebundle.bin")
+VERSION = 1
+# Imported before the finder is in place (handler.app installs it): never looked up in the bundle.
+BEFORE = frozenset({"handler", "handler.app", "handler.runtime", "handler.runtime.codebundle"})
+# The code root: the directory that holds the `handler` package; entries are relative to it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _stamp() -> tuple[Any, ...]:
+    """What compiled code depends on besides its source: a bundle with another stamp is not used."""
+    return (VERSION, sys.version, MAGIC_NUMBER, sys.flags.optimize)
+
+
+class BundleLoader(importlib.machinery.SourceFileLoader):
+    """A source file's loader that hands out the bundled code object once (the first exec); anything after that
+    (a reload) reads the source or `.pyc` as the plain loader does."""
+
+    def __init__(self, fullname: str, path: str, code: Any) -> None:
+        super().__init__(fullname, path)
+        self._code = code
+
+    def get_code(self, fullname: str) -> Any:
+        code, self._code = self._code, None
+        if code is not None and fullname == self.name:
+            return code
+        return super().get_code(fullname)
+
+
+class BundleFinder:
+    """First on sys.meta_path during init: a module in the bundle whose source is unchanged comes from it."""
+
+    def __init__(self, entries: dict[str, tuple[str, int, int, bool, Any]], root: str = _ROOT) -> None:
+        self.entries = entries
+        self.root = root
+        self.used: list[str] = []
+        self.stale: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        entry = self.entries.pop(fullname, None)
+        if entry is None:
+            return None
+        rel, mtime_ns, size, package, code = entry
+        origin = os.path.join(self.root, rel)
+        try:
+            st = os.stat(origin)
+        except OSError:
+            st = None
+        if st is None or st.st_mtime_ns != mtime_ns or st.st_size != size:
+            self.stale.append(fullname)  # edited since the bundle was written: the ordinary import
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, BundleLoader(fullname, origin, code), origin=origin)
+        spec.has_location = True  # __file__ (and __cached__) set from origin, as for a file-found module
+        if package:
+            spec.submodule_search_locations = [os.path.dirname(origin)]
+        self.used.append(fullname)
+        return spec
+
+
+_finder: BundleFinder | None = None
+_last: BundleFinder | None = None  # the finder of this start, kept for the init report after uninstall
+_why = "not installed"
+OFF = ("off", "0", "false", "no")
+
+
+def install(path: str | None = None, environ: Any = None) -> BundleFinder | None:
+    """Read the bundle and put its finder first on sys.meta_path; None (nothing changed) when there is none,
+    it is switched off, unreadable, or written by another Python. WARMSTART_CODE_BUNDLE: `on` (default: the
+    file beside this module), `off`, or a bundle's path."""
+    global _finder, _last, _why
+    env = os.environ if environ is None else environ
+    wanted = (env.get("WARMSTART_CODE_BUNDLE") or "").strip()
+    if wanted.lower() in OFF:
+        _why = "WARMSTART_CODE_BUNDLE=off"
+        return None
+    where = path or (wanted if wanted and wanted.lower() not in ("on", "1", "true", "yes") else BUNDLE)
+    try:
+        with open(where, "rb") as f:
+            stamp, entries = marshal.loads(f.read())
+    except FileNotFoundError:
+        _why = "no bundle (make setup writes it)"
+        return None
+    except (OSError, EOFError, ValueError, TypeError) as e:
+        _why = f"unreadable: {type(e).__name__}"
+        return None
+    if stamp != _stamp() or not isinstance(entries, dict):
+        _why = "written by another Python or bundle version"
+        return None
+    uninstall()
+    _finder = _last = BundleFinder(entries)
+    sys.meta_path.insert(0, _finder)
+    return _finder
+
+
+def uninstall() -> None:
+    """Take the finder off sys.meta_path (init is over: later imports go the ordinary way)."""
+    global _finder
+    if _finder is not None:
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _finder = None
+
+
+def report() -> dict[str, Any]:
+    """For the init report: how many modules came from the bundle and which were stale, or why none did."""
+    if _last is None:
+        return {"modules": 0, "why": _why}
+    return {"modules": len(_last.used), "stale": list(_last.stale)}
+
+
+# -- writing (build time) ---------------------------------------------------------------------------------------
+
+_CHILD = """
+import json, sys
+import handler.app
+print(json.dumps(sorted(n for n in sys.modules if n == "handler" or n.startswith("handler."))))
+"""
+
+
+def modules_of_init(model: str | None = None) -> list[str]:
+    """The `handler` modules a start imports (handler.app in a child, bundle off)."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_RUNTIME_API"))}
+    env.update({"WARMSTART_PREFETCH": "off", "WARMSTART_CODE_BUNDLE": "off"})
+    if model is not None:
+        env["WARMSTART_MODEL"] = os.path.abspath(model)
+    env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the start that lists the modules failed:\n{proc.stderr[-3000:]}")
+    names: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [n for n in names if n not in BEFORE]
+
+
+def write(names: Sequence[str], out: str | None = None, root: str = _ROOT) -> dict[str, Any]:
+    """Compile each named module's source (found under `root`) into one bundle; returns its summary."""
+    entries: dict[str, tuple[str, int, int, bool, Any]] = {}
+    for name in names:
+        parts = name.split(".")
+        base = os.path.join(root, *parts)
+        package = os.path.isfile(os.path.join(base, "__init__.py"))
+        origin = os.path.join(base, "__init__.py") if package else base + ".py"
+        if not os.path.isfile(origin):
+            continue  # not a plain source module (an extension, a namespace package): the ordinary import
+        with open(origin, "rb") as f:
+            source = f.read()
+        st = os.stat(origin)
+        code = compile(source, origin, "exec", dont_inherit=True, optimize=sys.flags.optimize)
+        entries[name] = (os.path.relpath(origin, root), st.st_mtime_ns, st.st_size, package, code)
+    target = out or BUNDLE
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(marshal.dumps((_stamp(), entries)))
+    os.replace(tmp, target)
+    return {"modules": len(entries), "bytes": os.path.getsize(target), "out": target}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m handler.runtime.codebundle", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="packed model to start with (default: as init finds it)")
+    p.add_argument("--out", default=None, help=f"default: {os.path.basename(BUNDLE)} beside this module")
+    args = p.parse_args(argv)
+    print(write(modules_of_init(args.model), args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
