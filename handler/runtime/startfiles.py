@@ -252,8 +252,6 @@ try:
 except Exception:
     pass  # a task that takes other inputs: the init chain is recorded all the same
 mods = []
-from handler.runtime import codebundle
-bundled = codebundle.report()["modules"] > 0
 for name, mod in list(sys.modules.items()):
     spec = getattr(mod, "__spec__", None)
     if name in before or spec is None or type(spec.loader).__name__ == "BundleLoader":
@@ -262,8 +260,8 @@ for name, mod in list(sys.modules.items()):
         if isinstance(p, str) and os.path.isfile(p):
             mods.append(p)
             break
-    if name == "handler.runtime.codebundle" and bundled:
-        mods.append(codebundle.BUNDLE)  # read whole by its first function, before the modules it holds
+    if name == "handler.runtime.codebundle" and mod.report()["modules"]:
+        mods.append(mod.BUNDLE)  # read whole by its first function, before the modules it holds
 maps = []
 with open("/proc/self/maps") as f:
     for line in f:
