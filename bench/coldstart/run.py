@@ -20,7 +20,8 @@ Variants (--variants):
   floor_ort       bench/handlers/floor_ort.py: the tuned hand-written floor, on its build step's files
                   (bench/handlers/floor_ort_build.py, made once under build/bench/floor-ort)
   naive_st        bench/handlers/naive_st.py: sentence-transformers loaded at init (10+ s a start)
-  ours-no-blas, ours-no-prefetch, ours-no-optimized, ours-no-shortcut, ours+warmup: one switch flipped
+  ours-no-blas, ours-no-prefetch, ours-no-bundle, ours-no-optimized, ours-no-shortcut, ours+warmup: one
+                  switch flipped
   ours_torch, main_torch, floor_torch (minimal_torch.py), ours_torch-no-prefetch: the torch backend
   imports_only_onnx, imports_only_torch: warmstart's imports, no model (the peak-RSS baselines)
 """
@@ -54,6 +55,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "naive_st": ("ours", BASE + "naive_st.lambda_handler", {}),
     "ours-no-blas": ("ours", APP, {"WARMSTART_BLAS_THREADS": "default"}),
     "ours-no-prefetch": ("ours", APP, {"WARMSTART_PREFETCH": "off"}),
+    "ours-no-bundle": ("ours", APP, {"WARMSTART_CODE_BUNDLE": "off"}),
     "ours-no-optimized": ("ours", APP, {"WARMSTART_ORT_OPTIMIZED": "0"}),
     "ours+warmup": ("ours", APP, {"WARMSTART_WARMUP": "1"}),
     "ours-no-shortcut": ("ours", APP, {"WARMSTART_TOKENIZER_SHORTCUT": "0"}),
