@@ -67,11 +67,10 @@ class BundleFinder:
         entry = self.entries.pop(fullname, None)
         if entry is None:
             return None
-        rel, mtime_ns, size, package, code = entry
-        origin = os.path.join(self.root, rel)
         try:
-            st = os.stat(origin)
-        except OSError:
+            rel, mtime_ns, size, package, code = entry
+            st = os.stat(origin := os.path.join(self.root, rel))
+        except (OSError, TypeError, ValueError):  # gone, or an entry not of this layout: the ordinary import
             st = None
         if st is None or st.st_mtime_ns != mtime_ns or st.st_size != size:
             self.stale.append(fullname)  # edited since the bundle was written: the ordinary import

@@ -121,6 +121,17 @@ def test_a_changed_source_is_never_run_from_the_bundle(tmp_path: Path) -> None:
     assert proc.stdout.split() == ["22", "SourceFileLoader", "['bundled_pkg.mod']"]
 
 
+def test_a_malformed_entry_is_imported_the_ordinary_way(tmp_path: Path) -> None:
+    bundle = tmp_path / "b.bin"
+    codebundle.write(MODULES, str(bundle))
+    stamp, entries = marshal.loads(bundle.read_bytes())
+    entries["handler.core.errors"] = ("handler/core/errors.py", 1)  # not this layout's five fields
+    bundle.write_bytes(marshal.dumps((stamp, entries)))
+    seen = _probe(bundle, MODULES)
+    assert seen["modules"]["handler.core.errors"]["loader"] == "SourceFileLoader"
+    assert seen["modules"]["handler.core.manifest"]["loader"] == "BundleLoader"
+
+
 @pytest.mark.parametrize("how", ["another python", "off", "absent", "garbage"])
 def test_a_bundle_that_does_not_fit_is_not_used_at_all(tmp_path: Path, how: str) -> None:
     bundle = tmp_path / "b.bin"
