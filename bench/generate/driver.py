@@ -48,7 +48,11 @@ class Ours:
 
         self.runtime = app.runtime
         report = app.runtime.init_report  # the init's phases, for bench/generate/cold.py
-        self.init = {"phases_ms": report.get("phases_ms"), "total_ms": report.get("total_ms")}
+        self.init = {
+            "phases_ms": report.get("phases_ms"),
+            "total_ms": report.get("total_ms"),
+            "coldstart": report.get("coldstart"),  # which decoder genai opened, for bench/generate/rss.py
+        }
         # The prompt's tokenizer is the task's own (already parsed by init): a second parse of a 151k-token
         # tokenizer.json here (~0.3 s CPU) would be counted in ours' cold start and in no peer's.
         self.tokenizer = getattr(app.runtime.task, "tokenizer", None)

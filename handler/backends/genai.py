@@ -57,6 +57,7 @@ class GenaiEngine:
         self._ll_tokenizer: Any = None
         self._ll_lock = threading.Lock()
         self.batch: Any = None  # handler.backends.genai_batch.BatchEngine when requests share the steps
+        self.prefill_chunk = 0  # prompt tokens per decoder step (genai_spec.PREFILL_CHUNK; 0: all at once)
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         entry = manifest.backends[NAME]
@@ -74,6 +75,7 @@ class GenaiEngine:
             self._tokenizer_json = manifest.root / tokenizer
         self.kv = dict(options.get("kv") or {})
         rows = getattr(settings.own, "batch", 1)
+        self.prefill_chunk = int(getattr(settings.own, "prefill_chunk", 0))
         if rows > 1:  # many streams share each decode step (WARMSTART_GENAI_BATCH): our own loop, not a generator
             from handler.backends.genai_batch import BatchEngine  # deferred: only a batching host runs it
 
@@ -151,6 +153,7 @@ class GenaiEngine:
             "threads": self.threads,
             "onnxruntime_genai": og.__version__,
             "optimized": self.optimized,
+            "prefill_chunk": self.prefill_chunk,
         }
         if self.batch is not None:
             out["batch"] = self.batch.describe()
@@ -204,7 +207,12 @@ class GenaiEngine:
         generator = og.Generator(self.model, self._params(request))
         eos = set(request["eos_token_ids"])
         try:
-            generator.append_tokens(list(request["prompt_ids"]))
+            prompt = list(request["prompt_ids"])
+            # In steps of prefill_chunk tokens: the attention's score matrix (heads x step x length) is what a
+            # long prompt's peak memory is made of; the cache and the tokens are the same either way.
+            step = self.prefill_chunk or len(prompt) or 1
+            for start in range(0, max(len(prompt), 1), step):
+                generator.append_tokens(prompt[start : start + step])
             for made in range(1, int(request["max_tokens"]) + 1):
                 if matcher is not None:
                     self._mask(generator, matcher)

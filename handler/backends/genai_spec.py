@@ -11,6 +11,11 @@ from handler.backends.registry import BackendSpec
 from handler.core.config import env_int
 
 MAX_ROWS = 256  # rows of one decode step: past this a CPU step gets no faster per token, only each row slower
+# Prompt tokens given to the decoder per step (WARMSTART_GENAI_PREFILL_CHUNK). ONNX Runtime's CPU attention holds
+# a heads x step x total-length float32 score matrix: a whole 1,536-token prompt of the Qwen3-0.6B-shaped pack
+# peaked at 1,123 MB, in steps of 256 at 949 MB, the same greedy tokens (docs/benchmarks.md, "Where a generate
+# pack's memory goes"). 512: a prompt up to 512 tokens runs in one step, as before.
+PREFILL_CHUNK = 512
 
 
 class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's path
@@ -21,19 +26,22 @@ class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's pat
     kv_tokens: int = 0
     queue: int = 0
     optimized: str = "auto"  # WARMSTART_GENAI_OPTIMIZED: the pack's prepacked decoder where it fits (genai_load)
+    prefill_chunk: int = PREFILL_CHUNK  # WARMSTART_GENAI_PREFILL_CHUNK: prompt tokens per decoder step (0: all)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> GenaiSettings:
         """WARMSTART_GENAI_BATCH (rows, 1..256; 1: one generator per request, as before), WARMSTART_GENAI_KV_TOKENS
         (the KV pool, tokens; 0 or unset: the memory left after the model), WARMSTART_GENAI_QUEUE (requests
-        waiting for a row; default: as many as the rows), WARMSTART_GENAI_OPTIMIZED (auto | off: genai_load). On
-        Lambda one instance serves one request: batch 1."""
+        waiting for a row; default: as many as the rows), WARMSTART_GENAI_OPTIMIZED (auto | off: genai_load),
+        WARMSTART_GENAI_PREFILL_CHUNK (prompt tokens per decoder step, 0: the whole prompt in one; default 512).
+        On Lambda one instance serves one request: batch 1."""
         batch = env_int(env, "WARMSTART_GENAI_BATCH", 1, 1, MAX_ROWS)
         if "AWS_LAMBDA_FUNCTION_NAME" in env:
             batch = 1
         kv_tokens = env_int(env, "WARMSTART_GENAI_KV_TOKENS", 0, 0, 1 << 24)
         queue = env_int(env, "WARMSTART_GENAI_QUEUE", batch, 0, 100_000)
-        return cls(batch, kv_tokens, queue, optimized_mode(env))
+        chunk = env_int(env, "WARMSTART_GENAI_PREFILL_CHUNK", PREFILL_CHUNK, 0, 1 << 24)
+        return cls(batch, kv_tokens, queue, optimized_mode(env), chunk)
 
 
 SPEC = BackendSpec(
