@@ -121,6 +121,9 @@ def from_npy(name: str, raw: bytes, dtype: np.dtype[Any], max_elements: int) -> 
     count = math.prod(shape)
     if count > max_elements:
         raise _refuse(name, f"shape {list(shape)} is {count} elements; at most {max_elements} (WARMSTART_MAX_ELEMENTS)")
+    sides = math.prod(d for d in shape if d)  # a 0 side makes no elements, yet numpy refuses the others' product
+    if sides > max_elements:
+        raise _refuse(name, f"shape {list(shape)}: its non-zero sides make {sides}; at most {max_elements}")
     need, have = count * dtype.itemsize, len(raw) - offset
     if need != have:
         raise _refuse(

@@ -191,6 +191,16 @@ HEADER = st.fixed_dictionaries(
 # descr strings numpy's own parser chokes on (ValueError, SyntaxError): found by this test
 @example(header={"descr": "0:", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
 @example(header={"descr": "01", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
+# no elements (a 0 side), yet the other sides' product past what numpy can index: reshape raised ValueError
+@example(
+    header={"descr": "<f4", "fortran_order": False, "shape": (0, 2**62, 2**62)}, data=b"", major=1, dtype="float32"
+)
+@example(
+    header={"descr": "<f4", "fortran_order": False, "shape": (0, 10**6, 10**6, 10**6)},
+    data=b"",
+    major=2,
+    dtype="float32",
+)
 def test_any_npy_header_is_read_or_refused_never_allocated(
     header: dict[str, Any], data: bytes, major: int, dtype: str
 ) -> None:
