@@ -491,6 +491,48 @@ def perplexity(nll: list[float]) -> float:
     return math.exp(statistics.fmean(nll)) if nll else math.nan
 
 
+# The builder options a --schemes entry may set (infra.pack.lm_pack.BUILDER_OPTIONS' int4 keys) and their types.
+SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool}
+
+
+def parse_schemes(text: str) -> list[dict[str, int | bool]]:
+    """--schemes "block_size=64,block_size=128+is_symmetric=false": int4 builder options per extra pack, each
+    key=value of SCHEME_KEYS; refused with the valid keys otherwise."""
+    out: list[dict[str, int | bool]] = []
+    for item in (x for x in text.split(",") if x.strip()):
+        options: dict[str, int | bool] = {}
+        for pair in item.split("+"):
+            key, sep, value = pair.partition("=")
+            if not sep or key not in SCHEME_KEYS:
+                raise SystemExit(f"--schemes {item!r}: key=value pairs joined by '+', keys {', '.join(SCHEME_KEYS)}")
+            if SCHEME_KEYS[key] is bool:
+                if value.lower() not in ("true", "false"):
+                    raise SystemExit(f"--schemes {item!r}: {key} is true or false")
+                options[key] = value.lower() == "true"
+            else:
+                try:
+                    options[key] = int(value)
+                except ValueError:
+                    raise SystemExit(f"--schemes {item!r}: {key} is an integer") from None
+        out.append(options)
+    return out
+
+
+def scheme_name(options: dict[str, int | bool]) -> str:
+    return "ours-int4 (" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+
+
+def scheme_pack(source: Path, base: Path, options: dict[str, int | bool]) -> Path:
+    """`source` packed int4 with `options` over the packer's own (its gate's figures recorded, never refused)."""
+    from infra.pack.lm_pack import pack_lm
+    from infra.pack.precision import Precision
+
+    out = base / ("ours-int4-" + "-".join(f"{k}={v}" for k, v in sorted(options.items())))
+    if not (out / "manifest.json").is_file():
+        pack_lm(source, out, precision=Precision(quantize="int4", min_quality=0.0), builder_options=options, force=True)
+    return out
+
+
 def quality(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -504,15 +546,17 @@ def quality(args: argparse.Namespace) -> int:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     pairs = csv(args.pairs, PAIRS, "pairs")
+    schemes = parse_schemes(args.schemes)
     eos = set(json.loads((p[f"ours-{pairs[0]}"] / "manifest.json").read_text())["generation"]["eos_token_ids"])
     prompts = [prompt_ids(tokenizer, tokenizer.chat_template, t) for t in builtin_prompts()]
     reference = [reference_greedy(model, ids, NEW_TOKENS, eos) for ids in prompts]
     text_ids = tokenizer(PPL_TEXT, add_special_tokens=False)["input_ids"][: args.ppl_tokens]
     ref_nll = nll_reference(model, text_ids)
     del model
-    rows = [["float32 (transformers)", "1.00", f"{perplexity(ref_nll):.3f}"]]
+    rows = [["float32 (transformers)", "1.00", f"{perplexity(ref_nll):.3f}", "-"]]
     figures: dict[str, Any] = {"float32": {"greedy": 1.0, "ppl": perplexity(ref_nll)}}
     engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in pairs]
+    engines += [(scheme_name(o), "genai", scheme_pack(source, p["ours-int4"].parent, o)) for o in schemes]
     engines += [(f"llama-{PAIRS[q]}", "llama", p[f"llama-{PAIRS[q]}"]) for q in pairs]
     for name, kind, path in engines:
         python = str(LLAMA_VENV / "bin" / "python") if kind == "llama" else sys.executable
@@ -527,14 +571,21 @@ def quality(args: argparse.Namespace) -> int:
         finally:
             child.close()
         figures[name] = {"greedy": statistics.fmean(agree), "ppl": perplexity(nll)}
-        rows.append([name, f"{figures[name]['greedy']:.2f}", f"{figures[name]['ppl']:.3f}"])
+        gate = "-"
+        if kind == "genai":  # the pack's own quality gate (greedy / top-1 agreement on the built-in prompts)
+            q = json.loads((path / "manifest.json").read_text())["precision"]["quality"]
+            figures[name]["gate"] = q
+            gate = f"{q['greedy_agreement']:.3f} / {q['top1_agreement']:.3f}"
+        rows.append([name, f"{figures[name]['greedy']:.2f}", f"{figures[name]['ppl']:.3f}", gate])
         print(name, figures[name], file=sys.stderr, flush=True)
     results = Results("generate-peers-quality", {k: v for k, v in vars(args).items() if k != "func"})
     results.add(model=args.model, prompts=len(prompts), ppl_tokens=len(text_ids), **{"figures": figures})
     md = (
         f"{args.model}: greedy agreement with float32 transformers ({len(prompts)} built-in prompts, "
         f"{NEW_TOKENS} tokens, prefix before the first divergence) and perplexity on {len(text_ids)} tokens of "
-        "built-in text\n\n" + table(["variant", "greedy agreement", "perplexity"], rows) + "\n"
+        "built-in text\n\n"
+        + table(["variant", "greedy agreement", "perplexity", "pack gate (greedy / top-1)"], rows)
+        + "\n"
     )
     results.save(Path(args.out), md)
     return 0
@@ -599,6 +650,11 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--threads", type=int, default=2)
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
+    qu.add_argument(
+        "--schemes",
+        default="",
+        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64); default none",
+    )
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)
     pl = sub.add_parser("plot", help="the ratio figure from a speed run's runs.json")

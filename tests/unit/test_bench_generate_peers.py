@@ -168,3 +168,16 @@ def test_cold_variants_start_as_a_host_as_lambda_and_as_the_before_ref() -> None
     ]
     text = cold.markdown(rows, SimpleNamespace(vcpus=1.7), ["ours-lambda", "genai"])
     assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text
+
+
+def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> None:
+    args = gp.build_parser().parse_args(["quality", "--schemes", "block_size=64,block_size=128+is_symmetric=false"])
+    schemes = gp.parse_schemes(args.schemes)
+    assert schemes == [{"block_size": 64}, {"block_size": 128, "is_symmetric": False}]
+    assert gp.scheme_name(schemes[1]) == "ours-int4 (block_size=128, is_symmetric=False)"
+    assert gp.parse_schemes(gp.build_parser().parse_args(["quality"]).schemes) == []
+    for bad, why in (("bits=3", "keys block_size"), ("block_size", "keys block_size"), ("block_size=big", "integer")):
+        with pytest.raises(SystemExit, match=why):
+            gp.parse_schemes(bad)
+    with pytest.raises(SystemExit, match="true or false"):
+        gp.parse_schemes("is_symmetric=yes")
