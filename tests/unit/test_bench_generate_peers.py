@@ -181,3 +181,24 @@ def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> N
             gp.parse_schemes(bad)
     with pytest.raises(SystemExit, match="true or false"):
         gp.parse_schemes("is_symmetric=yes")
+
+
+def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_schemes() -> None:
+    from bench.generate import matmul
+
+    assert matmul.parse_schemes("32/4,128/8") == [(32, 4), (128, 8)]
+    for bad in ("", "48/4", "32/3", "32"):
+        with pytest.raises(SystemExit, match="--schemes"):
+            matmul.parse_schemes(bad)
+    specs = matmul.specs(head_bits=8)
+    assert len(specs) == 28 * 5 + 1 and specs[-1] == ("lm_head", 1024, 151_936, 8)
+    # Qwen3-0.6B's 28 layers (q/k/v fused: 2,048 + 2 x 1,024 rows) and the tied 151,936 x 1,024 LM head
+    assert (
+        sum(k * n for _, k, n, _ in specs)
+        == 28 * (1024 * 4096 + 2048 * 1024 + 2 * 1024 * 3072 + 3072 * 1024) + 1024 * 151_936
+    )
+    model = matmul.graph(64, 4, layers=1, vocab=256)
+    nodes = model.graph.node
+    assert [n.op_type for n in nodes] == ["MatMulNBits"] * 6
+    attrs = {a.name: a.i for a in nodes[-1].attribute}
+    assert attrs == {"K": 1024, "N": 256, "bits": 4, "block_size": 64, "accuracy_level": 4}
