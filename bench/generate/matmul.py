@@ -3,13 +3,13 @@ holding every MatMulNBits of a Qwen3-0.6B decode step at batch 1 (28 layers' fus
 then the 151,936-row LM head), each with weights of its own (the step streams ~0.4 GB of them, as the model does,
 instead of re-reading one cache-resident matrix), random values of the exact shapes.
 
-    .venv/bin/python bench/generate/matmul.py [--schemes 32/4,64/4,128/4,64/8] [--rounds 3] [--threads 2]
+    .venv/bin/python bench/generate/matmul.py [--schemes 32/4,64/4,128/4,64/8,64/4/asym] [--rounds 3] [--threads 2]
 
-A scheme is BLOCK/HEAD_BITS: MatMulNBits' block size (symmetric, accuracy level 4: int8 activations, as the
-packer's BUILDER_OPTIONS) for every layer, and the LM head's bits (4, or 8 as llama.cpp keeps its output matrix
-at 6-8 bits). Per round, in rotated order: CPU time per step of one intra-op thread (the thread's clock: what
-1.7 vCPU, which warmstart runs with one thread, pays; steady under a loaded host) and wall time per step with
---threads. The graphs are written once under --cache. Needs only onnxruntime and onnx (.venv).
+A scheme is BLOCK/HEAD_BITS[/asym]: MatMulNBits' block size (accuracy level 4: int8 activations, as the
+packer's BUILDER_OPTIONS; symmetric unless /asym: a zero point per block) for every layer, and the LM head's bits
+(4, or 8 as llama.cpp keeps its output matrix at 6-8 bits). Per round, in rotated order: CPU time per step of
+one intra-op thread (the thread's clock: what 1.7 vCPU, which warmstart runs with one thread, pays; steady under
+a loaded host) and wall time per step with --threads. The graphs are written once under --cache. Needs only onnxruntime and onnx (.venv).
 """
 
 from __future__ import annotations
@@ -38,17 +38,27 @@ LAYER = (
 )
 
 
-def parse_schemes(text: str) -> list[tuple[int, int]]:
-    """--schemes "32/4,64/8": (block size, LM head bits) pairs; refused with the valid values otherwise."""
+Scheme = tuple[int, int, bool]  # block size, LM head bits, asymmetric (zero points)
+
+
+def parse_schemes(text: str) -> list[Scheme]:
+    """--schemes "32/4,64/8,64/4/asym": (block size, LM head bits, asymmetric); refused with the valid values."""
     out = []
     for item in (x for x in text.split(",") if x.strip()):
-        block, _, bits = item.partition("/")
-        if block not in ("16", "32", "64", "128", "256") or bits not in ("4", "8"):
-            raise SystemExit(f"--schemes {item!r}: BLOCK/HEAD_BITS, BLOCK of 16, 32, 64, 128, 256, HEAD_BITS 4 or 8")
-        out.append((int(block), int(bits)))
+        block, bits, *rest = [*item.split("/"), ""]
+        if block not in ("16", "32", "64", "128", "256") or bits not in ("4", "8") or rest[:-1] not in ([], ["asym"]):
+            raise SystemExit(
+                f"--schemes {item!r}: BLOCK/HEAD_BITS[/asym], BLOCK of 16, 32, 64, 128, 256, HEAD_BITS 4 or 8"
+            )
+        out.append((int(block), int(bits), rest[:-1] == ["asym"]))
     if not out:
         raise SystemExit("--schemes: at least one BLOCK/HEAD_BITS, e.g. 32/4")
     return out
+
+
+def label(scheme: Scheme) -> str:
+    block, bits, asym = scheme
+    return f"block {block}, LM head {bits}-bit" + (", asymmetric" if asym else "")
 
 
 def specs(layers: int = LAYERS, head_bits: int = 4, vocab: int = VOCAB) -> list[tuple[str, int, int, int]]:
@@ -57,7 +67,7 @@ def specs(layers: int = LAYERS, head_bits: int = 4, vocab: int = VOCAB) -> list[
     return [*out, ("lm_head", HIDDEN, vocab, head_bits)]
 
 
-def graph(block: int, head_bits: int, layers: int = LAYERS, vocab: int = VOCAB) -> Any:
+def graph(block: int, head_bits: int, layers: int = LAYERS, vocab: int = VOCAB, asym: bool = False) -> Any:
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -70,6 +80,10 @@ def graph(block: int, head_bits: int, layers: int = LAYERS, vocab: int = VOCAB) 
         inits += [numpy_helper.from_array(weights, name + "_B"), numpy_helper.from_array(scales, name + "_S")]
         attrs = {"K": k, "N": n, "bits": bits, "block_size": block, "accuracy_level": 4}
         inputs = [f"A{k}", name + "_B", name + "_S"]
+        if asym:  # a zero point per block, packed `bits` wide (MatMulNBits' uint8 layout: N x ceil(blocks*bits/8))
+            points = rng.integers(0, 256, size=(n * ((blocks * bits + 7) // 8),), dtype=np.uint8)
+            inits.append(numpy_helper.from_array(points, name + "_Z"))
+            inputs.append(name + "_Z")
         nodes.append(helper.make_node("MatMulNBits", inputs, [name + "_Y"], domain="com.microsoft", **attrs))
         outs.append(helper.make_tensor_value_info(name + "_Y", TensorProto.FLOAT, [1, n]))
     ins = [helper.make_tensor_value_info(f"A{k}", TensorProto.FLOAT, [1, k]) for k in sorted({k for _, k, _ in LAYER})]
@@ -80,13 +94,15 @@ def graph(block: int, head_bits: int, layers: int = LAYERS, vocab: int = VOCAB) 
     )
 
 
-def written(cache: Path, block: int, head_bits: int) -> Path:
+def written(cache: Path, scheme: Scheme) -> Path:
     import onnx
 
-    path = cache / f"decode-matmuls-b{block}-h{head_bits}.onnx"
+    block, head_bits, asym = scheme
+    path = cache / f"decode-matmuls-b{block}-h{head_bits}{'-asym' if asym else ''}.onnx"
     if not path.is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        onnx.save(graph(block, head_bits), str(path), save_as_external_data=True, location=path.name + ".data")
+        model = graph(block, head_bits, asym=asym)
+        onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
         gc.collect()
     return path
 
@@ -111,16 +127,16 @@ def per_step(path: Path, threads: int, steps: int, clock: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--schemes", default="32/4,64/4,128/4,64/8", help="BLOCK/HEAD_BITS, comma-separated")
+    ap.add_argument("--schemes", default="32/4,64/4,128/4,64/8", help="BLOCK/HEAD_BITS[/asym], comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of the wall-time figure")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--cache", type=Path, default=ROOT / "build" / "bench" / "decode-matmuls")
     args = ap.parse_args(argv)
     schemes = parse_schemes(args.schemes)
-    paths = {s: written(args.cache, *s) for s in schemes}
-    cpu: dict[tuple[int, int], list[float]] = {s: [] for s in schemes}
-    wall: dict[tuple[int, int], list[float]] = {s: [] for s in schemes}
+    paths = {s: written(args.cache, s) for s in schemes}
+    cpu: dict[Scheme, list[float]] = {s: [] for s in schemes}
+    wall: dict[Scheme, list[float]] = {s: [] for s in schemes}
     loads = []
     for rnd in range(args.rounds):
         loads.append(os.getloadavg()[0])

@@ -186,8 +186,8 @@ def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> N
 def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_schemes() -> None:
     from bench.generate import matmul
 
-    assert matmul.parse_schemes("32/4,128/8") == [(32, 4), (128, 8)]
-    for bad in ("", "48/4", "32/3", "32"):
+    assert matmul.parse_schemes("32/4,128/8,64/4/asym") == [(32, 4, False), (128, 8, False), (64, 4, True)]
+    for bad in ("", "48/4", "32/3", "32", "64/4/zp"):
         with pytest.raises(SystemExit, match="--schemes"):
             matmul.parse_schemes(bad)
     specs = matmul.specs(head_bits=8)
@@ -199,6 +199,9 @@ def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_scheme
     )
     model = matmul.graph(64, 4, layers=1, vocab=256)
     nodes = model.graph.node
-    assert [n.op_type for n in nodes] == ["MatMulNBits"] * 6
+    assert [n.op_type for n in nodes] == ["MatMulNBits"] * 6 and all(len(n.input) == 3 for n in nodes)
+    asym = matmul.graph(64, 4, layers=1, vocab=256, asym=True)
+    points = {i.name: i for i in asym.graph.initializer}["lm_head_Z"]
+    assert all(len(n.input) == 4 for n in asym.graph.node) and points.dims == [256 * 8]  # 16 blocks x 4 bits
     attrs = {a.name: a.i for a in nodes[-1].attribute}
     assert attrs == {"K": 1024, "N": 256, "bits": 4, "block_size": 64, "accuracy_level": 4}
