@@ -9,7 +9,8 @@ A scheme is BLOCK/HEAD_BITS[/asym]: MatMulNBits' block size (accuracy level 4: i
 packer's BUILDER_OPTIONS; symmetric unless /asym: a zero point per block) for every layer, and the LM head's bits
 (4, or 8 as llama.cpp keeps its output matrix at 6-8 bits). Per round, in rotated order: CPU time per step of
 one intra-op thread (the thread's clock: what 1.7 vCPU, which warmstart runs with one thread, pays; steady under
-a loaded host) and wall time per step with --threads. The graphs are written once under --cache. Needs only onnxruntime and onnx (.venv).
+a loaded host) and wall time per step with --threads. The graphs
+are written once under --cache. Needs only onnxruntime and onnx (.venv).
 """
 
 from __future__ import annotations
