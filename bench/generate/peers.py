@@ -415,12 +415,29 @@ def speed(args: argparse.Namespace) -> int:
                         peak_rss_mb=rss,
                     )
     results.meta["load_end"] = [round(x, 1) for x in os.getloadavg()]
-    results.save(Path(args.out), speed_markdown(results.rows, args))
+    tokens = args.prompt_tokens + args.max_tokens
+    targets = {n: rss_target_mb(p["ours-" + n.split("-", 1)[1]], tokens) for n in names if n.startswith("ours-")}
+    results.meta["rss_targets"] = targets
+    results.save(Path(args.out), speed_markdown(results.rows, args, targets))
     return 0
 
 
-def speed_markdown(rows: list[dict[str, Any]], args: Any) -> str:
-    """The figures table (medians and ranges per variant) and the ratio table (ours / llama per round)."""
+RSS_SLACK_MB = 150  # issue 35's peak RSS target: weights + KV budget + 150 MB
+
+
+def rss_target_mb(pack: Path, tokens: int) -> dict[str, float]:
+    """Issue 35's peak RSS target for `pack` holding `tokens` positions: its weights file, the float32 KV cache of
+    `tokens` (layers x 2 x kv heads x head size x 4 bytes each, from genai_config.json), and 150 MB."""
+    decoder = json.loads((pack / "genai_config.json").read_text())["model"]["decoder"]
+    per_token = decoder["num_hidden_layers"] * 2 * decoder["num_key_value_heads"] * decoder["head_size"] * 4
+    weights = (pack / "model.onnx.data").stat().st_size / 2**20
+    kv = tokens * per_token / 2**20
+    return {"weights_mb": weights, "kv_mb": kv, "target_mb": weights + kv + RSS_SLACK_MB}
+
+
+def speed_markdown(rows: list[dict[str, Any]], args: Any, targets: dict[str, dict[str, float]] | None = None) -> str:
+    """The figures table (medians and ranges per variant), the ratio table (ours / llama per round) and each of our
+    packs' peak RSS against its target (`targets`: rss_target_mb per variant)."""
     out = []
     for vcpus in sorted({r["vcpus"] for r in rows}):
         at = [r for r in rows if r["vcpus"] == vcpus]
@@ -456,6 +473,14 @@ def speed_markdown(rows: list[dict[str, Any]], args: Any) -> str:
             cells = [fmt_ratio(ratios(at, key, n, base)) for key in KEYS]
             ratio_rows.append([f"{n} / {base}", *cells])
         out.append(table(["ratio (within a round)", *KEY_LABEL.values()], ratio_rows))
+        out.append("")
+        for n, t in (targets or {}).items():
+            got = [r["peak_rss_mb"] for r in at if r["variant"] == n]
+            if got:
+                out.append(
+                    f"- {n} peak RSS {statistics.median(got):,.0f} MB against its target {t['target_mb']:,.0f} MB "
+                    f"({t['weights_mb']:,.0f} MB weights + {t['kv_mb']:,.0f} MB KV + {RSS_SLACK_MB} MB)"
+                )
         out.append("")
     return "\n".join(out)
 

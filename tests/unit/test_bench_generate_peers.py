@@ -3,6 +3,7 @@ engine is started here (the bench itself is never required by the suite)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +87,18 @@ def test_the_table_quotes_ratios_taken_within_each_round() -> None:
     want = "| ours-int4 / llama-Q4_0 | 2.00x (1.00-3.00) | 1.50x (1.00-2.00) | 0.90x (0.80-1.00) | 1.50x (1.50-1.62) |"
     assert want in md
     assert "| llama-Q4_0 | 1,000 ms (1,000-1,500) |" in md
+    target = {"weights_mb": 400.0, "kv_mb": 126.0, "target_mb": 676.0}
+    md = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64), {"ours-int4": target})
+    assert "- ours-int4 peak RSS 1,200 MB against its target 676 MB (400 MB weights + 126 MB KV + 150 MB)" in md
+
+
+def test_the_rss_target_is_the_weights_file_the_kv_of_the_tokens_and_150_mb(tmp_path: Path) -> None:
+    decoder = {"num_hidden_layers": 28, "num_key_value_heads": 8, "head_size": 128}
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
+    (tmp_path / "model.onnx.data").write_bytes(b"\0" * 2**20)
+    got = gp.rss_target_mb(tmp_path, 576)
+    # Qwen3-0.6B: 28 x 2 x 8 x 128 x 4 = 229,376 bytes a position
+    assert got == {"weights_mb": 1.0, "kv_mb": 576 * 229_376 / 2**20, "target_mb": 1.0 + 576 * 229_376 / 2**20 + 150}
 
 
 def test_gguf_tensor_names_map_to_hugging_faces_and_unknown_ones_are_refused() -> None:
