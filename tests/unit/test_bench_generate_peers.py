@@ -218,3 +218,21 @@ def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_scheme
     assert all(len(n.input) == 4 for n in asym.graph.node) and points.dims == [256 * 8]  # 16 blocks x 4 bits
     attrs = {a.name: a.i for a in nodes[-1].attribute}
     assert attrs == {"K": 1024, "N": 256, "bits": 4, "block_size": 64, "accuracy_level": 4}
+
+
+def test_decode_profile_sizes_the_shared_kv_buffer_and_sums_kernel_time_per_op() -> None:
+    from bench.generate import profile
+
+    assert profile.kv_shape(["batch_size", 8, "past_sequence_length", "kv_cache_dim"], 544, 128) == [1, 8, 544, 128]
+    with pytest.raises(SystemExit, match="'heads'"):
+        profile.kv_shape(["batch_size", "heads", "past_sequence_length", 128], 544, 128)
+    events = [
+        {"cat": "Node", "name": "/lm_head/MatMul_Q4_kernel_time", "dur": 30, "args": {"op_name": "MatMulNBits"}},
+        {"cat": "Node", "name": "/l0/up/MatMul_Q4_kernel_time", "dur": 10, "args": {"op_name": "MatMulNBits"}},
+        {"cat": "Node", "name": "/l0/attn/GQA_kernel_time", "dur": 5, "args": {"op_name": "GroupQueryAttention"}},
+        {"cat": "Node", "name": "/l0/attn/GQA_fence_before", "dur": 99, "args": {"op_name": "GroupQueryAttention"}},
+        {"cat": "Session", "name": "model_run", "dur": 1000},
+    ]
+    by_op, by_node = profile.op_totals(events)
+    assert by_op == {"MatMulNBits": 40, "GroupQueryAttention": 5}
+    assert by_node.most_common(1) == [("/lm_head/MatMul_Q4", 30)]
