@@ -17,8 +17,8 @@ speed: per --vcpus quota and round, every variant a fresh long-lived child (benc
   cache warm), a --prompt-tokens prompt with --max-tokens greedy tokens twice (the second's time to first token
   and decode tokens/s), peak RSS. ours = handler.app's runtime on the pack (the HTTP host's streamed path),
   started as Lambda starts it on demand (no warm-up generation at init), handler/ byte-compiled first as the
-  images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: built by hand, never on
-  warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
+  images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: bench/generate/build_llama.sh,
+  never on warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
   count warmstart takes from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
 quality: greedy agreement with float32 transformers (the prefix before the first divergence, on the pack gate's
   built-in prompts through the chat template, 16 tokens each) and perplexity on built-in text, for our int4 and
