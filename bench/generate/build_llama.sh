@@ -41,9 +41,11 @@ if grep -qw amx_int8 /proc/cpuinfo && [ -n "${PROBE_GGUF:-}" ] && ! probe "$PROB
         -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
         -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_COMMON=OFF $OFF
     cmake --build "$BUILD" -j 2 --target ggml-cpu
-    so=$(basename "$(readlink -f "$LIB/libggml-cpu.so")")
-    [ -f "$LIB/$so.amx" ] || cp "$LIB/$so" "$LIB/$so.amx"
-    cp "$(readlink -f "$BUILD/bin/libggml-cpu.so")" "$LIB/$so"
+    built=$(readlink -f "$BUILD/bin/libggml-cpu.so")
+    [ -f "$LIB/libggml-cpu.so.amx" ] || cp "$LIB/libggml-cpu.so" "$LIB/libggml-cpu.so.amx"
+    for so in "$LIB"/libggml-cpu.so "$LIB"/libggml-cpu.so.[0-9]*; do  # the wheel holds copies, not links
+        case $so in *.amx) ;; *) cp "$built" "$so" ;; esac
+    done
     probe "$PROBE_GGUF"
 fi
 "$VENV/bin/python" -c "import llama_cpp; print(llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())"
