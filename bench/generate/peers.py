@@ -194,7 +194,7 @@ def pack_command(source: Path, out: Path, quantize: str) -> list[str]:
     ]  # fmt: skip
 
 
-def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK) -> dict[str, Path]:
+def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK, optimized: bool = False) -> dict[str, Path]:
     p = paths(model, work)
     pairs = pairs or list(PAIRS)
     if model == "smollm2":
@@ -216,6 +216,14 @@ def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK) -> di
     for kind in (PAIRS[q] for q in pairs):
         if not p[f"llama-{kind}"].is_file():
             run(quantize_command(p["gguf-f32"], p[f"llama-{kind}"], kind))
+    for q in pairs if optimized else []:  # as an image build does: `warmstart optimize` on a copy of the pack
+        copy = optimized_copy(p[f"ours-{q}"])
+        if not (copy / "model.opt.onnx").is_file():
+            import shutil
+
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(p[f"ours-{q}"], copy)
+            run([sys.executable, "-m", "infra.cli", "optimize", copy], env=env, cwd=ROOT)
     for name, path in p.items():
         print(f"{name}: {path}")
     return p
@@ -372,11 +380,19 @@ def child_command(variant: str, p: dict[str, Path], threads: int, vcpus: float) 
     return [sys.executable, DRIVER, "serve", "ours", "--model", model], env
 
 
+def optimized_copy(pack: Path) -> Path:
+    """Where `warmstart optimize` writes its copy of `pack` (PACK-opt, made by `prepare --optimized`)."""
+    return pack.with_name(pack.name + "-opt")
+
+
 def speed(args: argparse.Namespace) -> int:
     why = need_root()
     if why:
         raise SystemExit(f"bench/generate/peers.py speed {why}")
     p = paths(args.model)
+    if args.optimized:  # ours on its `warmstart optimize` copy (prepacked weights mapped); genai keeps model.onnx
+        for q in PAIRS:
+            p[f"ours-{q}"] = optimized_copy(p[f"ours-{q}"])
     names = variants(csv(args.pairs, PAIRS, "pairs"), genai=not args.no_genai)
     missing = [str(p[n if n.startswith("llama") else "ours-" + n.split("-", 1)[1]]) for n in names]
     missing = [m for m in missing if not Path(m).exists()]
@@ -659,13 +675,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prepare", help="source directory, our packs, llama.cpp's GGUFs")
     pr.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
     pr.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
-    pr.set_defaults(func=lambda a: prepare(a.model, csv(a.pairs, PAIRS, "pairs")) and 0)
+    pr.add_argument("--optimized", action="store_true", help="also `warmstart optimize` a copy of each pack")
+    pr.set_defaults(func=lambda a: prepare(a.model, csv(a.pairs, PAIRS, "pairs"), optimized=a.optimized) and 0)
     sp = sub.add_parser("speed", help="cold start, warm TTFT, decode tok/s, peak RSS against llama.cpp")
     sp.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
     sp.add_argument("--rounds", type=int, default=3)
     sp.add_argument("--vcpus", default="1.7,2", help="comma-separated CPU quotas (default %(default)s)")
     sp.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     sp.add_argument("--no-genai", action="store_true", help="leave out onnxruntime-genai's own loop")
+    sp.add_argument(
+        "--optimized", action="store_true", help="ours on the packs' `warmstart optimize` copies (prepare --optimized)"
+    )
     sp.add_argument("--prompt-tokens", type=int, default=512)
     sp.add_argument("--max-tokens", type=int, default=64)
     sp.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers")

@@ -236,3 +236,10 @@ def test_decode_profile_sizes_the_shared_kv_buffer_and_sums_kernel_time_per_op()
     by_op, by_node = profile.op_totals(events)
     assert by_op == {"MatMulNBits": 40, "GroupQueryAttention": 5}
     assert by_node.most_common(1) == [("/lm_head/MatMul_Q4", 30)]
+
+
+def test_optimized_runs_take_ours_from_the_packs_optimize_copy() -> None:
+    args = gp.build_parser().parse_args(["speed", "--optimized", "--pairs", "int4"])
+    assert args.optimized and not gp.build_parser().parse_args(["speed"]).optimized
+    assert gp.build_parser().parse_args(["prepare", "--optimized"]).optimized
+    assert gp.optimized_copy(Path("/w/qwen3-0.6b/ours-int4")) == Path("/w/qwen3-0.6b/ours-int4-opt")
