@@ -221,7 +221,7 @@ def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_scheme
 
 
 def test_decode_profile_sizes_the_shared_kv_buffer_and_sums_kernel_time_per_op() -> None:
-    from bench.generate import profile
+    from bench.generate import decode_profile as profile
 
     assert profile.kv_shape(["batch_size", 8, "past_sequence_length", "kv_cache_dim"], 544, 128) == [1, 8, 544, 128]
     with pytest.raises(SystemExit, match="'heads'"):
@@ -243,3 +243,13 @@ def test_optimized_runs_take_ours_from_the_packs_optimize_copy() -> None:
     assert args.optimized and not gp.build_parser().parse_args(["speed"]).optimized
     assert gp.build_parser().parse_args(["prepare", "--optimized"]).optimized
     assert gp.optimized_copy(Path("/w/qwen3-0.6b/ours-int4")) == Path("/w/qwen3-0.6b/ours-int4-opt")
+
+
+def test_no_bench_script_shadows_a_standard_library_module() -> None:
+    # A script run as `python bench/X/y.py` puts bench/X first on sys.path: a `profile.py` there replaced the
+    # stdlib's `profile` under torch's imports and peers.py quality died in transformers' lazy import.
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    shadows = [str(p.relative_to(bench)) for p in bench.rglob("*.py") if p.stem in sys.stdlib_module_names]
+    assert shadows == []

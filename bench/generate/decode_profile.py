@@ -3,7 +3,7 @@ onnxruntime-genai runs a decode step (one new token after --past positions; past
 buffer of max length, bound both ways, as genai's past_present_share_buffer does), time per op type and the
 slowest nodes.
 
-    .venv/bin/python bench/generate/profile.py --pack DIR [--past 512] [--steps 30] [--threads 1]
+    .venv/bin/python bench/generate/decode_profile.py --pack DIR [--past 512] [--steps 30] [--threads 1]
 
 The profiler's times are wall time: on a loaded host read the shares, not the milliseconds; the step's CPU time
 (this thread's clock: with one intra-op thread the step runs on it) is printed beside them.
