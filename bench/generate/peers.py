@@ -17,8 +17,8 @@ speed: per --vcpus quota and round, every variant a fresh long-lived child (benc
   cache warm), a --prompt-tokens prompt with --max-tokens greedy tokens twice (the second's time to first token
   and decode tokens/s), peak RSS. ours = handler.app's runtime on the pack (the HTTP host's streamed path),
   started as Lambda starts it on demand (no warm-up generation at init), handler/ byte-compiled first as the
-  images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: built by hand, never on
-  warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
+  images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: bench/generate/build_llama.sh,
+  never on warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
   count warmstart takes from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
 quality: greedy agreement with float32 transformers (the prefix before the first divergence, on the pack gate's
   built-in prompts through the chat template, 16 tokens each) and perplexity on built-in text, for our int4 and
@@ -194,7 +194,7 @@ def pack_command(source: Path, out: Path, quantize: str) -> list[str]:
     ]  # fmt: skip
 
 
-def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK) -> dict[str, Path]:
+def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK, optimized: bool = False) -> dict[str, Path]:
     p = paths(model, work)
     pairs = pairs or list(PAIRS)
     if model == "smollm2":
@@ -216,6 +216,14 @@ def prepare(model: str, pairs: list[str] | None = None, work: Path = WORK) -> di
     for kind in (PAIRS[q] for q in pairs):
         if not p[f"llama-{kind}"].is_file():
             run(quantize_command(p["gguf-f32"], p[f"llama-{kind}"], kind))
+    for q in pairs if optimized else []:  # as an image build does: `warmstart optimize` on a copy of the pack
+        copy = optimized_copy(p[f"ours-{q}"])
+        if not (copy / "model.opt.onnx").is_file():
+            import shutil
+
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(p[f"ours-{q}"], copy)
+            run([sys.executable, "-m", "infra.cli", "optimize", copy], env=env, cwd=ROOT)
     for name, path in p.items():
         print(f"{name}: {path}")
     return p
@@ -372,11 +380,19 @@ def child_command(variant: str, p: dict[str, Path], threads: int, vcpus: float) 
     return [sys.executable, DRIVER, "serve", "ours", "--model", model], env
 
 
+def optimized_copy(pack: Path) -> Path:
+    """Where `warmstart optimize` writes its copy of `pack` (PACK-opt, made by `prepare --optimized`)."""
+    return pack.with_name(pack.name + "-opt")
+
+
 def speed(args: argparse.Namespace) -> int:
     why = need_root()
     if why:
         raise SystemExit(f"bench/generate/peers.py speed {why}")
     p = paths(args.model)
+    if args.optimized:  # ours on its `warmstart optimize` copy (prepacked weights mapped); genai keeps model.onnx
+        for q in PAIRS:
+            p[f"ours-{q}"] = optimized_copy(p[f"ours-{q}"])
     names = variants(csv(args.pairs, PAIRS, "pairs"), genai=not args.no_genai)
     missing = [str(p[n if n.startswith("llama") else "ours-" + n.split("-", 1)[1]]) for n in names]
     missing = [m for m in missing if not Path(m).exists()]
@@ -415,12 +431,29 @@ def speed(args: argparse.Namespace) -> int:
                         peak_rss_mb=rss,
                     )
     results.meta["load_end"] = [round(x, 1) for x in os.getloadavg()]
-    results.save(Path(args.out), speed_markdown(results.rows, args))
+    tokens = args.prompt_tokens + args.max_tokens
+    targets = {n: rss_target_mb(p["ours-" + n.split("-", 1)[1]], tokens) for n in names if n.startswith("ours-")}
+    results.meta["rss_targets"] = targets
+    results.save(Path(args.out), speed_markdown(results.rows, args, targets))
     return 0
 
 
-def speed_markdown(rows: list[dict[str, Any]], args: Any) -> str:
-    """The figures table (medians and ranges per variant) and the ratio table (ours / llama per round)."""
+RSS_SLACK_MB = 150  # issue 35's peak RSS target: weights + KV budget + 150 MB
+
+
+def rss_target_mb(pack: Path, tokens: int) -> dict[str, float]:
+    """Issue 35's peak RSS target for `pack` holding `tokens` positions: its weights file, the float32 KV cache of
+    `tokens` (layers x 2 x kv heads x head size x 4 bytes each, from genai_config.json), and 150 MB."""
+    decoder = json.loads((pack / "genai_config.json").read_text())["model"]["decoder"]
+    per_token = decoder["num_hidden_layers"] * 2 * decoder["num_key_value_heads"] * decoder["head_size"] * 4
+    weights = (pack / "model.onnx.data").stat().st_size / 2**20
+    kv = tokens * per_token / 2**20
+    return {"weights_mb": weights, "kv_mb": kv, "target_mb": weights + kv + RSS_SLACK_MB}
+
+
+def speed_markdown(rows: list[dict[str, Any]], args: Any, targets: dict[str, dict[str, float]] | None = None) -> str:
+    """The figures table (medians and ranges per variant), the ratio table (ours / llama per round) and each of our
+    packs' peak RSS against its target (`targets`: rss_target_mb per variant)."""
     out = []
     for vcpus in sorted({r["vcpus"] for r in rows}):
         at = [r for r in rows if r["vcpus"] == vcpus]
@@ -457,6 +490,14 @@ def speed_markdown(rows: list[dict[str, Any]], args: Any) -> str:
             ratio_rows.append([f"{n} / {base}", *cells])
         out.append(table(["ratio (within a round)", *KEY_LABEL.values()], ratio_rows))
         out.append("")
+        for n, t in (targets or {}).items():
+            got = [r["peak_rss_mb"] for r in at if r["variant"] == n]
+            if got:
+                out.append(
+                    f"- {n} peak RSS {statistics.median(got):,.0f} MB against its target {t['target_mb']:,.0f} MB "
+                    f"({t['weights_mb']:,.0f} MB weights + {t['kv_mb']:,.0f} MB KV + {RSS_SLACK_MB} MB)"
+                )
+        out.append("")
     return "\n".join(out)
 
 
@@ -491,6 +532,48 @@ def perplexity(nll: list[float]) -> float:
     return math.exp(statistics.fmean(nll)) if nll else math.nan
 
 
+# The builder options a --schemes entry may set (infra.pack.lm_pack.BUILDER_OPTIONS' int4 keys) and their types.
+SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool}
+
+
+def parse_schemes(text: str) -> list[dict[str, int | bool]]:
+    """--schemes "block_size=64,block_size=128+is_symmetric=false": int4 builder options per extra pack, each
+    key=value of SCHEME_KEYS; refused with the valid keys otherwise."""
+    out: list[dict[str, int | bool]] = []
+    for item in (x for x in text.split(",") if x.strip()):
+        options: dict[str, int | bool] = {}
+        for pair in item.split("+"):
+            key, sep, value = pair.partition("=")
+            if not sep or key not in SCHEME_KEYS:
+                raise SystemExit(f"--schemes {item!r}: key=value pairs joined by '+', keys {', '.join(SCHEME_KEYS)}")
+            if SCHEME_KEYS[key] is bool:
+                if value.lower() not in ("true", "false"):
+                    raise SystemExit(f"--schemes {item!r}: {key} is true or false")
+                options[key] = value.lower() == "true"
+            else:
+                try:
+                    options[key] = int(value)
+                except ValueError:
+                    raise SystemExit(f"--schemes {item!r}: {key} is an integer") from None
+        out.append(options)
+    return out
+
+
+def scheme_name(options: dict[str, int | bool]) -> str:
+    return "ours-int4 (" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+
+
+def scheme_pack(source: Path, base: Path, options: dict[str, int | bool]) -> Path:
+    """`source` packed int4 with `options` over the packer's own (its gate's figures recorded, never refused)."""
+    from infra.pack.lm_pack import pack_lm
+    from infra.pack.precision import Precision
+
+    out = base / ("ours-int4-" + "-".join(f"{k}={v}" for k, v in sorted(options.items())))
+    if not (out / "manifest.json").is_file():
+        pack_lm(source, out, precision=Precision(quantize="int4", min_quality=0.0), builder_options=options, force=True)
+    return out
+
+
 def quality(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -504,15 +587,17 @@ def quality(args: argparse.Namespace) -> int:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     pairs = csv(args.pairs, PAIRS, "pairs")
+    schemes = parse_schemes(args.schemes)
     eos = set(json.loads((p[f"ours-{pairs[0]}"] / "manifest.json").read_text())["generation"]["eos_token_ids"])
     prompts = [prompt_ids(tokenizer, tokenizer.chat_template, t) for t in builtin_prompts()]
     reference = [reference_greedy(model, ids, NEW_TOKENS, eos) for ids in prompts]
     text_ids = tokenizer(PPL_TEXT, add_special_tokens=False)["input_ids"][: args.ppl_tokens]
     ref_nll = nll_reference(model, text_ids)
     del model
-    rows = [["float32 (transformers)", "1.00", f"{perplexity(ref_nll):.3f}"]]
+    rows = [["float32 (transformers)", "1.00", f"{perplexity(ref_nll):.3f}", "-"]]
     figures: dict[str, Any] = {"float32": {"greedy": 1.0, "ppl": perplexity(ref_nll)}}
     engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in pairs]
+    engines += [(scheme_name(o), "genai", scheme_pack(source, p["ours-int4"].parent, o)) for o in schemes]
     engines += [(f"llama-{PAIRS[q]}", "llama", p[f"llama-{PAIRS[q]}"]) for q in pairs]
     for name, kind, path in engines:
         python = str(LLAMA_VENV / "bin" / "python") if kind == "llama" else sys.executable
@@ -527,14 +612,21 @@ def quality(args: argparse.Namespace) -> int:
         finally:
             child.close()
         figures[name] = {"greedy": statistics.fmean(agree), "ppl": perplexity(nll)}
-        rows.append([name, f"{figures[name]['greedy']:.2f}", f"{figures[name]['ppl']:.3f}"])
+        gate = "-"
+        if kind == "genai":  # the pack's own quality gate (greedy / top-1 agreement on the built-in prompts)
+            q = json.loads((path / "manifest.json").read_text())["precision"]["quality"]
+            figures[name]["gate"] = q
+            gate = f"{q['greedy_agreement']:.3f} / {q['top1_agreement']:.3f}"
+        rows.append([name, f"{figures[name]['greedy']:.2f}", f"{figures[name]['ppl']:.3f}", gate])
         print(name, figures[name], file=sys.stderr, flush=True)
     results = Results("generate-peers-quality", {k: v for k, v in vars(args).items() if k != "func"})
     results.add(model=args.model, prompts=len(prompts), ppl_tokens=len(text_ids), **{"figures": figures})
     md = (
         f"{args.model}: greedy agreement with float32 transformers ({len(prompts)} built-in prompts, "
         f"{NEW_TOKENS} tokens, prefix before the first divergence) and perplexity on {len(text_ids)} tokens of "
-        "built-in text\n\n" + table(["variant", "greedy agreement", "perplexity"], rows) + "\n"
+        "built-in text\n\n"
+        + table(["variant", "greedy agreement", "perplexity", "pack gate (greedy / top-1)"], rows)
+        + "\n"
     )
     results.save(Path(args.out), md)
     return 0
@@ -583,13 +675,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prepare", help="source directory, our packs, llama.cpp's GGUFs")
     pr.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
     pr.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
-    pr.set_defaults(func=lambda a: prepare(a.model, csv(a.pairs, PAIRS, "pairs")) and 0)
+    pr.add_argument("--optimized", action="store_true", help="also `warmstart optimize` a copy of each pack")
+    pr.set_defaults(func=lambda a: prepare(a.model, csv(a.pairs, PAIRS, "pairs"), optimized=a.optimized) and 0)
     sp = sub.add_parser("speed", help="cold start, warm TTFT, decode tok/s, peak RSS against llama.cpp")
     sp.add_argument("--model", choices=MODELS, default="qwen3-0.6b")
     sp.add_argument("--rounds", type=int, default=3)
     sp.add_argument("--vcpus", default="1.7,2", help="comma-separated CPU quotas (default %(default)s)")
     sp.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     sp.add_argument("--no-genai", action="store_true", help="leave out onnxruntime-genai's own loop")
+    sp.add_argument(
+        "--optimized", action="store_true", help="ours on the packs' `warmstart optimize` copies (prepare --optimized)"
+    )
     sp.add_argument("--prompt-tokens", type=int, default=512)
     sp.add_argument("--max-tokens", type=int, default=64)
     sp.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers")
@@ -599,6 +695,11 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--threads", type=int, default=2)
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
+    qu.add_argument(
+        "--schemes",
+        default="",
+        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64); default none",
+    )
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)
     pl = sub.add_parser("plot", help="the ratio figure from a speed run's runs.json")

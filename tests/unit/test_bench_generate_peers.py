@@ -3,6 +3,7 @@ engine is started here (the bench itself is never required by the suite)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +87,18 @@ def test_the_table_quotes_ratios_taken_within_each_round() -> None:
     want = "| ours-int4 / llama-Q4_0 | 2.00x (1.00-3.00) | 1.50x (1.00-2.00) | 0.90x (0.80-1.00) | 1.50x (1.50-1.62) |"
     assert want in md
     assert "| llama-Q4_0 | 1,000 ms (1,000-1,500) |" in md
+    target = {"weights_mb": 400.0, "kv_mb": 126.0, "target_mb": 676.0}
+    md = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64), {"ours-int4": target})
+    assert "- ours-int4 peak RSS 1,200 MB against its target 676 MB (400 MB weights + 126 MB KV + 150 MB)" in md
+
+
+def test_the_rss_target_is_the_weights_file_the_kv_of_the_tokens_and_150_mb(tmp_path: Path) -> None:
+    decoder = {"num_hidden_layers": 28, "num_key_value_heads": 8, "head_size": 128}
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
+    (tmp_path / "model.onnx.data").write_bytes(b"\0" * 2**20)
+    got = gp.rss_target_mb(tmp_path, 576)
+    # Qwen3-0.6B: 28 x 2 x 8 x 128 x 4 = 229,376 bytes a position
+    assert got == {"weights_mb": 1.0, "kv_mb": 576 * 229_376 / 2**20, "target_mb": 1.0 + 576 * 229_376 / 2**20 + 150}
 
 
 def test_gguf_tensor_names_map_to_hugging_faces_and_unknown_ones_are_refused() -> None:
@@ -168,3 +181,75 @@ def test_cold_variants_start_as_a_host_as_lambda_and_as_the_before_ref() -> None
     ]
     text = cold.markdown(rows, SimpleNamespace(vcpus=1.7), ["ours-lambda", "genai"])
     assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text
+
+
+def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> None:
+    args = gp.build_parser().parse_args(["quality", "--schemes", "block_size=64,block_size=128+is_symmetric=false"])
+    schemes = gp.parse_schemes(args.schemes)
+    assert schemes == [{"block_size": 64}, {"block_size": 128, "is_symmetric": False}]
+    assert gp.scheme_name(schemes[1]) == "ours-int4 (block_size=128, is_symmetric=False)"
+    assert gp.parse_schemes(gp.build_parser().parse_args(["quality"]).schemes) == []
+    for bad, why in (("bits=3", "keys block_size"), ("block_size", "keys block_size"), ("block_size=big", "integer")):
+        with pytest.raises(SystemExit, match=why):
+            gp.parse_schemes(bad)
+    with pytest.raises(SystemExit, match="true or false"):
+        gp.parse_schemes("is_symmetric=yes")
+
+
+def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_schemes() -> None:
+    from bench.generate import matmul
+
+    assert matmul.parse_schemes("32/4,128/8,64/4/asym") == [(32, 4, False), (128, 8, False), (64, 4, True)]
+    for bad in ("", "48/4", "32/3", "32", "64/4/zp"):
+        with pytest.raises(SystemExit, match="--schemes"):
+            matmul.parse_schemes(bad)
+    specs = matmul.specs(head_bits=8)
+    assert len(specs) == 28 * 5 + 1 and specs[-1] == ("lm_head", 1024, 151_936, 8)
+    # Qwen3-0.6B's 28 layers (q/k/v fused: 2,048 + 2 x 1,024 rows) and the tied 151,936 x 1,024 LM head
+    assert (
+        sum(k * n for _, k, n, _ in specs)
+        == 28 * (1024 * 4096 + 2048 * 1024 + 2 * 1024 * 3072 + 3072 * 1024) + 1024 * 151_936
+    )
+    model = matmul.graph(64, 4, layers=1, vocab=256)
+    nodes = model.graph.node
+    assert [n.op_type for n in nodes] == ["MatMulNBits"] * 6 and all(len(n.input) == 3 for n in nodes)
+    asym = matmul.graph(64, 4, layers=1, vocab=256, asym=True)
+    points = {i.name: i for i in asym.graph.initializer}["lm_head_Z"]
+    assert all(len(n.input) == 4 for n in asym.graph.node) and points.dims == [256 * 8]  # 16 blocks x 4 bits
+    attrs = {a.name: a.i for a in nodes[-1].attribute}
+    assert attrs == {"K": 1024, "N": 256, "bits": 4, "block_size": 64, "accuracy_level": 4}
+
+
+def test_decode_profile_sizes_the_shared_kv_buffer_and_sums_kernel_time_per_op() -> None:
+    from bench.generate import decode_profile as profile
+
+    assert profile.kv_shape(["batch_size", 8, "past_sequence_length", "kv_cache_dim"], 544, 128) == [1, 8, 544, 128]
+    with pytest.raises(SystemExit, match="'heads'"):
+        profile.kv_shape(["batch_size", "heads", "past_sequence_length", 128], 544, 128)
+    events = [
+        {"cat": "Node", "name": "/lm_head/MatMul_Q4_kernel_time", "dur": 30, "args": {"op_name": "MatMulNBits"}},
+        {"cat": "Node", "name": "/l0/up/MatMul_Q4_kernel_time", "dur": 10, "args": {"op_name": "MatMulNBits"}},
+        {"cat": "Node", "name": "/l0/attn/GQA_kernel_time", "dur": 5, "args": {"op_name": "GroupQueryAttention"}},
+        {"cat": "Node", "name": "/l0/attn/GQA_fence_before", "dur": 99, "args": {"op_name": "GroupQueryAttention"}},
+        {"cat": "Session", "name": "model_run", "dur": 1000},
+    ]
+    by_op, by_node = profile.op_totals(events)
+    assert by_op == {"MatMulNBits": 40, "GroupQueryAttention": 5}
+    assert by_node.most_common(1) == [("/lm_head/MatMul_Q4", 30)]
+
+
+def test_optimized_runs_take_ours_from_the_packs_optimize_copy() -> None:
+    args = gp.build_parser().parse_args(["speed", "--optimized", "--pairs", "int4"])
+    assert args.optimized and not gp.build_parser().parse_args(["speed"]).optimized
+    assert gp.build_parser().parse_args(["prepare", "--optimized"]).optimized
+    assert gp.optimized_copy(Path("/w/qwen3-0.6b/ours-int4")) == Path("/w/qwen3-0.6b/ours-int4-opt")
+
+
+def test_no_bench_script_shadows_a_standard_library_module() -> None:
+    # A script run as `python bench/X/y.py` puts bench/X first on sys.path: a `profile.py` there replaced the
+    # stdlib's `profile` under torch's imports and peers.py quality died in transformers' lazy import.
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    shadows = [str(p.relative_to(bench)) for p in bench.rglob("*.py") if p.stem in sys.stdlib_module_names]
+    assert shadows == []
