@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +50,15 @@ ACCURACY_LEVEL = 4  # int8 activations (per block), integer dot products: MLAS's
 SEARCH_COSINE = 0.99  # the worst cosine int8's sensitivity search aims at, at least (infra.pack.int8_search)
 ALPHA = 0.5  # SmoothQuant's migration strength (the paper's default for BERT-sized encoders)
 # int8: an activation channel whose calibration peak is past OUTLIER_CHANNEL x the median channel's keeps its
-# products in float32 (LLM.int8()'s decomposition), at most MAX_OUTLIER_CHANNELS per group: a few tokens (a
-# text of special tokens alone) carry massive values in a few channels, and a row scale set by them rounds the
-# row's other channels to 0 (all-mpnet-base-v2's `</s>`: cosine 0.32 without)
-OUTLIER_CHANNEL = 0.0
+# products in float32 (LLM.int8()'s decomposition), at most MAX_OUTLIER_CHANNELS per group: the row scale is
+# then set by the row's ordinary channels (7-bit weights, 516 texts: p1 0.957 -> 0.989 on all-mpnet-base-v2,
+# 0.9922 -> 0.9945 on MiniLM; mpnet's peaks reach 50-100x the median channel's)
+OUTLIER_CHANNEL = 6.0
 MAX_OUTLIER_CHANNELS = 16
+# int8: 8-bit weights (+-127). The CPUs measured with VNNI/AMX (MLAS's tdpbusd / vpdpbusd) add u8 x s8 products in
+# int32; AVX2 alone adds pairs in int16 (vpmaddubsw) and saturates there (7 bits kept it inside: MiniLM min
+# cosine 0.986 vs 0.969 on an AVX2 host). 7 bits cost mpnet its gate: p1 0.989 vs 0.9925 at 8 (outlier channels)
+WEIGHT_BITS = 8
 QUANTIZE_OPSET = 21  # QuantizeLinear's block_size (a block per row)
 QUANTIZE_IR = 10  # what opset 21 needs
 Feeds = dict[str, Any]
@@ -69,9 +73,7 @@ class Int8Options:
     exclude: tuple[str, ...] = ()  # regexes on node names, kept in float (besides the head)
     block_size: int = BLOCK  # int8-block
     alpha: float = ALPHA  # int8: SmoothQuant migration, 0 for none
-    # int8: 7-bit weights (+-63) keep each pair of u8 x s8 products inside int16, where MLAS multiplies without
-    # VNNI (vpmaddubsw saturates: ORT's reduce_range). MiniLM, this AVX2 host: min cosine 0.986 vs 0.969 at 8 bits
-    weight_bits: int = 7
+    weight_bits: int = WEIGHT_BITS  # 7: +-63, inside int16 where MLAS multiplies without VNNI (WEIGHT_BITS)
     weight_type: str = "s8"  # int8: "u8" stores weights uint8 with zero point 128 (MLAS's u8u8 kernels)
     float_rows: tuple[int, ...] = ()  # embedding table rows kept exact (the tokenizer's special tokens)
     target: float = 0.0  # int8: the worst cosine the sensitivity search keeps groups float32 for (0: no search)
@@ -114,6 +116,11 @@ class Int8Options:
         out["embedding_tables"] = "int8, a scale per row" if self.tables else "float32"
         if self.tables:
             out["exact_table_rows"] = "the special tokens' and the worst-quantized rows (at most 256)"
+        if self.method == "int8" and self.exact_tokens:
+            out["exact_token_rows"] = {
+                "token_ids": list(self.exact_tokens),
+                "how": "their unmasked rows through float MatMuls (float16-stored weights) in every group",
+            }
         out["kept_float"] = ["head after the encoder", *self.exclude]
         return out
 
@@ -593,6 +600,8 @@ def pack_int8(
     found = quality.pop("search", None)
     if found is not None:
         record["kept_float"] += found["kept_float"]
+        if found["exact_tokens"]:  # chosen by the search: the all-int8 graph missed the target without
+            record |= replace(options, exact_tokens=tuple(found["exact_tokens"])).to_json()
         record["search"] = found
     return {
         "model": ONNX_FILE,
@@ -658,7 +667,7 @@ def quantize_checked(
         want |= {i: reference(calibration[i]) for i in rest}
         # hybrid: a row per token, batches of different lengths; the search measures each text's CLS row
         cls_only = source.task == "hybrid"
-        found = search_kept(
+        found, options = search_kept(
             graph, options, maxima, list(groups), calibration, [want[i] for i in range(len(want))], cls_only
         )
         keep = found.kept
@@ -680,7 +689,7 @@ def quantize_checked(
     measured = figures(rows, [want[i] for i in rows], [got[i] for i in rows])
     measured = gate(measured) if gate is not None else measured
     if found is not None:
-        measured["search"] = found.to_json()
+        measured["search"] = found.to_json() | {"exact_tokens": list(options.exact_tokens)}
     return where / ONNX_FILE, measured
 
 
@@ -698,17 +707,34 @@ def search_kept(
     differ in length): each text's first row is what is measured."""
     import onnx
 
-    from infra.pack.int8_search import search
+    from infra.pack.int8_search import cosines, search
 
     base = onnx.load(str(graph), load_external_data=True)
 
-    def run(keep: Sequence[str], feeds: Sequence[Feeds]) -> Any:
-        return int8_answers(quantize_int8(base, options, maxima, keep, options.float_rows), feeds, first_token)
+    def runner(chosen: Int8Options) -> Callable[[Sequence[str], Sequence[Feeds]], Any]:
+        def run(keep: Sequence[str], feeds: Sequence[Feeds]) -> Any:
+            return int8_answers(quantize_int8(base, chosen, maxima, keep, chosen.float_rows), feeds, first_token)
+
+        return run
 
     want = [np.asarray(w, np.float32)[:, 0] if first_token else w for w in want]
     want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
-    found, _ = search(run, groups, feeds, want_rows, options.target)
-    return found
+    run = runner(options)
+    whole = run((), feeds)
+    worst = float(cosines(want_rows, whole).min())
+    if worst < options.target and options.float_rows and not options.exact_tokens:
+        # the special tokens' rows in float: a text of them alone is ill-conditioned (all-mpnet-base-v2's `</s>`
+        # fell to 0.33 with float activations and 8-bit weights, 0.998 with 0.1% weight noise)
+        exact = replace(options, exact_tokens=options.float_rows)
+        tried = runner(exact)((), feeds)
+        if float(cosines(want_rows, tried).min()) > worst:
+            options, run, whole = exact, runner(exact), tried
+
+    def measured(keep: Sequence[str], some: Sequence[Feeds]) -> Any:
+        return whole if not keep and some is feeds else run(keep, some)  # the all-int8 run is done already
+
+    found, _ = search(measured, groups, feeds, want_rows, options.target)
+    return found, options
 
 
 def _rows(feed: dict[str, Any]) -> int:
