@@ -60,3 +60,30 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
 def cpu_fingerprint(cpuinfo: str | None = None) -> dict[str, object]:
     flags = cpu_flags(cpuinfo)
     return {"arch": os.uname().machine, "cpu_features": sorted(f for f in KERNEL_FLAGS if f in flags)}
+
+
+# MLAS's int8 kernels that add u8 x s8 products in int32 (vpdpbusd, tdpbusd). Without one, x86 MLAS pairs them in
+# int16 (vpmaddubsw), which saturates on 8-bit weights: answers the pack's gate never saw (MiniLM min cosine 0.969
+# vs 0.986 measured on an AVX2 host). Arm's dot-product kernels accumulate in int32.
+INT32_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_refusal(quantization: object, machine: str | None = None, flags: set[str] | None = None) -> str | None:
+    """Why this CPU cannot serve an int8 pack as its gate measured it, or None: 8-bit weights through
+    MatMulIntegerToFloat on an x86 CPU without an int32 dot product (`INT32_DOT_FLAGS`)."""
+    if not isinstance(quantization, dict) or quantization.get("operator") != "MatMulIntegerToFloat":
+        return None
+    bits = quantization.get("weight_bits", 7)  # packs before the field: 7-bit weights
+    if not isinstance(bits, int) or bits < 8:
+        return None
+    machine = (machine or os.uname().machine).lower()
+    if machine not in ("x86_64", "amd64", "i686", "x86"):
+        return None
+    have = cpu_flags() if flags is None else flags
+    if have & set(INT32_DOT_FLAGS):
+        return None
+    return (
+        f"this int8 pack's {bits}-bit weights need an x86 CPU with {' or '.join(INT32_DOT_FLAGS)} (MLAS adds "
+        "u8 x s8 pairs in int16 without one and saturates: answers its quality gate never measured); this CPU "
+        "has none: serve the float32 pack, or pack --quantize int8-block for it"
+    )

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from handler.backends.contract import BackendSettings
-from handler.backends.fingerprint import cpu_fingerprint
+from handler.backends.fingerprint import cpu_fingerprint, int8_refusal
 from handler.backends.ort_spec import OrtSettings
 from handler.backends.pool import current_arena
 from handler.core.errors import ModelLoadError
@@ -39,6 +39,17 @@ _DTYPES = {
 OutputSpec = tuple[str, Any, list[int | str]]
 
 
+def quantization(manifest: Manifest) -> Any:
+    """The int8 record of the graph: the onnx backend's entry (text packs), else the precision gate's (an
+    image-text pack's towers share one)."""
+    own = manifest.backends["onnx"].get("quantization")
+    if own is not None:
+        return own
+    precision = manifest.raw.get("precision")
+    quality = precision.get("quality") if isinstance(precision, dict) else None
+    return quality.get("quantization") if isinstance(quality, dict) else None
+
+
 class OnnxBackend:
     name = "onnx"
 
@@ -61,6 +72,9 @@ class OnnxBackend:
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[OrtSettings], timer: PhaseTimer) -> None:
         path = manifest.path(manifest.backends["onnx"]["model"])
+        refusal = int8_refusal(quantization(manifest))
+        if refusal is not None:
+            raise ModelLoadError(f"{path}: {refusal}")
         optimized, self.optimized = optimized_model(manifest, settings)
         if optimized is not None:
             try:

@@ -266,3 +266,22 @@ def test_rerank_and_classify_gates_record_their_own_figures(packed: Callable[...
     classify = load_manifest(packed("classifier", quantize="int8", min_quality=0.0)).raw["precision"]["quality"]
     assert classify["metric"] == "label agreement vs float32"
     assert 0.0 <= classify["label_agreement"] == classify["figure"] <= 1.0
+
+
+def test_an_int8_pack_of_8_bit_weights_is_refused_on_an_x86_cpu_without_an_int32_dot_product(
+    packed: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLAS without VNNI/AMX adds u8 x s8 pairs in int16 and saturates on 8-bit weights: the answers would not be
+    the ones the gate measured (on this VNNI host they are), so init refuses, naming the CPU features."""
+    from handler.backends import fingerprint
+    from handler.core.errors import ModelLoadError
+
+    model = packed("sentence-transformers", quantize="int8", min_quality=0.9)
+    quantization = load_manifest(model).backends["onnx"]["quantization"]
+    assert quantization["operator"] == "MatMulIntegerToFloat" and quantization["weight_bits"] == 8
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "6", "1", "x86_64")))
+    monkeypatch.setattr(fingerprint, "cpu_flags", lambda cpuinfo=None: {"sse4_2", "avx", "avx2", "fma"})
+    with pytest.raises(ModelLoadError, match=r"8-bit weights need an x86 CPU with avx512_vnni or avx_vnni or amx_int8"):
+        start(model, "onnx")
+    monkeypatch.setattr(fingerprint, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_vnni"})
+    assert len(start(model, "onnx").handle({"inputs": ["served"]}, None)["embeddings"]) == 1

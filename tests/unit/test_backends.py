@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,3 +202,36 @@ def test_a_built_in_only_init_never_imports_importlib_metadata(model_dir: Path) 
     out = subprocess.run([sys.executable, "-c", INIT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "false"
+
+
+@pytest.mark.parametrize(
+    ("quantization", "machine", "flags", "refused"),
+    [
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 8}, "x86_64", {"avx2", "fma"}, True),
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 8}, "x86_64", {"avx2", "avx_vnni"}, False),
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 8}, "x86_64", {"avx512f", "avx512_vnni"}, False),
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 8}, "x86_64", {"amx_tile", "amx_int8"}, False),
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 7}, "x86_64", {"avx2"}, False),  # inside int16
+        ({"operator": "MatMulIntegerToFloat"}, "x86_64", {"avx2"}, False),  # packs before the field: 7 bits
+        ({"operator": "MatMulIntegerToFloat", "weight_bits": 8}, "aarch64", {"asimd"}, False),  # int32 dot
+        ({"operator": "MatMulNBits", "block_size": 32}, "x86_64", {"avx2"}, False),  # int8-block
+        (None, "x86_64", set(), False),  # float32
+    ],
+)
+def test_which_cpus_an_int8_pack_is_refused_on(quantization: Any, machine: str, flags: set[str], refused: bool) -> None:
+    from handler.backends.fingerprint import int8_refusal
+
+    assert (int8_refusal(quantization, machine, flags) is not None) is refused
+
+
+def test_an_image_text_packs_int8_record_is_read_from_its_gate() -> None:
+    """Image-text packs record their towers' int8 scheme once, in precision.quality (infra.pack.image_int8)."""
+    from types import SimpleNamespace
+
+    from handler.backends.ort import quantization
+
+    record = {"operator": "MatMulIntegerToFloat", "weight_bits": 8}
+    tower = SimpleNamespace(backends={"onnx": {}}, raw={"precision": {"quality": {"quantization": record}}})
+    text = SimpleNamespace(backends={"onnx": {"quantization": record}}, raw={})
+    plain = SimpleNamespace(backends={"onnx": {}}, raw={"precision": {"dtype": "float32", "quantization": None}})
+    assert quantization(tower) == record and quantization(text) == record and quantization(plain) is None  # type: ignore[arg-type]
