@@ -58,6 +58,24 @@ print(json.dumps({"b1": b1, "b32": b32, "rss_mb": int(hwm.split()[1]) / 1024}))
 """
 
 
+# A CLIP preprocessor_config.json as a real CLIP's file says it: fastembed reads a missing do_* as false (no resize,
+# no normalization), so every key is written out.
+CLIP_PREPROCESSOR = {
+    "image_processor_type": "CLIPImageProcessor",
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "size": {"shortest_edge": 224},
+    "crop_size": {"height": 224, "width": 224},
+    "do_center_crop": True,
+    "resample": 3,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
 def build(work: Path) -> tuple[Path, Path, Path]:
     """A CLIP ViT-B/32-shaped directory with random weights, packed; fastembed's folder; 32 JPEGs."""
     import numpy as np
@@ -73,22 +91,7 @@ def build(work: Path) -> tuple[Path, Path, Path]:
     config = transformers.CLIPConfig(text_config={"eos_token_id": vocab["[SEP]"]})
     transformers.CLIPModel(config).save_pretrained(source)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]").save_pretrained(source)
-    preprocessor = {
-        "image_processor_type": "CLIPImageProcessor",
-        # as a real CLIP's file says them: fastembed reads a missing do_* as false (no resize, no normalization)
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
-        "size": {"shortest_edge": 224},
-        "crop_size": {"height": 224, "width": 224},
-        "do_center_crop": True,
-        "resample": 3,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
-    (source / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    (source / "preprocessor_config.json").write_text(json.dumps(CLIP_PREPROCESSOR))
     pack = pack_image_text(source, work / "pack", force=True)
     theirs = work / "fastembed"
     theirs.mkdir()

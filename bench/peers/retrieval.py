@@ -197,6 +197,7 @@ def build_images(work: Path) -> dict[str, str]:
     import transformers
     from PIL import Image
 
+    from bench.peers.images import CLIP_PREPROCESSOR
     from infra.pack.image_pack import pack_image_text
     from tests.image_models import SPECIALS
     from tests.tiny_models import _bert_tokenizer
@@ -212,22 +213,7 @@ def build_images(work: Path) -> dict[str, str]:
     )
     transformers.CLIPModel(config).save_pretrained(source)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]").save_pretrained(source)
-    preprocessor = {
-        "image_processor_type": "CLIPImageProcessor",
-        # as a real CLIP's file says them: fastembed reads a missing do_* as false (no resize, no normalization)
-        "do_resize": True,
-        "do_center_crop": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
-        "size": {"shortest_edge": 224},
-        "crop_size": {"height": 224, "width": 224},
-        "resample": 3,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
-    (source / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    (source / "preprocessor_config.json").write_text(json.dumps(CLIP_PREPROCESSOR))
     pack = pack_image_text(source, work / "packed", force=True)
     fe = work / "fastembed"
     fe.mkdir()
