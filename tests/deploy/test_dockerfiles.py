@@ -246,8 +246,9 @@ def test_gpu_image_ships_no_prepacked_weights() -> None:
 
 def test_make_setup_takes_the_fast_path() -> None:
     """`make setup` (and so `make test`, .ci/run) packs the default model, then optimizes it for this machine
-    (a failed proof leaves the portable model serving, setup goes on) and records the start's file list: the
-    recipe make would run, in order."""
+    (a failed proof leaves the portable model serving, setup goes on), compiles handler/, bundles the init
+    chain's compiled modules and records the start's file list, which names the bundle: the recipe make would
+    run, in order."""
     dry = subprocess.run(
         ["make", "-n", "--always-make", "models/default/manifest.json"],
         cwd=ROOT,
@@ -257,11 +258,11 @@ def test_make_setup_takes_the_fast_path() -> None:
     ).stdout.splitlines()
     at = {
         key: next(i for i, line in enumerate(dry) if key in line)
-        for key in ("pack --default", "optimize", "startfiles")
+        for key in ("pack --default", "optimize", "compileall", "codebundle", "startfiles")
     }
-    assert at["pack --default"] < at["optimize"] < at["startfiles"]
+    assert at["pack --default"] < at["optimize"] < at["compileall"] < at["codebundle"] < at["startfiles"]
     assert "warmstart optimize models/default ||" in dry[at["optimize"]]
-    assert "compileall" in dry[at["startfiles"] - 1]
+    assert "handler.runtime.codebundle ||" in dry[at["codebundle"]]  # no bundle: init imports each .pyc
 
 
 def test_every_runtime_dependency_is_in_the_layer_and_the_gpu_image() -> None:

@@ -9,6 +9,7 @@ import json.decoder
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,7 +222,13 @@ def test_the_prefetch_issues_nothing_on_a_warm_page_cache_and_everything_on_a_co
     job = prefetch.start(env)
     assert job is not None and not job._thread.is_alive() and job._thread.ident is None  # no thread at all
     assert job.report()["skipped"].startswith("page cache warm") and job.report()["mb"] == 0
-    evict(weights)
+    for _ in range(50):  # DONTNEED is the kernel's best effort (once, in a full CI run, it kept the pages)
+        evict(weights)
+        if not any(startfiles.resident(str(weights))):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"the kernel kept {weights}'s pages through 50 DONTNEEDs: the cold case cannot be set up")
     monkeypatch.setattr(prefetch, "_started", None)
     job = prefetch.start(env)
     assert job is not None
