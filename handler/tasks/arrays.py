@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import math
 import struct
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -164,7 +165,9 @@ def _npy_header(name: str, raw: bytes, dtype: np.dtype[Any]) -> tuple[tuple[int,
 def _dtype_name(descr: Any) -> str:
     """`'<f8'` → `float64` for the message; what is no dtype string stays as it was sent."""
     try:
-        return str(np.dtype(descr)) if isinstance(descr, str) else repr(descr)
+        with warnings.catch_warnings():  # numpy 2 warns on deprecated aliases ('a'): a name for a message only
+            warnings.simplefilter("ignore")
+            return str(np.dtype(descr)) if isinstance(descr, str) else repr(descr)
     except (TypeError, ValueError, SyntaxError):  # numpy parses comma strings with literal_eval: '01' is a SyntaxError
         return repr(descr)
 

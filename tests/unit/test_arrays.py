@@ -191,6 +191,8 @@ HEADER = st.fixed_dictionaries(
 # descr strings numpy's own parser chokes on (ValueError, SyntaxError): found by this test
 @example(header={"descr": "0:", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
 @example(header={"descr": "01", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
+# a deprecated numpy alias: naming it for the message warned (DeprecationWarning, an error under pytest)
+@example(header={"descr": "a", "fortran_order": False, "shape": ()}, data=b"", major=1, dtype="float32")
 # no elements (a 0 side), yet the other sides' product past what numpy can index: reshape raised ValueError
 @example(
     header={"descr": "<f4", "fortran_order": False, "shape": (0, 2**62, 2**62)}, data=b"", major=1, dtype="float32"
