@@ -78,9 +78,7 @@ CLIP_PREPROCESSOR = {
 
 def build(work: Path) -> tuple[Path, Path, Path]:
     """A CLIP ViT-B/32-shaped directory with random weights, packed; fastembed's folder; 32 JPEGs."""
-    import numpy as np
     import transformers
-    from PIL import Image
 
     from infra.pack.image_pack import pack_image_text
     from tests.image_models import SPECIALS
@@ -93,10 +91,21 @@ def build(work: Path) -> tuple[Path, Path, Path]:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]").save_pretrained(source)
     (source / "preprocessor_config.json").write_text(json.dumps(CLIP_PREPROCESSOR))
     pack = pack_image_text(source, work / "pack", force=True)
+    theirs, images = fastembed_side(source, pack, work)
+    return pack, theirs, images
+
+
+def fastembed_side(source: Path, pack: Path, work: Path) -> tuple[Path, Path]:
+    """fastembed's CLIP folder (our packed image graph, the source's preprocessor file) and 32 random 640x480
+    JPEGs, under `work`."""
+    import numpy as np
+    from PIL import Image
+
     theirs = work / "fastembed"
     theirs.mkdir()
     for name in ("model.onnx", "model.onnx.data"):
-        shutil.copyfile(pack / "image" / name, theirs / name)
+        if (pack / "image" / name).exists():  # a small graph has no external data
+            shutil.copyfile(pack / "image" / name, theirs / name)
     shutil.copyfile(source / "preprocessor_config.json", theirs / "preprocessor_config.json")
     (theirs / "config.json").write_text(json.dumps({"model_type": "clip"}))
     images = work / "images"
@@ -104,7 +113,7 @@ def build(work: Path) -> tuple[Path, Path, Path]:
     rng = np.random.default_rng(0)
     for i in range(32):
         Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)).save(images / f"{i:02}.jpg", quality=90)
-    return pack, theirs, images
+    return theirs, images
 
 
 def one(python: str, code: str, model: Path, images: Path, env: dict[str, str]) -> dict[str, float]:

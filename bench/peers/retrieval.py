@@ -193,11 +193,9 @@ def build_colbert(work: Path) -> dict[str, str]:
 
 
 def build_images(work: Path) -> dict[str, str]:
-    import numpy as np
     import transformers
-    from PIL import Image
 
-    from bench.peers.images import CLIP_PREPROCESSOR
+    from bench.peers.images import CLIP_PREPROCESSOR, fastembed_side
     from infra.pack.image_pack import pack_image_text
     from tests.image_models import SPECIALS
     from tests.tiny_models import _bert_tokenizer
@@ -215,18 +213,7 @@ def build_images(work: Path) -> dict[str, str]:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]").save_pretrained(source)
     (source / "preprocessor_config.json").write_text(json.dumps(CLIP_PREPROCESSOR))
     pack = pack_image_text(source, work / "packed", force=True)
-    fe = work / "fastembed"
-    fe.mkdir()
-    for name in ("model.onnx", "model.onnx.data"):
-        if (pack / "image" / name).exists():
-            shutil.copyfile(pack / "image" / name, fe / name)
-    shutil.copyfile(source / "preprocessor_config.json", fe / "preprocessor_config.json")
-    (fe / "config.json").write_text(json.dumps({"model_type": "clip"}))
-    images = work / "images"
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(32):
-        Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)).save(images / f"{i:02}.jpg", quality=90)
+    fe, images = fastembed_side(source, pack, work)
     return {"packed": str(pack), "fastembed": str(fe), "images": str(images)}
 
 
