@@ -29,7 +29,7 @@ import marshal
 import os
 import sys
 from collections.abc import Sequence
-from importlib._bootstrap_external import _RAW_MAGIC_NUMBER, MAGIC_NUMBER  # the import system's own (always loaded)
+from importlib._bootstrap_external import MAGIC_NUMBER  # the import system's own (always loaded)
 from typing import Any
 
 BUNDLE = os.path.join(os.path.dirname(__file__), "codebundle.bin")
@@ -47,9 +47,12 @@ def _stamp() -> tuple[Any, ...]:
     return (VERSION, sys.implementation.cache_tag, MAGIC_NUMBER, sys.flags.optimize)
 
 
+_RAW_MAGIC = int.from_bytes(MAGIC_NUMBER, "little")  # the key a hash-checked .pyc's hash uses
+
+
 def source_hash(source: bytes) -> bytes:
     """The source's hash as a hash-checked `.pyc` records it (SipHash keyed by the magic number: in C, cheap)."""
-    return _imp.source_hash(_RAW_MAGIC_NUMBER, source)
+    return _imp.source_hash(_RAW_MAGIC, source)
 
 
 class BundleLoader(importlib.machinery.SourceFileLoader):
@@ -63,6 +66,9 @@ class BundleLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> Any:
         code, self._code = self._code, None
         if code is not None and fullname == self.name:
+            # Compiled under another root (a zip layer's bundle names /var/task): the frames name this file, as
+            # the import system does for a moved `.pyc` (in C; nothing to do when the names are equal).
+            _imp._fix_co_filename(code, self.path)  # type: ignore[attr-defined]  # (not in typeshed)
             return code
         return super().get_code(fullname)
 
@@ -184,8 +190,12 @@ def modules_of_init(model: str | None = None) -> list[str]:
     return [n for n in names if n not in BEFORE]
 
 
-def write(names: Sequence[str], out: str | None = None, root: str = _ROOT) -> dict[str, Any]:
-    """Compile each named module's source (found under `root`) into one bundle; returns its summary."""
+def write(
+    names: Sequence[str], out: str | None = None, root: str = _ROOT, runs_at: str | None = None
+) -> dict[str, Any]:
+    """Compile each named module's source (found under `root`) into one bundle; returns its summary. `runs_at`:
+    the root the code will run from, when not `root` (a zip layer built in a temporary folder runs from
+    /var/task): the name its frames carry, and no build path in the bundle's bytes."""
     entries: dict[str, tuple[str, int, int, bool, Any, bytes]] = {}
     for name in names:
         parts = name.split(".")
@@ -197,7 +207,8 @@ def write(names: Sequence[str], out: str | None = None, root: str = _ROOT) -> di
         with open(origin, "rb") as f:
             source = f.read()
         st = os.stat(origin)
-        code = compile(source, origin, "exec", dont_inherit=True, optimize=sys.flags.optimize)
+        named = origin if runs_at is None else os.path.join(runs_at, os.path.relpath(origin, root))
+        code = compile(source, named, "exec", dont_inherit=True, optimize=sys.flags.optimize)
         rel = os.path.relpath(origin, root)
         entries[name] = (rel, st.st_mtime_ns, st.st_size, package, code, source_hash(source))
     target = out or BUNDLE

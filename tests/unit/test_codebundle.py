@@ -86,7 +86,7 @@ def test_a_stale_entry_is_not_used(tmp_path: Path) -> None:
     bundle = tmp_path / "b.bin"
     codebundle.write(MODULES, str(bundle))
     stamp, entries = marshal.loads(bundle.read_bytes())
-    rel, mtime_ns, size, package, code, digest = entries["handler.core.manifest"]
+    rel, mtime_ns, size, package, code, _ = entries["handler.core.manifest"]
     # as if edited since: another mtime, and a hash that is not the source's
     entries["handler.core.manifest"] = (rel, mtime_ns - 1, size, package, code, codebundle.source_hash(b"other"))
     bundle.write_bytes(marshal.dumps((stamp, entries)))

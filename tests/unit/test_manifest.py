@@ -305,7 +305,10 @@ def test_replace_dir_never_touches_a_users_dot_old_directory(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model", "new-name"]
 
 
-GOLDEN = {"tolerance": {"cosine": 0.9999, "atol": 1e-4}, "cases": [{"request": {"inputs": ["a"]}, "key": "k", "expected": [[0.5]]}]}
+GOLDEN = {
+    "tolerance": {"cosine": 0.9999, "atol": 1e-4},
+    "cases": [{"request": {"inputs": ["a"]}, "key": "k", "expected": [[0.5]]}],
+}
 
 
 def with_golden_file(root: Path, data: bytes) -> None:
@@ -347,5 +350,5 @@ def test_golden_answers_that_are_not_an_object_are_refused(packed: Path, data: b
 
 def test_a_golden_file_not_listed_is_refused_at_load(packed: Path) -> None:
     edit_manifest(packed, lambda m: m.update(golden_file="golden.json"))
-    with pytest.raises(ModelLoadError, match="golden_file 'golden.json' is not listed in files"):
+    with pytest.raises(ModelLoadError, match=r"golden_file 'golden\.json' is not listed in files"):
         load_manifest(packed)
