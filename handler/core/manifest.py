@@ -298,9 +298,6 @@ def _parse(root: Path, raw: dict[str, Any], task_fields: TaskFields | None = Non
     unsupported = raw.get("unsupported_backends") or {}
     if not isinstance(unsupported, dict) or not all(isinstance(v, str) for v in unsupported.values()):
         raise ValueError("unsupported_backends must be an object of backend name → reason (a string)")
-    golden = raw.get("golden_file")  # read only when asked (Manifest.golden): its name checked here, once
-    if golden is not None and golden not in files:
-        raise ValueError(f"golden_file {golden!r} is not listed in files")
     if set(unsupported) & set(backends):
         raise ValueError(f"backends {sorted(set(unsupported) & set(backends))} are both packed and unsupported")
     return Manifest(

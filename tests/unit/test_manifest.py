@@ -348,7 +348,10 @@ def test_golden_answers_that_are_not_an_object_are_refused(packed: Path, data: b
         load_manifest(packed).golden()
 
 
-def test_a_golden_file_not_listed_is_refused_at_load(packed: Path) -> None:
+def test_a_golden_file_not_listed_is_refused_when_asked(packed: Path) -> None:
+    """Only the PreTraffic hook's status request reads them: a start never fails over them, the hook's check does."""
+    (packed / "golden.json").write_text(json.dumps(GOLDEN))
     edit_manifest(packed, lambda m: m.update(golden_file="golden.json"))
-    with pytest.raises(ModelLoadError, match=r"golden_file 'golden\.json' is not listed in files"):
-        load_manifest(packed)
+    manifest = load_manifest(packed)
+    with pytest.raises(ModelLoadError, match=r"file 'golden\.json' is used but not listed in 'files'"):
+        manifest.golden()
