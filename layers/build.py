@@ -269,7 +269,10 @@ def bundle_code(code_dir: Path, model: Path) -> str:
     epoch = calendar.timegm((*FIXED_DATE, 0, 0, 0))
     for path in code_dir.rglob("*"):
         os.utime(path, (epoch, epoch), follow_symlinks=False)
-    names = codebundle.modules_of_init(str(model))
+    try:
+        names = codebundle.modules_of_init(str(model))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # the build goes on: each module imported
+        return f"code bundle: skipped, the start that lists its modules failed ({str(e).splitlines()[0]})"
     out = code_dir / "runtime" / os.path.basename(codebundle.BUNDLE)
     summary = codebundle.write(names, str(out), root=str(code_dir.parent), runs_at=LAMBDA_TASK_ROOT)
     os.utime(out, (epoch, epoch))

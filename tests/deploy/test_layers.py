@@ -259,3 +259,25 @@ def test_the_function_carries_its_code_bundle_and_an_extracted_copy_uses_it(
     errors = task / "handler" / "core" / "errors.py"
     errors.write_text(errors.read_text().replace("Typed errors.", "Typed errorz."))
     assert start()["stale"] == ["handler.core.errors"]
+
+
+def test_a_bundle_that_cannot_be_made_leaves_the_build_going(
+    tmp_path: Path,
+    wheelhouse: tuple[Path, Path],
+    tiny_optimized: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import sys
+
+    from handler.runtime import codebundle
+
+    def fails(model: str | None = None) -> list[str]:
+        raise RuntimeError("the start that lists the modules failed:\nImportError: no numpy here")
+
+    monkeypatch.setattr(layers, "PYTHON_VERSION", f"{sys.version_info.major}.{sys.version_info.minor}")
+    monkeypatch.setattr(codebundle, "modules_of_init", fails)
+    wheels, requirements = wheelhouse
+    layers.build(tmp_path, tiny_optimized, requirements, wheels)
+    assert "code bundle: skipped, the start that lists its modules failed" in capsys.readouterr().out
+    assert "handler/runtime/codebundle.bin" not in zipfile.ZipFile(tmp_path / "function.zip").namelist()
