@@ -2,7 +2,9 @@
 
     python -m layers.build [--out build/layers] [--model DIR] [--wheels DIR] [--limit-mb 250]
 
-- function.zip: the `handler` package only (so `handler.app.lambda_handler` resolves at /var/task);
+- function.zip: the `handler` package only (so `handler.app.lambda_handler` resolves at /var/task), with the init
+                chain's compiled modules in one file (handler/runtime/codebundle.py) when this Python is the
+                layer's (a Lambda zip holds no `.pyc`: without it every start compiles each module);
 - deps.zip:     `python/...` (on sys.path from /opt/python), manylinux wheels for cp312 x86_64, pruned;
 - model.zip:    `models/default/...` (the handler's fallback /opt/models/default);
 - warmer.zip:   the `warmers` package, for the warmer function.
@@ -15,8 +17,10 @@ written; past it the build stops with `LayerSizeError` and the size table.
 from __future__ import annotations
 
 import argparse
+import calendar
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +35,7 @@ MB = 1024 * 1024
 # Function code plus all its layers, unzipped (Lambda quotas: "250 MB").
 LAMBDA_UNZIPPED_LIMIT = 250 * MB
 PYTHON_VERSION = "3.12"
+LAMBDA_TASK_ROOT = "/var/task"  # where Lambda unpacks function.zip: the name the bundle's frames carry
 # python3.12 runs on Amazon Linux 2023 (glibc 2.34): any manylinux wheel from 2014 (glibc 2.17) to 2.34 fits.
 # Listed one by one because pip does not widen `--platform` to older glibc tags (numpy >= 2.3 ships 2_28 only).
 PLATFORMS = ("manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 35)))
@@ -224,12 +229,14 @@ def build(
         for name in ["manifest.json", *manifest.files]:
             (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (model_dir / name).symlink_to((model / name).resolve())
-        # Not the build machine's start list (its paths and pages are this checkout's): see record_start.
-        shutil.copytree(code, code_dir, ignore=shutil.ignore_patterns("startfiles.json"))
+        # Not the build machine's start list (its paths and pages are this checkout's): see record_start. Nor its
+        # code bundle (this checkout's mtimes, maybe another Python): bundle_code writes the function's own.
+        shutil.copytree(code, code_dir, ignore=shutil.ignore_patterns("startfiles.json", "codebundle.bin"))
         deps_dir.mkdir()
         install_wheels(requirements, deps_dir, wheels)
         prune(code_dir)
         prune(deps_dir)
+        print(bundle_code(code_dir, model))
         plan = [
             ("function.zip", code_dir, "handler"),
             ("deps.zip", deps_dir, "python"),
@@ -242,6 +249,34 @@ def build(
             sizes = [Artifact(name, *tree_size(src)) for name, src, _ in plan]
         check_limit(sizes, limit)
         return [write_zip(src, prefix, out / name) for name, src, prefix in plan]
+
+
+def bundle_code(code_dir: Path, model: Path) -> str:
+    """The init chain's compiled modules in one file inside the function's `handler` (handler/runtime/codebundle.py),
+    when this Python's bytecode is the layer's (a bundle is per magic number); returns what was done.
+
+    Each file's mtime is first set to the zip's fixed date (as UTC), so the bundle records the mtimes the zip
+    carries (and the same bytes whatever the checkout's mtimes). An extraction that keeps them (in UTC) takes
+    the one-stat check; one that does not (another time zone, the extraction's own time) takes the hash check:
+    the same size, the source read once and its hash compared, still no compile. A source changed after the
+    build is never run from the bundle either way."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if version != PYTHON_VERSION:
+        why = "compiled code is per version"
+        return f"code bundle: skipped, this Python is {version}, the layer's {PYTHON_VERSION} ({why})"
+    from handler.runtime import codebundle
+
+    epoch = calendar.timegm((*FIXED_DATE, 0, 0, 0))
+    for path in code_dir.rglob("*"):
+        os.utime(path, (epoch, epoch), follow_symlinks=False)
+    try:
+        names = codebundle.modules_of_init(str(model))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # the build goes on: each module imported
+        return f"code bundle: skipped, the start that lists its modules failed ({str(e).splitlines()[0]})"
+    out = code_dir / "runtime" / os.path.basename(codebundle.BUNDLE)
+    summary = codebundle.write(names, str(out), root=str(code_dir.parent), runs_at=LAMBDA_TASK_ROOT)
+    os.utime(out, (epoch, epoch))
+    return f"code bundle: {summary['modules']} modules of the init chain, {summary['bytes'] / MB:.1f} MB"
 
 
 def drop_optimized(model_dir: Path) -> int:

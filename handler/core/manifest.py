@@ -117,6 +117,31 @@ class Manifest:
             names.append(self.tokenizer["file"])
         return [n for n in names if n in self.files]
 
+    def golden(self) -> dict[str, Any] | None:
+        """The golden answers recorded at pack time (infra.pack.golden), for the PreTraffic hook's status request:
+        in their own file (`golden_file`, listed in `files`), read and checked against its recorded SHA-256 only
+        when asked, so a start never parses them; or inline under `golden` in a manifest packed before they
+        moved out. None: the pack has none."""
+        inline = self.raw.get("golden")
+        if inline is not None:
+            return dict(inline)
+        name = self.raw.get("golden_file")
+        if name is None:
+            return None
+        path = self.path(name)
+        data = read_regular(path)
+        import hashlib  # deferred: never on a start's path (a status request with golden asks for this)
+
+        if hashlib.sha256(data).hexdigest() != self.files[name].sha256:
+            raise ModelLoadError(f"{path}: SHA-256 differs from the manifest's (the golden answers were changed)")
+        try:
+            value = parse_json(data)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: invalid golden answers: {e}") from None
+        if not isinstance(value, dict):
+            raise ModelLoadError(f"{path}: the golden answers must be a JSON object, not {type(value).__name__}")
+        return value
+
     def path(self, name: str) -> Path:
         if name not in self.files:
             raise ModelLoadError(f"{self.root / MANIFEST_NAME}: file {name!r} is used but not listed in 'files'")

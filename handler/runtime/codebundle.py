@@ -7,17 +7,23 @@ find, check and read the file (~0.3 M instructions). From the bundle it is one s
 
 What stays right: each module is compiled from its own source path, so `__file__`, `__spec__.origin` and the
 frames of a traceback name the source file and line, as from a `.pyc`; the loader is a `SourceFileLoader` for
-that path (`get_source`, `inspect`, a reload read the file as before). A module whose source's size or mtime is
-not the one recorded is imported the ordinary way (a stale entry is never used); a bundle written by another
-Python (version, bytecode magic, optimization level) or another layout is not used at all. The finder is placed
+that path (`get_source`, `inspect`, a reload read the file as before). Each entry records its source's size,
+mtime and hash (`_imp.source_hash`, what a hash-checked `.pyc` records): the same size and mtime use it at the
+cost of one stat; the same size and another mtime (a zip layer keeps mtimes to 2 s, or none, and an image
+build may touch them) read the source once and use the entry only when the hash is the recorded one (`hashed`
+in the report: still no compile, where a zip layer ships no `.pyc` at all); anything else is imported the
+ordinary way (a stale entry is never used). A bundle written by another bytecode (magic number, cache tag,
+optimization level: what a `.pyc` is checked on) or another layout is not used at all. The finder is placed
 first only while `handler.app` initializes (`install` ... `uninstall`); WARMSTART_CODE_BUNDLE=off turns it off.
 
 Writing: `python -m handler.runtime.codebundle [--model DIR] [--out FILE]` imports `handler.app` in a child (no
-bundle) and bundles the `handler` modules it loaded, stdlib only.
+bundle) and bundles the `handler` modules it loaded, stdlib only. Written by `make setup`, the CPU image's build
+(infra/deploy/Dockerfile) and the zip path's function.zip (layers/build.py, when its Python is the layer's).
 """
 
 from __future__ import annotations
 
+import _imp
 import importlib.machinery
 import marshal
 import os
@@ -27,7 +33,7 @@ from importlib._bootstrap_external import MAGIC_NUMBER  # the import system's ow
 from typing import Any
 
 BUNDLE = os.path.join(os.path.dirname(__file__), "codebundle.bin")
-VERSION = 1
+VERSION = 2  # entries: (source path, mtime_ns, size, is a package, code, source hash)
 # Imported before the finder is in place (handler.app installs it): never looked up in the bundle.
 BEFORE = frozenset({"handler", "handler.app", "handler.runtime", "handler.runtime.codebundle"})
 # The code root: the directory that holds the `handler` package; entries are relative to it.
@@ -35,8 +41,18 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def _stamp() -> tuple[Any, ...]:
-    """What compiled code depends on besides its source: a bundle with another stamp is not used."""
-    return (VERSION, sys.version, MAGIC_NUMBER, sys.flags.optimize)
+    """What compiled code depends on besides its source, as a `.pyc` is checked (magic number, cache tag) plus the
+    optimization level: a bundle with another stamp is not used. Not the patch release: a 3.12 build machine's
+    bundle serves Lambda's 3.12, as its `.pyc` files would."""
+    return (VERSION, sys.implementation.cache_tag, MAGIC_NUMBER, sys.flags.optimize)
+
+
+_RAW_MAGIC = int.from_bytes(MAGIC_NUMBER, "little")  # the key a hash-checked .pyc's hash uses
+
+
+def source_hash(source: bytes) -> bytes:
+    """The source's hash as a hash-checked `.pyc` records it (SipHash keyed by the magic number: in C, cheap)."""
+    return _imp.source_hash(_RAW_MAGIC, source)
 
 
 class BundleLoader(importlib.machinery.SourceFileLoader):
@@ -50,6 +66,9 @@ class BundleLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> Any:
         code, self._code = self._code, None
         if code is not None and fullname == self.name:
+            # Compiled under another root (a zip layer's bundle names /var/task): the frames name this file, as
+            # the import system does for a moved `.pyc` (in C; nothing to do when the names are equal).
+            _imp._fix_co_filename(code, self.path)  # type: ignore[attr-defined]  # (not in typeshed)
             return code
         return super().get_code(fullname)
 
@@ -57,22 +76,24 @@ class BundleLoader(importlib.machinery.SourceFileLoader):
 class BundleFinder:
     """First on sys.meta_path during init: a module in the bundle whose source is unchanged comes from it."""
 
-    def __init__(self, entries: dict[str, tuple[str, int, int, bool, Any]], root: str = _ROOT) -> None:
+    def __init__(self, entries: dict[str, tuple[str, int, int, bool, Any, bytes]], root: str = _ROOT) -> None:
         self.entries = entries
         self.root = root
         self.used: list[str] = []
         self.stale: list[str] = []
+        self.hashed = 0  # used after checking the source's hash (its mtime was not the recorded one)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         entry = self.entries.pop(fullname, None)
         if entry is None:
             return None
         try:
-            rel, mtime_ns, size, package, code = entry
+            rel, mtime_ns, size, package, code, digest = entry
             st = os.stat(origin := os.path.join(self.root, rel))
+            fresh = st.st_size == size and (st.st_mtime_ns == mtime_ns or self._same_source(origin, digest))
         except (OSError, TypeError, ValueError):  # gone, or an entry not of this layout: the ordinary import
-            st = None
-        if st is None or st.st_mtime_ns != mtime_ns or st.st_size != size:
+            fresh = False
+        if not fresh:
             self.stale.append(fullname)  # edited since the bundle was written: the ordinary import
             return None
         spec = importlib.machinery.ModuleSpec(fullname, BundleLoader(fullname, origin, code), origin=origin)
@@ -81,6 +102,13 @@ class BundleFinder:
             spec.submodule_search_locations = [os.path.dirname(origin)]
         self.used.append(fullname)
         return spec
+
+    def _same_source(self, origin: str, digest: bytes) -> bool:
+        """Another mtime, the same size: the entry is used only if the source is the one compiled."""
+        with open(origin, "rb") as f:
+            same = source_hash(f.read()) == digest
+        self.hashed += same
+        return same
 
 
 _finder: BundleFinder | None = None
@@ -131,7 +159,7 @@ def report() -> dict[str, Any]:
     """For the init report: how many modules came from the bundle and which were stale, or why none did."""
     if _last is None:
         return {"modules": 0, "why": _why}
-    return {"modules": len(_last.used), "stale": list(_last.stale)}
+    return {"modules": len(_last.used), "stale": list(_last.stale), "hashed": _last.hashed}
 
 
 # -- writing (build time) ---------------------------------------------------------------------------------------
@@ -162,9 +190,13 @@ def modules_of_init(model: str | None = None) -> list[str]:
     return [n for n in names if n not in BEFORE]
 
 
-def write(names: Sequence[str], out: str | None = None, root: str = _ROOT) -> dict[str, Any]:
-    """Compile each named module's source (found under `root`) into one bundle; returns its summary."""
-    entries: dict[str, tuple[str, int, int, bool, Any]] = {}
+def write(
+    names: Sequence[str], out: str | None = None, root: str = _ROOT, runs_at: str | None = None
+) -> dict[str, Any]:
+    """Compile each named module's source (found under `root`) into one bundle; returns its summary. `runs_at`:
+    the root the code will run from, when not `root` (a zip layer built in a temporary folder runs from
+    /var/task): the name its frames carry, and no build path in the bundle's bytes."""
+    entries: dict[str, tuple[str, int, int, bool, Any, bytes]] = {}
     for name in names:
         parts = name.split(".")
         base = os.path.join(root, *parts)
@@ -175,8 +207,10 @@ def write(names: Sequence[str], out: str | None = None, root: str = _ROOT) -> di
         with open(origin, "rb") as f:
             source = f.read()
         st = os.stat(origin)
-        code = compile(source, origin, "exec", dont_inherit=True, optimize=sys.flags.optimize)
-        entries[name] = (os.path.relpath(origin, root), st.st_mtime_ns, st.st_size, package, code)
+        named = origin if runs_at is None else os.path.join(runs_at, os.path.relpath(origin, root))
+        code = compile(source, named, "exec", dont_inherit=True, optimize=sys.flags.optimize)
+        rel = os.path.relpath(origin, root)
+        entries[name] = (rel, st.st_mtime_ns, st.st_size, package, code, source_hash(source))
     target = out or BUNDLE
     tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
     with open(tmp, "wb") as f:

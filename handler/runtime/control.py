@@ -53,7 +53,7 @@ def status(instance: Instance, payload: dict[str, Any] | None = None) -> dict[st
     if leaks is not None:
         reply["tracemalloc"] = leaks
     if payload and payload.get("golden") is True:  # the PreTraffic hook's question (warmers.pretraffic)
-        reply["golden"] = instance.manifest.raw.get("golden")
+        reply["golden"] = instance.manifest.golden()
     return reply
 
 

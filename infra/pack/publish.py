@@ -23,7 +23,7 @@ from handler.tasks.catalog import load_manifest  # the task's own fields checked
 # characters, no path separators, never `.` or `..` (the first character is a letter or a digit).
 MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 MODEL_ID_RULE = "1-128 characters of a-z 0-9 . _ -, starting with a letter or a digit"
-_MAX_MANIFEST_BYTES = 64 << 20  # far above any manifest we write (golden answers included): refused unread
+_MAX_MANIFEST_BYTES = 64 << 20  # far above any manifest we write: refused unread
 
 
 class OutputError(ValueError):

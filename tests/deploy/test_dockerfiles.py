@@ -220,7 +220,8 @@ def test_cpu_image_takes_the_fast_path_with_the_portable_model_beside_it() -> No
     """The CPU image's build machine packs for the function's onnxruntime (issue 28 item 4): the pack stage
     optimizes the model it packed (the CLI parses the line, and it names the pack's output), after packing it;
     the function stage copies the whole directory (the portable model is the fallback init takes on a host with
-    other CPU features) and records the start's file list after compiling the bytecode the list names."""
+    other CPU features), bundles the init chain's compiled modules and records the start's file list after
+    compiling the bytecode the list names."""
     dockerfile = DOCKERFILES[0]
     runs = stage_runs(dockerfile, "pack")
     packs = [i for i, r in enumerate(runs) if "infra.cli pack" in r]
@@ -236,6 +237,9 @@ def test_cpu_image_takes_the_fast_path_with_the_portable_model_beside_it() -> No
     compiled = next(i for i, r in enumerate(function) if "compileall" in r)
     recorded = [i for i, r in enumerate(function) if "-m handler.runtime.startfiles" in r]
     assert recorded and recorded[0] > compiled and "--pth" in function[recorded[0]]
+    # the init chain's code bundled between the two (the list then records the bundle as read)
+    bundled = [i for i, r in enumerate(function) if "-m handler.runtime.codebundle" in r]
+    assert bundled and compiled < bundled[0] < recorded[0]
 
 
 def test_gpu_image_ships_no_prepacked_weights() -> None:

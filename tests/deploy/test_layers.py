@@ -205,3 +205,79 @@ def test_the_build_machines_start_list_stays_out_of_the_function(
     layers.build(tmp_path / "out", tiny_optimized, requirements, wheels, code=code)
     names = zipfile.ZipFile(tmp_path / "out" / "function.zip").namelist()
     assert "handler/runtime/startfiles.py" in names and "handler/runtime/startfiles.json" not in names
+
+
+# Starts handler.app from an extracted function.zip and prints its init report's code bundle line.
+START = (
+    "import json, sys, handler.app\n"
+    "print(json.dumps({'bundle': handler.app.runtime.init_report['coldstart']['code_bundle'],"
+    " 'file': handler.app.__file__,"
+    " 'frames': sys.modules['handler.core.manifest'].open_regular.__code__.co_filename}))"
+)
+
+
+def test_the_function_carries_its_code_bundle_and_an_extracted_copy_uses_it(
+    tmp_path: Path, wheelhouse: tuple[Path, Path], tiny_optimized: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zip keeps mtimes to 2 s (here: the fixed date) and an extraction may not keep them at all: the bundle's
+    entries are then used after their source's hash matches, and a source edited after the build never is."""
+    import calendar
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(layers, "PYTHON_VERSION", f"{sys.version_info.major}.{sys.version_info.minor}")  # this one's
+    wheels, requirements = wheelhouse
+    first = layers.build(tmp_path / "a", tiny_optimized, requirements, wheels)
+    second = layers.build(tmp_path / "b", tiny_optimized, requirements, wheels)
+    assert first[0].sha256 == second[0].sha256  # still reproducible, the bundle in it
+    task = tmp_path / "task"
+    with zipfile.ZipFile(tmp_path / "a" / "function.zip") as zf:
+        assert "handler/runtime/codebundle.bin" in zf.namelist()
+        zf.extractall(task)  # zipfile sets no mtimes: each file has the extraction's time
+
+    def start() -> dict[str, Any]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_", "PYTHON"))}
+        env = {**base, "PYTHONPATH": str(task), "WARMSTART_MODEL": str(tiny_optimized), "WARMSTART_PREFETCH": "off"}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # as Lambda's read-only task root: no .pyc beside the sources
+        proc = subprocess.run([sys.executable, "-c", START], cwd=task, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen["file"] == str(task / "handler" / "app.py")  # the extracted copy, not this checkout
+        # compiled as /var/task's: a frame names the file it runs from (as a moved .pyc's does)
+        assert seen["frames"] == str(task / "handler" / "core" / "manifest.py")
+        return seen["bundle"]
+
+    bundle = start()
+    assert bundle["modules"] > 20 and bundle["stale"] == [] and bundle["hashed"] == bundle["modules"]
+    # An extraction that keeps the zip's dates (UTC): the one-stat check, no source read.
+    epoch = calendar.timegm((*layers.FIXED_DATE, 0, 0, 0))
+    for path in task.rglob("*.py"):
+        os.utime(path, (epoch, epoch))
+    assert start() == {**bundle, "hashed": 0}
+    # A module edited after the build (same size, as a one-character fix would be): imported from its source.
+    errors = task / "handler" / "core" / "errors.py"
+    errors.write_text(errors.read_text().replace("Typed errors.", "Typed errorz."))
+    assert start()["stale"] == ["handler.core.errors"]
+
+
+def test_a_bundle_that_cannot_be_made_leaves_the_build_going(
+    tmp_path: Path,
+    wheelhouse: tuple[Path, Path],
+    tiny_optimized: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import sys
+
+    from handler.runtime import codebundle
+
+    def fails(model: str | None = None) -> list[str]:
+        raise RuntimeError("the start that lists the modules failed:\nImportError: no numpy here")
+
+    monkeypatch.setattr(layers, "PYTHON_VERSION", f"{sys.version_info.major}.{sys.version_info.minor}")
+    monkeypatch.setattr(codebundle, "modules_of_init", fails)
+    wheels, requirements = wheelhouse
+    layers.build(tmp_path, tiny_optimized, requirements, wheels)
+    assert "code bundle: skipped, the start that lists its modules failed" in capsys.readouterr().out
+    assert "handler/runtime/codebundle.bin" not in zipfile.ZipFile(tmp_path / "function.zip").namelist()

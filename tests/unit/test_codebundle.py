@@ -65,7 +65,7 @@ def test_bundled_modules_keep_their_identity_and_tracebacks(tmp_path: Path) -> N
     bundle = tmp_path / "b.bin"
     assert codebundle.write(MODULES, str(bundle))["modules"] == 3
     seen = _probe(bundle, MODULES)
-    assert seen["installed"] and seen["report"] == {"modules": 3, "stale": []}
+    assert seen["installed"] and seen["report"] == {"modules": 3, "stale": [], "hashed": 0}
     manifest = seen["modules"]["handler.core.manifest"]
     source = str(ROOT / "handler" / "core" / "manifest.py")
     assert manifest["loader"] == "BundleLoader"
@@ -86,13 +86,27 @@ def test_a_stale_entry_is_not_used(tmp_path: Path) -> None:
     bundle = tmp_path / "b.bin"
     codebundle.write(MODULES, str(bundle))
     stamp, entries = marshal.loads(bundle.read_bytes())
-    rel, mtime_ns, size, package, code = entries["handler.core.manifest"]
-    entries["handler.core.manifest"] = (rel, mtime_ns - 1, size, package, code)  # as if edited since
+    rel, mtime_ns, size, package, code, _ = entries["handler.core.manifest"]
+    # as if edited since: another mtime, and a hash that is not the source's
+    entries["handler.core.manifest"] = (rel, mtime_ns - 1, size, package, code, codebundle.source_hash(b"other"))
     bundle.write_bytes(marshal.dumps((stamp, entries)))
     seen = _probe(bundle, MODULES)
     assert seen["modules"]["handler.core.manifest"]["loader"] == "SourceFileLoader"
     assert seen["modules"]["handler.core.errors"]["loader"] == "BundleLoader"
-    assert seen["report"] == {"modules": 2, "stale": ["handler.core.manifest"]}
+    assert seen["report"] == {"modules": 2, "stale": ["handler.core.manifest"], "hashed": 0}
+
+
+def test_another_mtime_with_the_same_source_is_used_after_its_hash(tmp_path: Path) -> None:
+    """What a zip layer gives (mtimes to 2 s, or the extraction's time): the source unchanged, its mtime not."""
+    bundle = tmp_path / "b.bin"
+    codebundle.write(MODULES, str(bundle))
+    stamp, entries = marshal.loads(bundle.read_bytes())
+    rel, mtime_ns, *rest = entries["handler.core.manifest"]
+    entries["handler.core.manifest"] = (rel, mtime_ns - 10**9, *rest)
+    bundle.write_bytes(marshal.dumps((stamp, entries)))
+    seen = _probe(bundle, MODULES)
+    assert {m["loader"] for m in seen["modules"].values()} == {"BundleLoader"}
+    assert seen["report"] == {"modules": 3, "stale": [], "hashed": 1}
 
 
 def test_a_changed_source_is_never_run_from_the_bundle(tmp_path: Path) -> None:
@@ -104,6 +118,16 @@ def test_a_changed_source_is_never_run_from_the_bundle(tmp_path: Path) -> None:
     bundle = tmp_path / "b.bin"
     codebundle.write(["bundled_pkg", "bundled_pkg.mod"], str(bundle), root=str(tmp_path))
     (pkg / "mod.py").write_text("VALUE = 22\n")  # another size: stale whatever the clock's resolution
+    assert _run_bundled(tmp_path, bundle) == ["22", "SourceFileLoader", "['bundled_pkg.mod']"]
+    # The same size, another mtime (as a zip layer's): the source's hash is what tells the edit apart.
+    codebundle.write(["bundled_pkg", "bundled_pkg.mod"], str(bundle), root=str(tmp_path))
+    (pkg / "mod.py").write_text("VALUE = 33\n")
+    stat = (pkg / "mod.py").stat()
+    os.utime(pkg / "mod.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
+    assert _run_bundled(tmp_path, bundle) == ["33", "SourceFileLoader", "['bundled_pkg.mod']"]
+
+
+def _run_bundled(tmp_path: Path, bundle: Path) -> list[str]:
     code = (
         "import sys; from handler.runtime import codebundle\n"
         f"f = codebundle.install({str(bundle)!r}); f.root = {str(tmp_path)!r}\n"
@@ -118,7 +142,7 @@ def test_a_changed_source_is_never_run_from_the_bundle(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     )
-    assert proc.stdout.split() == ["22", "SourceFileLoader", "['bundled_pkg.mod']"]
+    return proc.stdout.split()
 
 
 def test_a_malformed_entry_is_imported_the_ordinary_way(tmp_path: Path) -> None:
@@ -139,7 +163,7 @@ def test_a_bundle_that_does_not_fit_is_not_used_at_all(tmp_path: Path, how: str)
     env = {}
     if how == "another python":
         stamp, entries = marshal.loads(bundle.read_bytes())
-        bundle.write_bytes(marshal.dumps(((stamp[0], "3.0.0 (other)", *stamp[2:]), entries)))
+        bundle.write_bytes(marshal.dumps(((stamp[0], "cpython-30", *stamp[2:]), entries)))
     elif how == "off":
         env["WARMSTART_CODE_BUNDLE"] = "off"
     elif how == "absent":
@@ -169,6 +193,6 @@ def test_init_loads_its_chain_from_the_bundle_and_takes_the_finder_off(model_dir
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
     )
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["report"] == {"modules": len(names), "stale": []}
+    assert seen["report"] == {"modules": len(names), "stale": [], "hashed": 0}
     assert seen["loader"] == "BundleLoader"
     assert "BundleFinder" not in seen["finder"]

@@ -303,3 +303,55 @@ def test_replace_dir_never_touches_a_users_dot_old_directory(tmp_path: Path) -> 
     fresh.mkdir()
     replace_dir(fresh, tmp_path / "new-name")  # nothing to replace: one rename
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.old", "model", "new-name"]
+
+
+GOLDEN = {
+    "tolerance": {"cosine": 0.9999, "atol": 1e-4},
+    "cases": [{"request": {"inputs": ["a"]}, "key": "k", "expected": [[0.5]]}],
+}
+
+
+def with_golden_file(root: Path, data: bytes) -> None:
+    """`golden.json` beside the manifest, listed in `files` as infra.pack.golden + publish list it."""
+    (root / "golden.json").write_bytes(data)
+    entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edit_manifest(root, lambda m: (m["files"].update({"golden.json": entry}), m.update(golden_file="golden.json")))
+
+
+def test_golden_answers_in_their_own_file_are_read_only_when_asked(packed: Path) -> None:
+    assert load_manifest(packed).golden() is None  # packed without any
+    with_golden_file(packed, json.dumps(GOLDEN).encode())
+    manifest = load_manifest(packed)
+    assert "golden" not in manifest.raw and manifest.golden() == GOLDEN
+    # what the PreTraffic hook asks a running instance for (handler.runtime.control.status)
+    rt = start(packed)
+    assert rt.status({"golden": True})["golden"] == GOLDEN and "golden" not in rt.status({})
+
+
+def test_inline_golden_answers_of_an_older_pack_still_read(packed: Path) -> None:
+    edit_manifest(packed, lambda m: m.update(golden=GOLDEN))
+    assert load_manifest(packed).golden() == GOLDEN
+
+
+def test_changed_golden_answers_are_refused(packed: Path) -> None:
+    with_golden_file(packed, json.dumps(GOLDEN).encode())
+    (packed / "golden.json").write_bytes(json.dumps(GOLDEN).encode().replace(b"0.9999", b"0.5000"))
+    manifest = load_manifest(packed)  # the same size: a start's size check passes, the hash is the golden read's
+    with pytest.raises(ModelLoadError, match="SHA-256 differs"):
+        manifest.golden()
+
+
+@pytest.mark.parametrize(("data", "fragment"), [(b"[1, 2]", "must be a JSON object"), (b'{"a": 1, "a": 2}', "twice")])
+def test_golden_answers_that_are_not_an_object_are_refused(packed: Path, data: bytes, fragment: str) -> None:
+    with_golden_file(packed, data)
+    with pytest.raises(ModelLoadError, match=fragment):
+        load_manifest(packed).golden()
+
+
+def test_a_golden_file_not_listed_is_refused_when_asked(packed: Path) -> None:
+    """Only the PreTraffic hook's status request reads them: a start never fails over them, the hook's check does."""
+    (packed / "golden.json").write_text(json.dumps(GOLDEN))
+    edit_manifest(packed, lambda m: m.update(golden_file="golden.json"))
+    manifest = load_manifest(packed)
+    with pytest.raises(ModelLoadError, match=r"file 'golden\.json' is used but not listed in 'files'"):
+        manifest.golden()

@@ -207,8 +207,11 @@ def test_embedding_manifest(packed: Callable[..., tuple[Path, Path]]) -> None:
     assert m["backends"]["onnx"]["files"] == ["model.onnx", "model.onnx.data"]
     assert isinstance(m["backends"]["onnx"]["fused"], bool)
     assert "unsupported_backends" not in m
-    assert m["golden"]["cases"]  # golden answers recorded by the packed model itself
+    # golden answers recorded by the packed model itself, in their own file (a start never parses them)
+    assert "golden" not in m and m["golden_file"] == "golden.json"
+    assert json.loads((out / "golden.json").read_text())["cases"]
     names = {"model.onnx", "model.onnx.data", "model.safetensors", "program.json", "tokenizer.json", "vocab.txt"}
+    names.add("golden.json")
     assert set(m["files"]) == names
     # A plain BERT WordPiece tokenizer: the shortcut's proof is a pack-time step (infra.pack.wordpiece).
     shortcut = m["tokenizer"]["shortcut"]
@@ -225,7 +228,8 @@ def test_rerank_and_classify_manifests(packed: Callable[..., tuple[Path, Path]])
     assert m["outputs"] == [{"name": "scores", "dtype": "float32", "shape": ["batch"]}]
     assert m["backends"]["torch"]["architecture"] == "exported-program"
     assert m["source"]["architecture"] == "BertForSequenceClassification"
-    assert "pooling" not in m and "golden" not in m  # golden answers: embedding only (infra.pack.golden)
+    # golden answers: embedding only (infra.pack.golden)
+    assert "pooling" not in m and "golden" not in m and "golden_file" not in m
 
     _, roberta = packed("roberta", "classifier", labels=["negative", "neutral", "positive"], max_seq_length=20)
     m = read_manifest(roberta)

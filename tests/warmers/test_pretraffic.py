@@ -3,6 +3,7 @@ for real against the local Lambda running the real handler (a version whose gold
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from handler.core.manifest import load_manifest
 from warmers import golden, pretraffic
 
 EVENT = {"DeploymentId": "d-ABC123", "LifecycleEventHookExecutionId": "hook-exec-1"}
@@ -121,8 +123,18 @@ def tampered_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         if f.name != "manifest.json":
             (out / f.name).symlink_to(f)
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    first = manifest["golden"]["cases"][0]["expected"][0]
+    if "golden_file" in manifest:  # in their own file (infra.pack.golden), listed with its size and SHA-256
+        recorded = json.loads((model_dir / manifest["golden_file"]).read_text())
+    else:  # inline, as a model packed before they moved out of the manifest
+        recorded = manifest.pop("golden")
+    first = recorded["cases"][0]["expected"][0]
     first[:] = first[1:] + first[:1]
+    # The tampered answers as a pack would record them (size and SHA-256 listed): only the answer differs.
+    data = json.dumps(recorded).encode()
+    (out / "golden.json").unlink(missing_ok=True)
+    (out / "golden.json").write_bytes(data)
+    manifest["files"]["golden.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["golden_file"] = "golden.json"
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
@@ -138,7 +150,7 @@ def test_hook_against_the_local_lambda(
     from warmers.fanout import build_client
 
     model = model_dir if which == "packed" else request.getfixturevalue("tampered_model")
-    assert "golden" in json.loads((model_dir / "manifest.json").read_text())  # `warmstart pack` recorded them
+    assert load_manifest(model_dir).golden()  # `warmstart pack` recorded them
     config = LocalLambdaConfig(
         port=0,
         versions=("1", "2"),
