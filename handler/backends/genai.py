@@ -16,13 +16,14 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; imported only when chosen
 
+from handler.backends import genai_capi
 from handler.backends.contract import BackendSettings
 from handler.backends.genai_load import choose
 from handler.core.errors import InvalidInputError, ModelLoadError
@@ -43,7 +44,7 @@ class GenaiEngine:
     name = NAME
 
     def __init__(self) -> None:
-        self.model: Any = None
+        self.model: genai_capi.Model | None = None
         self.threads = 1
         self.device = "cpu"
         self.device_reason = "onnxruntime-genai on the CPU"
@@ -58,6 +59,13 @@ class GenaiEngine:
         self._ll_lock = threading.Lock()
         self.batch: Any = None  # handler.backends.genai_batch.BatchEngine when requests share the steps
         self.prefill_chunk = 0  # prompt tokens per decoder step (genai_spec.PREFILL_CHUNK; 0: all at once)
+        self._max_total_tokens: int | None = None
+        self._loading: threading.Thread | None = None  # the model's load, until ready() has joined it
+        self._load_error: BaseException | None = None
+        self._load_ms = 0.0
+        self._timer: PhaseTimer | None = None
+        self._ready_lock = threading.Lock()
+        self.load_overlap: dict[str, Any] = {}  # the init report's account of the load beside the init's rest
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         entry = manifest.backends[NAME]
@@ -85,10 +93,22 @@ class GenaiEngine:
             self.concurrent_streams = self.batch.concurrent_streams
             self.device_reason = "ONNX Runtime on the CPU, the rows of many requests in each step"
             return
-        with timer.phase("load"):
-            cuda = settings.cuda.usable and og.is_cuda_available()
-            if cuda:
-                self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
+        cuda = settings.cuda.usable and og.is_cuda_available()
+        if cuda:
+            self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
+        self.threads = settings.threads
+        self._timer = timer
+        # The load runs in a thread of its own and init goes on: its C calls leave the GIL free (genai_capi), so
+        # the task's tokenizer parse runs beside it where the CPU quota gives more than one CPU. ready() joins it,
+        # before anything reads the KV budget or runs the model; a failure is raised there, as the init's.
+        self._loading = threading.Thread(
+            target=self._load, args=(manifest, entry, settings, cuda), name="warmstart-genai-load", daemon=True
+        )
+        self._loading.start()
+
+    def _load(self, manifest: Manifest, entry: dict[str, Any], settings: BackendSettings[Any], cuda: bool) -> None:
+        t0 = time.perf_counter()
+        try:
             # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose);
             # never a failed start over a speed-up: the portable model follows.
             optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
@@ -99,9 +119,41 @@ class GenaiEngine:
                     self.optimized = {"used": False, "reason": f"load failed: {e}"}
             if self.model is None:
                 self.model = _model(manifest, settings.threads, cuda, None)
-        keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
-        self.threads = settings.threads
-        self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
+        except BaseException as e:  # raised by ready(), in the init's thread
+            self._load_error = e
+        finally:
+            self._load_ms = (time.perf_counter() - t0) * 1000
+
+    def ready(self) -> None:
+        """Wait for the model's load (started by initialize) and finish what needs it: the KV budget. Raises the
+        load's error. Idempotent; every reader of the model or the budget calls it first."""
+        with self._ready_lock:
+            loading = self._loading
+            if loading is None:
+                if self._load_error is not None:  # a failed load fails every later reader too
+                    raise self._load_error
+                return
+            t0 = time.perf_counter()
+            loading.join()
+            waited = (time.perf_counter() - t0) * 1000
+            self._loading = None
+            if self._timer is not None:  # the load's own wall time (its phase overlaps the ones after it)
+                self._timer.phases["load"] = round(self._load_ms, 3)
+            self.load_overlap = {"load_ms": round(self._load_ms, 3), "waited_ms": round(waited, 3)}
+            if self._load_error is not None:
+                raise self._load_error
+            # After the load: what loading freed goes back to the OS, the KV budget counts the rest.
+            keep_freed_memory()
+            self._max_total_tokens = self._kv_budget(self.context_length)
+
+    @property
+    def max_total_tokens(self) -> int | None:
+        self.ready()
+        return self._max_total_tokens
+
+    @max_total_tokens.setter
+    def max_total_tokens(self, value: int | None) -> None:
+        self._max_total_tokens = value
 
     def _kv_budget(self, context: int) -> int | None:
         """The most tokens one request may hold: the memory left after the model (less the margin) over the KV
@@ -133,7 +185,11 @@ class GenaiEngine:
     @property
     def coldstart(self) -> dict[str, Any]:
         """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
-        return {"genai_optimized": self.optimized}
+        self.ready()
+        out: dict[str, Any] = {"genai_optimized": self.optimized}
+        if self.load_overlap:
+            out["genai_load"] = self.load_overlap
+        return out
 
     def warm_device(self) -> dict[str, Any]:
         # The task's warm-up (two generated tokens) runs the model for real; nothing to do before it.
@@ -145,6 +201,7 @@ class GenaiEngine:
         return self.threads
 
     def describe(self) -> dict[str, Any]:
+        self.ready()
         out: dict[str, Any] = {
             "backend": NAME,
             "providers": ["cuda" if self.device == "cuda" else "cpu"],
@@ -170,6 +227,7 @@ class GenaiEngine:
     def submit(self, request: JSON) -> Iterator[JSON]:
         if not isinstance(request, dict):
             raise TypeError("the genai engine takes the generate task's request (a dict)")
+        self.ready()
         total = len(request["prompt_ids"]) + int(request["max_tokens"])
         if self.max_total_tokens is not None and total > self.max_total_tokens:
             raise InvalidInputError(
@@ -181,8 +239,8 @@ class GenaiEngine:
             return self.batch.submit(request, matcher)  # type: ignore[no-any-return]
         return self._run(request, matcher)
 
-    def _params(self, request: dict[str, Any]) -> Any:
-        params = og.GeneratorParams(self.model)
+    def _search(self, request: dict[str, Any]) -> dict[str, float | bool]:
+        """The generator's search options for `request` (onnxruntime-genai's names)."""
         length = len(request["prompt_ids"]) + int(request["max_tokens"])
         # A sliding-window model's cache holds at least the window: onnxruntime-genai refuses a shorter max_length
         # (GroupQueryAttention: "KV cache capacity must be at least local_window_size"). The loop itself stops
@@ -190,21 +248,20 @@ class GenaiEngine:
         length = max(length, min(self.window, self.context_length or self.window))
         temperature = float(request["temperature"])
         if temperature == 0:
-            params.set_search_options(max_length=length, do_sample=False)
-        else:
-            top_k = int(request["top_k"]) or self.vocab_size  # 0: no top-k cut
-            params.set_search_options(
-                max_length=length,
-                do_sample=True,
-                temperature=temperature,
-                top_p=float(request["top_p"]),
-                top_k=top_k,
-                random_seed=int(request["seed"]) % SEED_RANGE,
-            )
-        return params
+            return {"max_length": length, "do_sample": False}
+        top_k = int(request["top_k"]) or self.vocab_size  # 0: no top-k cut
+        return {
+            "max_length": length,
+            "do_sample": True,
+            "temperature": temperature,
+            "top_p": float(request["top_p"]),
+            "top_k": top_k,
+            "random_seed": int(request["seed"]) % SEED_RANGE,
+        }
 
     def _run(self, request: dict[str, Any], matcher: Any) -> Iterator[JSON]:
-        generator = og.Generator(self.model, self._params(request))
+        assert self.model is not None  # submit() ran ready()
+        generator = genai_capi.Generator(self.model, self._search(request))
         eos = set(request["eos_token_ids"])
         try:
             prompt = list(request["prompt_ids"])
@@ -217,7 +274,7 @@ class GenaiEngine:
                 if matcher is not None:
                     self._mask(generator, matcher)
                 generator.generate_next_token()
-                token = int(generator.get_next_tokens()[0])
+                token = generator.next_token()
                 if matcher is not None:
                     matcher.consume_token(token)
                 if token in eos:
@@ -231,7 +288,7 @@ class GenaiEngine:
                     break  # the library's own stop (its config's eos, its max length)
             yield {"finish_reason": "length"}
         finally:
-            del generator  # its KV cache freed now, not when the iterator is collected
+            generator.close()  # its KV cache freed now, not when the iterator is collected
 
     # -- the JSON constraint (llguidance) --
 
@@ -269,7 +326,7 @@ class GenaiEngine:
     def _mask(self, generator: Any, matcher: Any) -> None:
         import llguidance.numpy as llnp
 
-        logits = np.array(generator.get_logits(), dtype=np.float32)  # (1, 1, vocab): a copy we may write
+        logits = generator.get_logits()  # (1, 1, vocab): a copy we may write
         flat = logits.reshape(1, -1)
         mask = llnp.allocate_token_bitmask(1, flat.shape[1])
         llnp.fill_next_token_bitmask(matcher, mask)
@@ -277,25 +334,30 @@ class GenaiEngine:
         generator.set_logits(flat.reshape(logits.shape))
 
 
-def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) -> Any:
-    """onnxruntime-genai's model over the pack (see genai_config); the library's errors a ModelLoadError."""
+def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) -> genai_capi.Model:
+    """onnxruntime-genai's model over the pack (see overlay); the library's errors a ModelLoadError."""
     try:
-        return og.Model(genai_config(manifest.root, threads, cuda, decoder))
-    except Exception as e:  # the library's own error (a missing or bad file): the model's fault
+        return genai_capi.Model(str(manifest.root), overlay(threads, decoder), ["cuda"] if cuda else [])
+    except genai_capi.GenaiError as e:  # the library's own error (a missing or bad file): the model's fault
         raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
 
 
-def genai_config(root: Path, threads: int, cuda: bool, decoder: str | None) -> Any:
-    """The pack's og.Config as the engine opens it (also infra.pack.lm_layout's check); `decoder`: the
-    pre-optimized graph instead of the config's, opened with ORT's graph passes off (they ran when it was saved:
-    running them again finds nothing, costs time)."""
-    config = og.Config(str(root))
+def overlay(threads: int, decoder: str | None) -> str:
+    """The JSON the engine overlays on the pack's genai_config.json; `decoder`: the pre-optimized graph instead of
+    the config's, opened with ORT's graph passes off (they ran when it was saved: running them again finds
+    nothing, costs time)."""
     session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    overlay: dict[str, Any] = {"session_options": session}
+    decoder_overlay: dict[str, Any] = {"session_options": session}
     if decoder is not None:
-        overlay["filename"] = decoder
+        decoder_overlay["filename"] = decoder
         session["graph_optimization_level"] = "ORT_DISABLE_ALL"
-    config.overlay(json.dumps({"model": {"decoder": overlay}}))
+    return json.dumps({"model": {"decoder": decoder_overlay}})
+
+
+def genai_config(root: Path, threads: int, cuda: bool, decoder: str | None) -> Any:
+    """The pack's og.Config as the engine opens it (infra.pack.lm_layout's check, through the binding)."""
+    config = og.Config(str(root))
+    config.overlay(overlay(threads, decoder))
     config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
     if cuda:
         config.append_provider("cuda")
