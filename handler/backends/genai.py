@@ -146,6 +146,11 @@ class GenaiEngine:
             keep_freed_memory()
             self._max_total_tokens = self._kv_budget(self.context_length)
 
+    def loading(self) -> bool:
+        """Whether the model's load is still running (the init may do other work beside it meanwhile)."""
+        loading = self._loading
+        return loading is not None and loading.is_alive()
+
     @property
     def max_total_tokens(self) -> int | None:
         self.ready()

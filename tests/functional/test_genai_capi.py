@@ -158,3 +158,25 @@ def test_a_bad_pack_fails_the_init_with_the_librarys_message(pack: Path, tmp_pat
         Runtime.start(Config(model_dir=broken, backend=None, warmup=False), environ={}, emit=None)
     with pytest.raises(genai_capi.GenaiError, match=r"missing\.onnx"):
         genai_capi.Model(str(broken), overlay(1, None))
+
+
+def test_the_chat_template_compiles_while_the_model_loads(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An on-demand start (no warm-up) compiles the chat template beside the engine's load, not in the first chat
+    request."""
+    from handler.tasks import chat
+
+    libc = ctypes.CDLL(None)
+    real_load = genai._model
+
+    def slow_load(*args: Any) -> Any:
+        libc.usleep(400_000)  # a foreign call, the GIL free, as the library's load
+        return real_load(*args)
+
+    monkeypatch.setattr(genai, "_model", slow_load)
+    chat.compile_template.cache_clear()
+    runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
+    assert runtime.manifest.options["chat_template"]
+    assert chat.compile_template.cache_info().currsize == 1
+    answer = runtime.task({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # type: ignore[operator]
+    assert answer["usage"]["completion_tokens"] >= 1
+    assert chat.compile_template.cache_info().hits >= 1  # the request used the init's compile
