@@ -142,7 +142,11 @@ class GenaiEngine:
             self.load_overlap = {"load_ms": round(self._load_ms, 3), "waited_ms": round(waited, 3)}
             if self._load_error is not None:
                 raise self._load_error
-            # After the load: what loading freed goes back to the OS, the KV budget counts the rest.
+            # After the load: what loading freed goes back to the OS, the KV budget counts the rest. The load ran in
+            # a thread of its own malloc arena, beside the parse in the main thread's, so neither could reuse the
+            # other's freed pages: returned once now (peak RSS of an on-demand start, 0.6B int4: 673.6 MB without,
+            # 661.4 MB with, 661.0 MB for the load in the main thread).
+            trim_freed_memory()
             keep_freed_memory()
             self._max_total_tokens = self._kv_budget(self.context_length)
 
@@ -404,6 +408,18 @@ def keep_freed_memory() -> bool:
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         _kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _kept
+
+
+def trim_freed_memory() -> bool:
+    """Return the freed pages of every malloc arena to the OS now (glibc's malloc_trim(0)); False where the C
+    library is not glibc."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # musl, macOS: nothing to trim this way
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 MIN_KV_TOKENS = 256  # the least KV room an instance must have to be worth starting: a short chat and its answer
