@@ -98,30 +98,38 @@ class GenaiEngine:
             self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
         self.threads = settings.threads
         self._timer = timer
+        # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose).
+        optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
         # The load runs in a thread of its own and init goes on: its C calls leave the GIL free (genai_capi), so
         # the task's tokenizer parse runs beside it where the CPU quota gives more than one CPU. ready() joins it,
         # before anything reads the KV budget or runs the model; a failure is raised there, as the init's.
+        # The init waits until the thread is inside the load's C call: the parse holds the GIL from its start to
+        # its end (~0.2 s), and a thread still in Python then would wait for it and load after it (measured).
+        entered = threading.Event()
         self._loading = threading.Thread(
-            target=self._load, args=(manifest, entry, settings, cuda), name="warmstart-genai-load", daemon=True
+            target=self._load,
+            args=(manifest, settings.threads, cuda, optimized, entered),
+            name="warmstart-genai-load",
+            daemon=True,
         )
         self._loading.start()
+        entered.wait()
 
-    def _load(self, manifest: Manifest, entry: dict[str, Any], settings: BackendSettings[Any], cuda: bool) -> None:
+    def _load(self, manifest: Manifest, threads: int, cuda: bool, optimized: str | None, entered: Any) -> None:
         t0 = time.perf_counter()
         try:
-            # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose);
-            # never a failed start over a speed-up: the portable model follows.
-            optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
+            # Never a failed start over a speed-up: the portable model follows a failed optimized one.
             if optimized is not None:
                 try:
-                    self.model = _model(manifest, settings.threads, cuda, optimized)
+                    self.model = _model(manifest, threads, cuda, optimized, entered)
                 except ModelLoadError as e:
                     self.optimized = {"used": False, "reason": f"load failed: {e}"}
             if self.model is None:
-                self.model = _model(manifest, settings.threads, cuda, None)
+                self.model = _model(manifest, threads, cuda, None, entered)
         except BaseException as e:  # raised by ready(), in the init's thread
             self._load_error = e
         finally:
+            entered.set()  # a load that failed before its C call must not leave the init waiting
             self._load_ms = (time.perf_counter() - t0) * 1000
 
     def ready(self) -> None:
@@ -343,10 +351,13 @@ class GenaiEngine:
         generator.set_logits(flat.reshape(logits.shape))
 
 
-def _model(manifest: Manifest, threads: int, cuda: bool, decoder: str | None) -> genai_capi.Model:
-    """onnxruntime-genai's model over the pack (see overlay); the library's errors a ModelLoadError."""
+def _model(
+    manifest: Manifest, threads: int, cuda: bool, decoder: str | None, entered: threading.Event | None = None
+) -> genai_capi.Model:
+    """onnxruntime-genai's model over the pack (see overlay); the library's errors a ModelLoadError. `entered`:
+    genai_capi.Model's."""
     try:
-        return genai_capi.Model(str(manifest.root), overlay(threads, decoder), ["cuda"] if cuda else [])
+        return genai_capi.Model(str(manifest.root), overlay(threads, decoder), ["cuda"] if cuda else [], entered)
     except genai_capi.GenaiError as e:  # the library's own error (a missing or bad file): the model's fault
         raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
 

@@ -93,9 +93,13 @@ def check(result: int | None) -> None:
 
 class Model:
     """An OgaModel made from the pack directory `root`, `overlay` (genai_config.json's JSON overlaid) and the
-    providers (empty: the CPU). Freed by close() (or when collected), after every generator made from it."""
+    providers (empty: the CPU). Freed by close() (or when collected), after every generator made from it.
+    `entered`: set just before the long call (the load itself), for a caller that made this in a thread and waits
+    to go on until the thread no longer needs the GIL."""
 
-    def __init__(self, root: str, overlay: str, providers: Sequence[str] = ()) -> None:
+    def __init__(
+        self, root: str, overlay: str, providers: Sequence[str] = (), entered: threading.Event | None = None
+    ) -> None:
         lib = library()
         self._lib = lib
         self.ptr: int | None = None
@@ -110,6 +114,8 @@ class Model:
             for provider in providers:
                 check(lib.OgaConfigAppendProvider(config, provider.encode()))
             model = ctypes.c_void_p()
+            if entered is not None:  # the caller's thread may go on: from here this one needs no GIL
+                entered.set()
             check(lib.OgaCreateModelFromConfig(config, ctypes.byref(model)))
             self.ptr = model.value
         finally:

@@ -111,8 +111,9 @@ def test_the_tokenizer_is_parsed_while_the_model_loads(pack: Path, monkeypatch: 
     real_load, real_tokenizer = genai._model, tokenizers.Tokenizer
 
     def slow_load(*args: Any) -> Any:
+        args[4].set()  # what the library's Model does before its load call: the init may go on
         libc.usleep(400_000)
-        model = real_load(*args)
+        model = real_load(*args[:4])
         events["loaded"] = time.perf_counter()
         return model
 
@@ -169,8 +170,9 @@ def test_the_chat_template_compiles_while_the_model_loads(pack: Path, monkeypatc
     real_load = genai._model
 
     def slow_load(*args: Any) -> Any:
+        args[4].set()
         libc.usleep(400_000)  # a foreign call, the GIL free, as the library's load
-        return real_load(*args)
+        return real_load(*args[:4])
 
     monkeypatch.setattr(genai, "_model", slow_load)
     chat.compile_template.cache_clear()
@@ -180,3 +182,30 @@ def test_the_chat_template_compiles_while_the_model_loads(pack: Path, monkeypatc
     answer = runtime.task({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # type: ignore[operator]
     assert answer["usage"]["completion_tokens"] >= 1
     assert chat.compile_template.cache_info().hits >= 1  # the request used the init's compile
+
+
+def test_the_init_goes_on_only_once_the_load_needs_no_gil(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load thread's own Python (before its C call) needs the GIL; had the init gone on into the tokenizer's
+    parse (the GIL held throughout, ~0.2 s on Qwen3), the thread would have waited for the parse to end and loaded
+    after it, nothing overlapped (measured: the load's wall time grew by the parse's). So initialize() returns
+    only once the thread is inside its C call."""
+    events: dict[str, float] = {}
+    libc = ctypes.CDLL(None)
+    real_load, real_initialize = genai._model, genai.GenaiEngine.initialize
+
+    def slow_load(*args: Any) -> Any:
+        time.sleep(0.05)  # the thread's own Python before the C call, as _load's, a little longer
+        events["entered"] = time.perf_counter()
+        if len(args) > 4 and args[4] is not None:
+            args[4].set()
+        libc.usleep(200_000)
+        return real_load(*args[:4])
+
+    def initialize(self: Any, *args: Any) -> None:
+        real_initialize(self, *args)
+        events["returned"] = time.perf_counter()
+
+    monkeypatch.setattr(genai, "_model", slow_load)
+    monkeypatch.setattr(genai.GenaiEngine, "initialize", initialize)
+    Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
+    assert events["entered"] <= events["returned"], events
