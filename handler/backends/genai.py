@@ -17,7 +17,7 @@ import ctypes
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; impo
 from handler.backends import genai_capi
 from handler.backends.contract import BackendSettings
 from handler.backends.genai_load import choose
+from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError
 from handler.core.manifest import Manifest
 from handler.core.memory import MARGIN, memory_limit, resident_bytes
@@ -65,6 +66,7 @@ class GenaiEngine:
         self._load_ms = 0.0
         self._timer: PhaseTimer | None = None
         self._ready_lock = threading.Lock()
+        self._pending = False
         self.load_overlap: dict[str, Any] = {}  # the init report's account of the load beside the init's rest
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
@@ -100,6 +102,12 @@ class GenaiEngine:
         self._timer = timer
         # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose).
         optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
+        self._pending = True  # ready() has the KV budget to work out
+        if not load_beside_init():
+            with timer.phase("load"):
+                self._load(manifest, settings.threads, cuda, optimized, threading.Event())
+            self.ready()
+            return
         # The load runs in a thread of its own and init goes on: its C calls leave the GIL free (genai_capi), so
         # the task's tokenizer parse runs beside it where the CPU quota gives more than one CPU. ready() joins it,
         # before anything reads the KV budget or runs the model; a failure is raised there, as the init's.
@@ -136,25 +144,30 @@ class GenaiEngine:
         """Wait for the model's load (started by initialize) and finish what needs it: the KV budget. Raises the
         load's error. Idempotent; every reader of the model or the budget calls it first."""
         with self._ready_lock:
-            loading = self._loading
-            if loading is None:
+            if not self._pending:
                 if self._load_error is not None:  # a failed load fails every later reader too
                     raise self._load_error
                 return
-            t0 = time.perf_counter()
-            loading.join()
-            waited = (time.perf_counter() - t0) * 1000
-            self._loading = None
-            if self._timer is not None:  # the load's own wall time (its phase overlaps the ones after it)
-                self._timer.phases["load"] = round(self._load_ms, 3)
-            self.load_overlap = {"load_ms": round(self._load_ms, 3), "waited_ms": round(waited, 3)}
+            self._pending = False
+            loading, self._loading = self._loading, None
+            if loading is not None:
+                t0 = time.perf_counter()
+                loading.join()
+                waited = (time.perf_counter() - t0) * 1000
+                if self._timer is not None:  # the load's own wall time (its phase overlaps the ones after it)
+                    self._timer.phases["load"] = round(self._load_ms, 3)
+                self.load_overlap = {"beside_init": True, "load_ms": round(self._load_ms, 3)}
+                self.load_overlap["waited_ms"] = round(waited, 3)
+            else:
+                self.load_overlap = {"beside_init": False, "load_ms": round(self._load_ms, 3)}
             if self._load_error is not None:
                 raise self._load_error
-            # After the load: what loading freed goes back to the OS, the KV budget counts the rest. The load ran in
-            # a thread of its own malloc arena, beside the parse in the main thread's, so neither could reuse the
-            # other's freed pages: returned once now (peak RSS of an on-demand start, 0.6B int4: 673.6 MB without,
-            # 661.4 MB with, 661.0 MB for the load in the main thread).
-            trim_freed_memory()
+            if loading is not None:
+                # The load ran in a thread of its own malloc arena, beside the parse in the main thread's, so
+                # neither could reuse the other's freed pages: returned once now (peak RSS of an on-demand start,
+                # 0.6B int4: 673.6 MB without, 661.4 MB with, 661.0 MB for the load in the main thread).
+                trim_freed_memory()
+            # After the load: what loading freed goes back to the OS, the KV budget counts the rest.
             keep_freed_memory()
             self._max_total_tokens = self._kv_budget(self.context_length)
 
@@ -419,6 +432,17 @@ def keep_freed_memory() -> bool:
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         _kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _kept
+
+
+def load_beside_init(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the model loads in a thread beside the rest of the init: only where the instance has more than one
+    CPU's share (the smallest of its CPU affinity, cgroup quota and Lambda memory size's vCPUs). On one CPU the two
+    threads take turns and the overlap costs CPU (measured on the 0.6B int4 pack, at a saturated host's share of
+    about one CPU: 1.06x the spawn to first token of the load in line; with the 1.7 vCPU quota's CPUs its own,
+    0.90x)."""
+    detail = cpu_budget(environ).detail
+    share = min(float(v) for v in (detail["affinity"], detail["cgroup_quota"], detail["lambda_vcpus"]) if v)
+    return share > 1.0
 
 
 def trim_freed_memory() -> bool:

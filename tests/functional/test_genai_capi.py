@@ -10,6 +10,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,7 @@ def test_the_tokenizer_is_parsed_while_the_model_loads(pack: Path, monkeypatch: 
             events["parse"] = time.perf_counter()
             return real_tokenizer.from_file(path)
 
+    monkeypatch.setattr(genai, "load_beside_init", lambda: True)  # whatever this machine's CPUs
     monkeypatch.setattr(genai, "_model", slow_load)
     monkeypatch.setattr(tokenizers, "Tokenizer", Timed)
     runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
@@ -132,14 +134,34 @@ def test_the_tokenizer_is_parsed_while_the_model_loads(pack: Path, monkeypatch: 
     assert answer["usage"]["completion_tokens"] == 3
 
 
-def test_the_init_loads_beside_the_task_and_reports_it(pack: Path) -> None:
+@pytest.mark.parametrize("beside", [True, False])
+def test_the_init_loads_beside_the_task_or_in_line_and_reports_it(
+    pack: Path, beside: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(genai, "load_beside_init", lambda: beside)
     runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=True), environ={}, emit=None)
     report = runtime.init_report
     load = report["coldstart"]["genai_load"]
-    assert load["load_ms"] > 0 and load["waited_ms"] >= 0  # the init's own wait for it, after the task's parse
-    assert report["phases_ms"]["load"] == load["load_ms"]
+    assert load["beside_init"] is beside and load["load_ms"] > 0
+    if beside:
+        assert load["waited_ms"] >= 0  # the init's own wait for it, after the task's parse
+        assert report["phases_ms"]["load"] == load["load_ms"]
+    else:
+        assert "waited_ms" not in load and report["phases_ms"]["load"] >= load["load_ms"]
     answer = runtime.task({"prompt": "hello world", "max_tokens": 4, "temperature": 0})  # type: ignore[operator]
     assert answer["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("affinity", "quota", "lambda_vcpus", "beside"),
+    [(2, None, 1.7, True), (2, None, 1.0, False), (1, None, 1.7, False), (16, 0.5, None, False), (4, None, None, True)],
+)
+def test_the_load_goes_beside_the_init_only_with_more_than_one_cpu(
+    affinity: int, quota: float | None, lambda_vcpus: float | None, beside: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detail = {"affinity": affinity, "cgroup_quota": quota, "lambda_vcpus": lambda_vcpus}
+    monkeypatch.setattr(genai, "cpu_budget", lambda environ=None: SimpleNamespace(detail=detail))
+    assert genai.load_beside_init() is beside
 
 
 def test_a_bad_pack_fails_the_init_with_the_librarys_message(pack: Path, tmp_path: Path) -> None:
@@ -174,6 +196,7 @@ def test_the_chat_template_compiles_while_the_model_loads(pack: Path, monkeypatc
         libc.usleep(400_000)  # a foreign call, the GIL free, as the library's load
         return real_load(*args[:4])
 
+    monkeypatch.setattr(genai, "load_beside_init", lambda: True)
     monkeypatch.setattr(genai, "_model", slow_load)
     chat.compile_template.cache_clear()
     runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
@@ -205,6 +228,7 @@ def test_the_init_goes_on_only_once_the_load_needs_no_gil(pack: Path, monkeypatc
         real_initialize(self, *args)
         events["returned"] = time.perf_counter()
 
+    monkeypatch.setattr(genai, "load_beside_init", lambda: True)
     monkeypatch.setattr(genai, "_model", slow_load)
     monkeypatch.setattr(genai.GenaiEngine, "initialize", initialize)
     Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
