@@ -82,6 +82,8 @@ def test_the_table_quotes_ratios_taken_within_each_round() -> None:
     ]
     md = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64))
     assert "**1.7 vCPU** (3,008 MB Lambda), 1 thread(s) each" in md
+    own = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64, own_cpus=True))
+    assert "**1.7 vCPU** (3,008 MB Lambda; each quota its own: cpu.shares raised), 1 thread(s) each" in own
     assert "3 rounds, 1-min load average 5.0 (4.0-6.0)" in md
     # cold: 2.0, 3.0, 1.0 -> median 2.00 (1.00-3.00); TTFT 2.0, 1.0, 1.5; decode 0.8, 1.0, 0.9; RSS 1.5, 1.5, 1.625
     want = "| ours-int4 / llama-Q4_0 | 2.00x (1.00-3.00) | 1.50x (1.00-2.00) | 0.90x (0.80-1.00) | 1.50x (1.50-1.62) |"
