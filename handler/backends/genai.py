@@ -28,7 +28,7 @@ from handler.backends.contract import BackendSettings
 from handler.backends.genai_load import choose
 from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError
-from handler.core.manifest import Manifest
+from handler.core.manifest import Manifest, regular_path
 from handler.core.memory import MARGIN, memory_limit, resident_bytes
 from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
@@ -60,14 +60,10 @@ class GenaiEngine:
         self._ll_lock = threading.Lock()
         self.batch: Any = None  # handler.backends.genai_batch.BatchEngine when requests share the steps
         self.prefill_chunk = 0  # prompt tokens per decoder step (genai_spec.PREFILL_CHUNK; 0: all at once)
-        self._max_total_tokens: int | None = None
-        self._loading: threading.Thread | None = None  # the model's load, until ready() has joined it
-        self._load_error: BaseException | None = None
-        self._load_ms = 0.0
-        self._timer: PhaseTimer | None = None
-        self._ready_lock = threading.Lock()
-        self._pending = False
-        self.load_overlap: dict[str, Any] = {}  # the init report's account of the load beside the init's rest
+        # The tokenizer parsed in a thread beside the model's load (handler.tasks.generate takes it), or why not.
+        self._parsing: threading.Thread | None = None
+        self._parsed: tuple[Path, Any] | None = None
+        self.beside_load: dict[str, Any] = {}  # the init report's account of it (coldstart.genai_tokenizer)
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         entry = manifest.backends[NAME]
@@ -95,95 +91,68 @@ class GenaiEngine:
             self.concurrent_streams = self.batch.concurrent_streams
             self.device_reason = "ONNX Runtime on the CPU, the rows of many requests in each step"
             return
-        cuda = settings.cuda.usable and og.is_cuda_available()
-        if cuda:
-            self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
+        with timer.phase("load"):
+            cuda = settings.cuda.usable and og.is_cuda_available()
+            if cuda:
+                self.device, self.device_reason = "cuda", "a CUDA device and onnxruntime-genai built for it"
+            entered = threading.Event()
+            if tokenizer and load_beside_init():
+                # The task's tokenizer parse (~0.2 s of CPU for Qwen3's) in a thread beside the model's load: the
+                # load's C calls leave the GIL free (genai_capi), the parse holds it from start to end. The
+                # thread starts parsing once the load is inside its C call (`entered`): this thread still needs
+                # the GIL up to there, and would wait out the whole parse. The load stays in this thread, so the
+                # model's memory comes from the main malloc arena as before (loaded in a thread of its own: +20 MB
+                # peak RSS on a 512-token request, warm TTFT ~5% longer, measured).
+                self._parsing = threading.Thread(
+                    target=self._parse,
+                    args=(manifest.path(tokenizer), entered),
+                    name="warmstart-tokenizer-parse",
+                    daemon=True,
+                )
+                self._parsing.start()
+            try:
+                # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose);
+                # never a failed start over a speed-up: the portable model follows.
+                optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
+                if optimized is not None:
+                    try:
+                        self.model = _model(manifest, settings.threads, cuda, optimized, entered)
+                    except ModelLoadError as e:
+                        self.optimized = {"used": False, "reason": f"load failed: {e}"}
+                if self.model is None:
+                    self.model = _model(manifest, settings.threads, cuda, None, entered)
+            finally:
+                entered.set()  # a load that failed before its C call must not leave the parse waiting
+        keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
         self.threads = settings.threads
-        self._timer = timer
-        # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose).
-        optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
-        self._pending = True  # ready() has the KV budget to work out
-        if not load_beside_init():
-            with timer.phase("load"):
-                self._load(manifest, settings.threads, cuda, optimized, threading.Event())
-            self.ready()
-            return
-        # The load runs in a thread of its own and init goes on: its C calls leave the GIL free (genai_capi), so
-        # the task's tokenizer parse runs beside it where the CPU quota gives more than one CPU. ready() joins it,
-        # before anything reads the KV budget or runs the model; a failure is raised there, as the init's.
-        # The init waits until the thread is inside the load's C call: the parse holds the GIL from its start to
-        # its end (~0.2 s), and a thread still in Python then would wait for it and load after it (measured).
-        entered = threading.Event()
-        self._loading = threading.Thread(
-            target=self._load,
-            args=(manifest, settings.threads, cuda, optimized, entered),
-            name="warmstart-genai-load",
-            daemon=True,
-        )
-        self._loading.start()
-        entered.wait()
+        self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
-    def _load(self, manifest: Manifest, threads: int, cuda: bool, optimized: str | None, entered: Any) -> None:
+    def _parse(self, path: Path, entered: threading.Event) -> None:
+        entered.wait()
         t0 = time.perf_counter()
         try:
-            # Never a failed start over a speed-up: the portable model follows a failed optimized one.
-            if optimized is not None:
-                try:
-                    self.model = _model(manifest, threads, cuda, optimized, entered)
-                except ModelLoadError as e:
-                    self.optimized = {"used": False, "reason": f"load failed: {e}"}
-            if self.model is None:
-                self.model = _model(manifest, threads, cuda, None, entered)
-        except BaseException as e:  # raised by ready(), in the init's thread
-            self._load_error = e
-        finally:
-            entered.set()  # a load that failed before its C call must not leave the init waiting
-            self._load_ms = (time.perf_counter() - t0) * 1000
+            from tokenizers import Tokenizer  # deferred: as the task's own parse
 
-    def ready(self) -> None:
-        """Wait for the model's load (started by initialize) and finish what needs it: the KV budget. Raises the
-        load's error. Idempotent; every reader of the model or the budget calls it first."""
-        with self._ready_lock:
-            if not self._pending:
-                if self._load_error is not None:  # a failed load fails every later reader too
-                    raise self._load_error
-                return
-            self._pending = False
-            loading, self._loading = self._loading, None
-            if loading is not None:
-                t0 = time.perf_counter()
-                loading.join()
-                waited = (time.perf_counter() - t0) * 1000
-                if self._timer is not None:  # the load's own wall time (its phase overlaps the ones after it)
-                    self._timer.phases["load"] = round(self._load_ms, 3)
-                self.load_overlap = {"beside_init": True, "load_ms": round(self._load_ms, 3)}
-                self.load_overlap["waited_ms"] = round(waited, 3)
-            else:
-                self.load_overlap = {"beside_init": False, "load_ms": round(self._load_ms, 3)}
-            if self._load_error is not None:
-                raise self._load_error
-            if loading is not None:
-                # The load ran in a thread of its own malloc arena, beside the parse in the main thread's, so
-                # neither could reuse the other's freed pages: returned once now (peak RSS of an on-demand start,
-                # 0.6B int4: 673.6 MB without, 661.4 MB with, 661.0 MB for the load in the main thread).
-                trim_freed_memory()
-            # After the load: what loading freed goes back to the OS, the KV budget counts the rest.
-            keep_freed_memory()
-            self._max_total_tokens = self._kv_budget(self.context_length)
+            with regular_path(path) as name:
+                self._parsed = (path, Tokenizer.from_file(name))
+            self.beside_load = {"parsed": True}
+        except Exception as e:  # the task parses it itself, and raises its own error
+            self.beside_load = {"parsed": False, "reason": f"{type(e).__name__}: {e}"}
+        self.beside_load["parse_ms"] = round((time.perf_counter() - t0) * 1000, 3)
 
-    def loading(self) -> bool:
-        """Whether the model's load is still running (the init may do other work beside it meanwhile)."""
-        loading = self._loading
-        return loading is not None and loading.is_alive()
-
-    @property
-    def max_total_tokens(self) -> int | None:
-        self.ready()
-        return self._max_total_tokens
-
-    @max_total_tokens.setter
-    def max_total_tokens(self, value: int | None) -> None:
-        self._max_total_tokens = value
+    def parsed_tokenizer(self, path: Path) -> Any:
+        """The tokenizer of `path` parsed beside the model's load (the thread joined), once; None when it was not
+        (one CPU, a failure: the caller parses it itself)."""
+        parsing, self._parsing = self._parsing, None
+        if parsing is None:
+            return None
+        t0 = time.perf_counter()
+        parsing.join()
+        self.beside_load["waited_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        # The parse ran in a thread of its own malloc arena: its freed pages could serve nothing else, returned now.
+        trim_freed_memory()
+        parsed, self._parsed = self._parsed, None
+        return parsed[1] if parsed is not None and parsed[0] == path else None
 
     def _kv_budget(self, context: int) -> int | None:
         """The most tokens one request may hold: the memory left after the model (less the margin) over the KV
@@ -215,10 +184,9 @@ class GenaiEngine:
     @property
     def coldstart(self) -> dict[str, Any]:
         """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
-        self.ready()
         out: dict[str, Any] = {"genai_optimized": self.optimized}
-        if self.load_overlap:
-            out["genai_load"] = self.load_overlap
+        if self.beside_load:
+            out["genai_tokenizer"] = self.beside_load
         return out
 
     def warm_device(self) -> dict[str, Any]:
@@ -231,7 +199,6 @@ class GenaiEngine:
         return self.threads
 
     def describe(self) -> dict[str, Any]:
-        self.ready()
         out: dict[str, Any] = {
             "backend": NAME,
             "providers": ["cuda" if self.device == "cuda" else "cpu"],
@@ -257,7 +224,6 @@ class GenaiEngine:
     def submit(self, request: JSON) -> Iterator[JSON]:
         if not isinstance(request, dict):
             raise TypeError("the genai engine takes the generate task's request (a dict)")
-        self.ready()
         total = len(request["prompt_ids"]) + int(request["max_tokens"])
         if self.max_total_tokens is not None and total > self.max_total_tokens:
             raise InvalidInputError(
@@ -290,7 +256,7 @@ class GenaiEngine:
         }
 
     def _run(self, request: dict[str, Any], matcher: Any) -> Iterator[JSON]:
-        assert self.model is not None  # submit() ran ready()
+        assert self.model is not None  # initialize() loaded it
         generator = genai_capi.Generator(self.model, self._search(request))
         eos = set(request["eos_token_ids"])
         try:

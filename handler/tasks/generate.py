@@ -109,16 +109,17 @@ class GenerateTask:
         self.options = manifest.options
         self.context_length: int = self.options["context_length"]
         self.cap = max_tokens_setting()
-        with regular_path(manifest.path(manifest.tokenizer["file"])) as path:
-            self.tokenizer = Tokenizer.from_file(path)
+        tokenizer_path = manifest.path(manifest.tokenizer["file"])
+        # The engine may have parsed it beside its model's load (handler.backends.genai: parsed_tokenizer).
+        take = getattr(self.engine, "parsed_tokenizer", None)
+        parsed = take(tokenizer_path) if callable(take) else None
+        if parsed is not None:
+            self.tokenizer = parsed
+        else:
+            with regular_path(tokenizer_path) as path:
+                self.tokenizer = Tokenizer.from_file(path)
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
-        loading = getattr(self.engine, "loading", None)
-        if self.options["chat_template"] is not None and callable(loading) and loading():
-            # The engine still loads in its own thread, the GIL free (handler.backends.genai_capi): the chat
-            # template's compile (jinja2's import and the template, ~40 ms of CPU) runs beside it now rather than
-            # in the first chat request, where an on-demand Lambda pays it (no warm-up there).
-            chat.compile_template(self.options["chat_template"])
         # The engine's own limit on one request's tokens (its KV-cache budget), where it states one.
         limit = getattr(self.engine, "max_total_tokens", None)
         self.max_total = min(self.context_length, limit) if isinstance(limit, int) and limit > 0 else None

@@ -1,7 +1,7 @@
 """The genai engine's model and generators through onnxruntime-genai's C API (handler.backends.genai_capi): the
-same tokens as the library's Python binding (greedy, seeded sampling, and logits read and written back), the GIL
-free while the model loads (the init parses the tokenizer beside it), and a bad pack refused with the library's
-message, at init. The tiny pack is tests/fixtures/genai_pack.py's cached qwen3 (shared with test_generate)."""
+same tokens as the library's Python binding (greedy, seeded sampling, and logits read and written back), the
+tokenizer parsed in a thread beside the model's load where there is more than one CPU (the load's C calls leave
+the GIL free), and a bad pack refused with the library's message, at init. The tiny pack is tests/fixtures/genai_pack.py's cached qwen3 (shared with test_generate)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnxruntime_genai as og  # type: ignore[import-untyped]  # the binding, the reference here
 import pytest
+from tokenizers import Tokenizer
 
 from handler.backends import genai, genai_capi
 from handler.backends.genai import overlay
@@ -102,8 +103,8 @@ def test_logits_read_and_written_back_steer_the_next_token(pack: Path) -> None:
 
 
 def test_the_tokenizer_is_parsed_while_the_model_loads(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The init does not wait for the model before the task's tokenizer parse. The load is stood in for by a
-    foreign call that sleeps (a foreign call through ctypes releases the GIL, as the library's load does: on the
+    """The tokenizer is parsed beside the model's load, not after it. The load is stood in for by a foreign call
+    that sleeps (a foreign call through ctypes releases the GIL, as the library's load does: on the
     0.6B pack another thread ran at 2.29 M loops/s beside it, at 0.02 M/s beside the binding's og.Model)."""
     import tokenizers
 
@@ -135,21 +136,21 @@ def test_the_tokenizer_is_parsed_while_the_model_loads(pack: Path, monkeypatch: 
 
 
 @pytest.mark.parametrize("beside", [True, False])
-def test_the_init_loads_beside_the_task_or_in_line_and_reports_it(
+def test_the_tokenizer_parsed_beside_the_load_or_by_the_task_and_reported(
     pack: Path, beside: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(genai, "load_beside_init", lambda: beside)
     runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=True), environ={}, emit=None)
     report = runtime.init_report
-    load = report["coldstart"]["genai_load"]
-    assert load["beside_init"] is beside and load["load_ms"] > 0
     if beside:
-        assert load["waited_ms"] >= 0  # the init's own wait for it, after the task's parse
-        assert report["phases_ms"]["load"] == load["load_ms"]
+        parsed = report["coldstart"]["genai_tokenizer"]
+        assert parsed["parsed"] is True and parsed["parse_ms"] > 0 and parsed["waited_ms"] >= 0
     else:
-        assert "waited_ms" not in load and report["phases_ms"]["load"] >= load["load_ms"]
+        assert "genai_tokenizer" not in report["coldstart"]
     answer = runtime.task({"prompt": "hello world", "max_tokens": 4, "temperature": 0})  # type: ignore[operator]
     assert answer["usage"]["completion_tokens"] == 4
+    ids = runtime.task.tokenizer.encode("hello world", add_special_tokens=False).ids  # type: ignore[attr-defined]
+    assert ids == Tokenizer.from_file(str(pack / "tokenizer.json")).encode("hello world", add_special_tokens=False).ids
 
 
 @pytest.mark.parametrize(
@@ -183,53 +184,31 @@ def test_a_bad_pack_fails_the_init_with_the_librarys_message(pack: Path, tmp_pat
         genai_capi.Model(str(broken), overlay(1, None))
 
 
-def test_the_chat_template_compiles_while_the_model_loads(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An on-demand start (no warm-up) compiles the chat template beside the engine's load, not in the first chat
-    request."""
-    from handler.tasks import chat
+def test_the_parse_starts_only_once_the_load_needs_no_gil(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse holds the GIL from its start to its end (~0.2 s on Qwen3) and the load needs it up to its C call:
+    a parse started at once would make the load wait it out and run after it, nothing overlapped. So the parse
+    thread starts once the load is inside the C call."""
+    import tokenizers
 
-    libc = ctypes.CDLL(None)
-    real_load = genai._model
-
-    def slow_load(*args: Any) -> Any:
-        args[4].set()
-        libc.usleep(400_000)  # a foreign call, the GIL free, as the library's load
-        return real_load(*args[:4])
-
-    monkeypatch.setattr(genai, "load_beside_init", lambda: True)
-    monkeypatch.setattr(genai, "_model", slow_load)
-    chat.compile_template.cache_clear()
-    runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
-    assert runtime.manifest.options["chat_template"]
-    assert chat.compile_template.cache_info().currsize == 1
-    answer = runtime.task({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # type: ignore[operator]
-    assert answer["usage"]["completion_tokens"] >= 1
-    assert chat.compile_template.cache_info().hits >= 1  # the request used the init's compile
-
-
-def test_the_init_goes_on_only_once_the_load_needs_no_gil(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The load thread's own Python (before its C call) needs the GIL; had the init gone on into the tokenizer's
-    parse (the GIL held throughout, ~0.2 s on Qwen3), the thread would have waited for the parse to end and loaded
-    after it, nothing overlapped (measured: the load's wall time grew by the parse's). So initialize() returns
-    only once the thread is inside its C call."""
     events: dict[str, float] = {}
     libc = ctypes.CDLL(None)
-    real_load, real_initialize = genai._model, genai.GenaiEngine.initialize
+    real_load, real_tokenizer = genai._model, tokenizers.Tokenizer
 
     def slow_load(*args: Any) -> Any:
-        time.sleep(0.05)  # the thread's own Python before the C call, as _load's, a little longer
+        time.sleep(0.05)  # the load's own Python before its C call, a little longer
         events["entered"] = time.perf_counter()
-        if len(args) > 4 and args[4] is not None:
-            args[4].set()
+        args[4].set()
         libc.usleep(200_000)
         return real_load(*args[:4])
 
-    def initialize(self: Any, *args: Any) -> None:
-        real_initialize(self, *args)
-        events["returned"] = time.perf_counter()
+    class Timed:
+        @staticmethod
+        def from_file(path: str) -> Any:
+            events["parse"] = time.perf_counter()
+            return real_tokenizer.from_file(path)
 
     monkeypatch.setattr(genai, "load_beside_init", lambda: True)
     monkeypatch.setattr(genai, "_model", slow_load)
-    monkeypatch.setattr(genai.GenaiEngine, "initialize", initialize)
+    monkeypatch.setattr(tokenizers, "Tokenizer", Timed)
     Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
-    assert events["entered"] <= events["returned"], events
+    assert events["entered"] <= events["parse"], events
