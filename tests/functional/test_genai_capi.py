@@ -1,7 +1,8 @@
 """The genai engine's model and generators through onnxruntime-genai's C API (handler.backends.genai_capi): the
 same tokens as the library's Python binding (greedy, seeded sampling, and logits read and written back), the
 tokenizer parsed in a thread beside the model's load where there is more than one CPU (the load's C calls leave
-the GIL free), and a bad pack refused with the library's message, at init. The tiny pack is tests/fixtures/genai_pack.py's cached qwen3 (shared with test_generate)."""
+the GIL free), and a bad pack refused with the library's message, at init. The tiny pack is
+tests/fixtures/genai_pack.py's cached qwen3 (shared with test_generate)."""
 
 from __future__ import annotations
 
