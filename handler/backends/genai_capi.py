@@ -5,8 +5,8 @@ Why not the library's Python binding: each of its calls holds the GIL until it r
 pack: while `og.Model(config)` ran for 2 s, another Python thread got ~1.5% of its free loop rate). The model's load
 is ~0.6 s of CPU that nothing else of the init could overlap, above all the tokenizer's parse (~0.2 s for a
 151,936-token vocabulary), and in the HTTP host no other request's Python ran while one stream computed a step.
-ctypes releases the GIL for every foreign call, so the load runs in a thread beside the parse (where the CPU quota
-gives more than one CPU) and other threads run while a step computes.
+ctypes releases the GIL for every foreign call, so the parse runs in a thread beside the load (where the CPU quota
+gives more than one CPU: handler.backends.genai.load_beside_init) and other threads run while a step computes.
 
 The library is the one the binding loads: `onnxruntime_genai` is imported first, so its loader has opened
 onnxruntime's library as it always does (onnxruntime_genai/_dll_directory.py); the objects and answers are the
