@@ -11,7 +11,8 @@ gives more than one CPU: handler.backends.genai.load_beside_init) and other thre
 The library is the one the binding loads: `onnxruntime_genai` is imported first, so its loader has opened
 onnxruntime's library as it always does (onnxruntime_genai/_dll_directory.py); the objects and answers are the
 binding's own (tests/functional/test_genai_capi.py compares greedy and seeded sampled tokens with it). Signatures
-are ort_genai_c.h's for the pinned onnxruntime-genai (requirements.txt).
+are ort_genai_c.h's for the pinned onnxruntime-genai (infra/deploy/requirements-generate-nodeps.txt); ctypes
+cannot check them, so another version is refused (VERSIONS) rather than called with what may be wrong arguments.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; loads libonnxruntime for the C library
 
 LIBRARY = "libonnxruntime-genai.so"
+VERSIONS = ("0.18.",)  # the onnxruntime-genai releases whose C API these signatures were checked against
 FLOAT32 = 1  # OgaElementType_float32
 
 _vp = ctypes.c_void_p
@@ -74,6 +76,12 @@ def library() -> Any:
     global _lib
     with _lib_lock:
         if _lib is None:
+            version = str(getattr(og, "__version__", "unknown"))
+            if not version.startswith(VERSIONS):
+                raise GenaiError(
+                    f"onnxruntime-genai {version}: its C API is called with the signatures of "
+                    f"{', '.join(v + 'x' for v in VERSIONS)} only (infra/deploy/requirements-generate-nodeps.txt)"
+                )
             lib = ctypes.CDLL(os.path.join(os.path.dirname(og.__file__), LIBRARY))
             for name, (args, result) in _SIGNATURES.items():
                 fn = getattr(lib, name)
@@ -100,9 +108,9 @@ class Model:
     def __init__(
         self, root: str, overlay: str, providers: Sequence[str] = (), entered: threading.Event | None = None
     ) -> None:
+        self.ptr: int | None = None  # first: close() (and __del__) must find it whatever fails below
         lib = library()
         self._lib = lib
-        self.ptr: int | None = None
         # Generator calls on one model are serialized, as the binding's GIL did (concurrent generators of one model
         # were never run); the GIL itself is free while a call computes.
         self.lock = threading.Lock()
@@ -135,11 +143,11 @@ class Generator:
     (bool values set as bools, the rest as numbers, as the binding's set_search_options does)."""
 
     def __init__(self, model: Model, search: dict[str, float | bool]) -> None:
+        self.ptr: int | None = None  # first: close() (and __del__) must find it whatever fails below
         if not model.ptr:
             raise GenaiError("the model is closed")
         lib = self._lib = library()
         self.model = model  # kept alive while this generator lives
-        self.ptr: int | None = None
         params = ctypes.c_void_p()
         check(lib.OgaCreateGeneratorParams(model.ptr, ctypes.byref(params)))
         try:

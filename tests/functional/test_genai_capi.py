@@ -213,3 +213,12 @@ def test_the_parse_starts_only_once_the_load_needs_no_gil(pack: Path, monkeypatc
     monkeypatch.setattr(tokenizers, "Tokenizer", Timed)
     Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
     assert events["entered"] <= events["parse"], events
+
+
+def test_another_library_version_is_refused_not_called(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(genai_capi, "_lib", None)
+    monkeypatch.setattr(og, "__version__", "0.19.0")
+    with pytest.raises(genai_capi.GenaiError, match=r"onnxruntime-genai 0\.19\.0: .* 0\.18\.x only"):
+        genai_capi.Model(str(pack), overlay(1, None))
+    with pytest.raises(ModelLoadError, match=r"cannot load the model: onnxruntime-genai 0\.19\.0"):
+        Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)

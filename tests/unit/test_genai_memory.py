@@ -75,7 +75,10 @@ def load():  # in a thread: its own malloc arena, as the engine's load thread
     buffers = [libc.malloc(256 << 10) for _ in range(320)]
     for b in buffers:
         ctypes.memset(b, 1, 256 << 10)
-    for b in buffers[1:]:  # the first kept: the arena's heap is not emptied by the frees alone
+    # The first and the last kept: the freed run lies between two live blocks, in the arena's bins (what a
+    # parse leaves behind it: its result still held), not merged into the heap's top, which malloc_trim leaves
+    # alone in a thread's arena.
+    for b in buffers[1:-1]:
         libc.free(b)
 
 
@@ -92,4 +95,4 @@ def test_trimming_returns_a_threads_freed_arena_pages() -> None:
     out = subprocess.run(
         [sys.executable, "-c", TRIM_CHILD], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
     )
-    assert float(out.stdout.split()[-1]) > 16  # of the 80 MB written and freed (27 MB measured; none untrimmed)
+    assert float(out.stdout.split()[-1]) > 40  # of the 80 MB written and freed (79.7 MB measured; none untrimmed)
