@@ -82,6 +82,9 @@ def need_root() -> str | None:
     return None
 
 
+OWN_SHARES = 262_144  # cgroup v1's most: 256x a task at the default weight
+
+
 class Quota:
     """A cgroup v1 cpu group with a CFS quota; a child joins it by writing its pid before exec."""
 
@@ -98,6 +101,12 @@ class Quota:
             raise ValueError(f"a CPU quota is a positive number of vCPUs, not {vcpus!r}")
         (self.path / "cpu.cfs_quota_us").write_text(str(int(vcpus * 100000)))
         self.vcpus = vcpus
+
+    def own(self, shares: int = OWN_SHARES) -> None:
+        """Raise the group's cpu.shares, so the host's other jobs yield their CPUs to it: its quota's CPUs its own,
+        as a Lambda's are. On a saturated host a group at the default weight gets about one task's share, however
+        many of its threads could run: a start that overlaps two threads shows nothing there."""
+        (self.path / "cpu.shares").write_text(str(int(shares)))
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         # sh joins the group, then execs the command: everything it starts runs under the quota.

@@ -3,7 +3,7 @@ own loop on the same pack (the engine without warmstart around it), under one CP
 Needs no llama.cpp (bench/generate/peers.py speed adds it); the pack is peers.py's (`prepare`).
 
     .venv/bin/python bench/generate/cold.py [--vcpus 1.7] [--rounds 5] [--variants ours,ours-lambda,genai]
-        [--ref main] [--model DIR] [--before-model DIR]
+        [--ref main] [--model DIR] [--before-model DIR] [--own-cpus]
 
 variants: ours (handler.app's runtime as an HTTP host or a provisioned Lambda starts it: the warm-up generation at
 init), ours-lambda (as Lambda starts it on demand: AWS_LAMBDA_INITIALIZATION_TYPE=on-demand, no init warm-up, the
@@ -13,6 +13,9 @@ on --before-model where the pack changed too.
 Each start is a fresh child (bench/generate/driver.py) in a cgroup of its own with the quota; the figure is spawn →
 its first generated token (a 16-token prompt, 1 token), the page cache warm. Ours' init phases (the init report's
 phases_ms) are kept per start. Ratios are taken within a round against genai, and against before-* with --ref.
+--own-cpus raises the groups' cpu.shares (bench.runner.Quota.own): on a host saturated by other jobs a group
+otherwise gets about one task's share, so a start whose threads overlap (the engine's load beside the tokenizer's
+parse) measures as if it had one CPU; a Lambda's vCPUs are its own.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref", default=None, help="also run ours as on this git ref (before/after)")
     ap.add_argument("--model", type=Path, default=PACK)
     ap.add_argument("--before-model", type=Path, default=None, help="the before-* variants' pack (default --model)")
+    ap.add_argument(
+        "--own-cpus",
+        action="store_true",
+        help="each child's quota its own (cpu.shares raised: the host's other jobs yield, as on a Lambda)",
+    )
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -90,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     with quotas(*names) as qs:
         for q in qs.values():
             q.set(args.vcpus)
+            if args.own_cpus:
+                q.own()
         for rnd in range(args.rounds):
             for name in order(names, rnd):
                 load = os.getloadavg()[0]
@@ -117,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 def markdown(rows: list[dict[str, Any]], args: Any, names: list[str]) -> str:
     loads = Stat.of(r["load"] for r in rows)
     out = [
-        f"**{args.vcpus:g} vCPU**, {max(r['round'] for r in rows) + 1} rounds, 1-min load average {loads.fmt(1)}:",
+        f"**{args.vcpus:g} vCPU**{' (each quota its own: cpu.shares raised)' if args.own_cpus else ''}, "
+        f"{max(r['round'] for r in rows) + 1} rounds, 1-min load average {loads.fmt(1)}:",
         "",
     ]
     phases = sorted({p for r in rows for p in ((r.get("init") or {}).get("phases_ms") or {})})

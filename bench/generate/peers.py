@@ -405,6 +405,8 @@ def speed(args: argparse.Namespace) -> int:
         with quotas(*names) as qs:
             for q in qs.values():
                 q.set(vcpus)
+                if args.own_cpus:
+                    q.own()
             threads = threads_at(qs[names[0]], base_env())
             for rnd in range(args.rounds):
                 load = os.getloadavg()[0]
@@ -460,7 +462,9 @@ def speed_markdown(rows: list[dict[str, Any]], args: Any, targets: dict[str, dic
         names = list(dict.fromkeys(r["variant"] for r in at))
         loads = Stat.of(r["load"] for r in at)
         out.append(
-            f"**{vcpus:g} vCPU** ({LAMBDA_MB.get(vcpus, round(vcpus * 1769)):,} MB Lambda), {at[0]['threads']} "
+            f"**{vcpus:g} vCPU** ({LAMBDA_MB.get(vcpus, round(vcpus * 1769)):,} MB Lambda"
+            f"{'; each quota its own: cpu.shares raised' if getattr(args, 'own_cpus', False) else ''}), "
+            f"{at[0]['threads']} "
             f"thread(s) each, {args.prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, "
             f"{max(r['round'] for r in at) + 1} rounds, 1-min load average {loads.fmt(1)}:"
         )
@@ -685,6 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-genai", action="store_true", help="leave out onnxruntime-genai's own loop")
     sp.add_argument(
         "--optimized", action="store_true", help="ours on the packs' `warmstart optimize` copies (prepare --optimized)"
+    )
+    sp.add_argument(
+        "--own-cpus",
+        action="store_true",
+        help="each side's quota its own (cpu.shares raised: the host's other jobs yield, as on a Lambda)",
     )
     sp.add_argument("--prompt-tokens", type=int, default=512)
     sp.add_argument("--max-tokens", type=int, default=64)

@@ -109,8 +109,15 @@ class GenerateTask:
         self.options = manifest.options
         self.context_length: int = self.options["context_length"]
         self.cap = max_tokens_setting()
-        with regular_path(manifest.path(manifest.tokenizer["file"])) as path:
-            self.tokenizer = Tokenizer.from_file(path)
+        tokenizer_path = manifest.path(manifest.tokenizer["file"])
+        # The engine may have parsed it beside its model's load (handler.backends.genai: parsed_tokenizer).
+        take = getattr(self.engine, "parsed_tokenizer", None)
+        parsed = take(tokenizer_path) if callable(take) else None
+        if parsed is not None:
+            self.tokenizer = parsed
+        else:
+            with regular_path(tokenizer_path) as path:
+                self.tokenizer = Tokenizer.from_file(path)
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         # The engine's own limit on one request's tokens (its KV-cache budget), where it states one.

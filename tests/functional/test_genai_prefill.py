@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import onnxruntime_genai as og  # type: ignore[import-untyped]  # the module the engine's generators come from
 import pytest
 
+from handler.backends import genai_capi  # the module the engine's generators come from
 from handler.backends.genai_spec import PREFILL_CHUNK, GenaiSettings
 from handler.core.config import Config
 from handler.core.errors import ConfigError
@@ -32,11 +32,11 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, **request: Any) -> tuple[list[int], list[int]]:
     """The streamed token ids, and the sizes of the prompt steps the generator was given."""
     steps: list[int] = []
-    real = og.Generator
+    real = genai_capi.Generator
 
     class Counting:  # the library's generator, its prompt steps counted
-        def __init__(self, model: Any, params: Any) -> None:
-            self._g = real(model, params)
+        def __init__(self, model: Any, search: Any) -> None:
+            self._g = real(model, search)
 
         def append_tokens(self, ids: list[int]) -> None:
             steps.append(len(ids))
@@ -46,7 +46,7 @@ def run(runtime: Runtime, monkeypatch: pytest.MonkeyPatch, **request: Any) -> tu
             return getattr(self._g, name)
 
     with monkeypatch.context() as m:
-        m.setattr(og, "Generator", Counting)
+        m.setattr(genai_capi, "Generator", Counting)
         body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, **request}
         ids = [t for piece in runtime.task.stream(body) for t in piece["token_ids"]]  # type: ignore[attr-defined]
     return ids, steps

@@ -82,6 +82,8 @@ def test_the_table_quotes_ratios_taken_within_each_round() -> None:
     ]
     md = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64))
     assert "**1.7 vCPU** (3,008 MB Lambda), 1 thread(s) each" in md
+    own = gp.speed_markdown(rows, SimpleNamespace(prompt_tokens=512, max_tokens=64, own_cpus=True))
+    assert "**1.7 vCPU** (3,008 MB Lambda; each quota its own: cpu.shares raised), 1 thread(s) each" in own
     assert "3 rounds, 1-min load average 5.0 (4.0-6.0)" in md
     # cold: 2.0, 3.0, 1.0 -> median 2.00 (1.00-3.00); TTFT 2.0, 1.0, 1.5; decode 0.8, 1.0, 0.9; RSS 1.5, 1.5, 1.625
     want = "| ours-int4 / llama-Q4_0 | 2.00x (1.00-3.00) | 1.50x (1.00-2.00) | 0.90x (0.80-1.00) | 1.50x (1.50-1.62) |"
@@ -179,8 +181,10 @@ def test_cold_variants_start_as_a_host_as_lambda_and_as_the_before_ref() -> None
         for r, (a, b) in enumerate([(1200, 1000), (900, 1000)])
         for v, ms in (("ours-lambda", a), ("genai", b))
     ]
-    text = cold.markdown(rows, SimpleNamespace(vcpus=1.7), ["ours-lambda", "genai"])
-    assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text
+    text = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=False), ["ours-lambda", "genai"])
+    assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text and "its own" not in text
+    own = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=True), ["ours-lambda", "genai"])
+    assert own.startswith("**1.7 vCPU** (each quota its own: cpu.shares raised), 2 rounds")
 
 
 def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> None:
