@@ -35,7 +35,8 @@ BITS, HALF = 4, 8
 STEPS = tuple(round(0.1 * i, 1) for i in range(-10, 11))
 CHUNK_BLOCKS = 1 << 15  # blocks searched at once: ~40 MB of float64 work arrays
 # The builder's node name -> the source tensors (suffixes under the layer's prefix) whose rows, concatenated, it
-# quantized. Alternatives are tried in order; each is proved against the builder's blocks before it is used.
+# quantized; "name#i/n" is the i-th of n equal row slices of a fused tensor (Phi-3's gate_up_proj, which the
+# builder splits). Alternatives are tried in order; each is proved against the builder's blocks before use.
 LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/MatMul_Q4$")
 PROJECTIONS: dict[str, list[list[str]]] = {
     "attn/qkv_proj": [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.qkv_proj"]],
@@ -43,8 +44,8 @@ PROJECTIONS: dict[str, list[list[str]]] = {
     "attn/k_proj": [["self_attn.k_proj"]],
     "attn/v_proj": [["self_attn.v_proj"]],
     "attn/o_proj": [["self_attn.o_proj"]],
-    "mlp/gate_proj": [["mlp.gate_proj"]],
-    "mlp/up_proj": [["mlp.up_proj"]],
+    "mlp/gate_proj": [["mlp.gate_proj"], ["mlp.gate_up_proj#0/2"]],
+    "mlp/up_proj": [["mlp.up_proj"], ["mlp.gate_up_proj#1/2"]],
     "mlp/gate_up_proj": [["mlp.gate_up_proj"], ["mlp.gate_proj", "mlp.up_proj"]],
     "mlp/down_proj": [["mlp.down_proj"]],
 }
@@ -142,6 +143,7 @@ def quantize(weight: Any, block: int, method: str = "mse") -> Blocks:
         qs.append(q)
         ds.append(d)
     codes = (np.concatenate(qs) + HALF).astype(np.uint8).reshape(n, -1, block)
+    codes.reshape(n, -1)[:, k:] = 0  # the padding past K as MLAS leaves it (never read: K is the node's)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
     return Blocks(packed, np.concatenate(ds).astype(np.float32).reshape(n, -1), block, k)
 
@@ -167,8 +169,10 @@ def is_rtn_of(blocks: Blocks, weight: Any) -> bool:
     if not np.allclose(blocks.scales.reshape(-1), d.astype(np.float32), rtol=1e-6, atol=0.0):
         return False
     scaled = x * _inverse(blocks.scales.reshape(-1).astype(np.float64))[:, None]
+    n = blocks.scales.shape[0]
+    scaled = scaled.reshape(n, -1)[:, : blocks.k]  # the padding past K is not the weight's
     want = np.clip(np.round(scaled), -HALF, HALF - 1)
-    got = codes_of(blocks).reshape(want.shape).astype(np.float64) - HALF
+    got = codes_of(blocks).reshape(n, -1)[:, : blocks.k].astype(np.float64) - HALF
     off = got != want
     tie = np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-3
     return bool(np.all(~off | (tie & (np.abs(got - want) == 1))))
@@ -190,7 +194,25 @@ def candidates(node: str, layer_prefix: str = "model.layers") -> list[list[str]]
         return []
     layer, kind, proj = found.groups()
     groups = PROJECTIONS.get(f"{kind}/{proj}", [])
-    return [[f"{layer_prefix}.{layer}.{name}.weight" for name in group] for group in groups]
+    return [[_weight_name(f"{layer_prefix}.{layer}.{name}") for name in group] for group in groups]
+
+
+def _weight_name(name: str) -> str:
+    base, sep, part = name.partition("#")
+    return f"{base}.weight{sep}{part}"
+
+
+def _rows(read_tensor: Callable[[str], Any], name: str) -> Any:
+    """A source tensor, or its "#i/n" row slice; None where the source has no such tensor (or rows to split)."""
+    base, _, part = name.partition("#")
+    tensor = read_tensor(base)
+    if tensor is None or not part:
+        return tensor
+    i, n = (int(v) for v in part.split("/"))
+    if tensor.shape[0] % n:
+        return None
+    size = tensor.shape[0] // n
+    return tensor[i * size : (i + 1) * size]
 
 
 def requantize(model_dir: Path, read_tensor: Callable[[str], Any], method: str = "mse") -> dict[str, Any]:
@@ -198,25 +220,13 @@ def requantize(model_dir: Path, read_tensor: Callable[[str], Any], method: str =
     the source (`read_tensor(name)` -> float32 numpy array, or None where the source has no such tensor), scales by
     `method`. Returns the manifest's record: the method, the nodes rewritten and the squared error of the builder's
     blocks and of ours against the source. Refuses (RequantizeError) a node with no proved source."""
-    import numpy as np
     import onnx  # pack time only
 
     path = model_dir / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
-    inits = {t.name: t for t in model.graph.initializer}
     total_before = total_after = 0.0
     nodes, inline = 0, False
-    for node in _int4_nodes(model):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        weight_init, scale_init = inits[node.input[1]], inits[node.input[2]]
-        if scale_init.data_type != onnx.TensorProto.FLOAT:
-            raise RequantizeError(f"{node.name}: scales of ONNX type {scale_init.data_type}; float32 expected")
-        built = Blocks(
-            _read(weight_init, model_dir).reshape(int(attrs["N"]), -1, int(attrs["block_size"]) // 2),
-            _read(scale_init, model_dir).reshape(int(attrs["N"]), -1),
-            int(attrs["block_size"]),
-            int(attrs["K"]),
-        )
+    for node, built, weight_init, scale_init in _nodes_with_blocks(model, model_dir):
         source = _proved_source(node.name, built, read_tensor)
         ours = quantize(source, built.block, method)
         total_before += float(((dequantize(built) - source) ** 2).sum())
@@ -231,6 +241,33 @@ def requantize(model_dir: Path, read_tensor: Callable[[str], Any], method: str =
         "nodes": nodes,
         "squared_error": {"builder": total_before, "packed": total_after},
     }
+
+
+def read_blocks(model_dir: Path) -> dict[str, Blocks]:
+    """Every int4 MatMulNBits node of `model_dir`'s graph: its name -> its blocks."""
+    import onnx
+
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    return {node.name: built for node, built, _, _ in _nodes_with_blocks(model, model_dir)}
+
+
+def _nodes_with_blocks(model: Any, model_dir: Path) -> Iterator[tuple[Any, Blocks, Any, Any]]:
+    import onnx
+
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in _int4_nodes(model):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        weight_init, scale_init = inits[node.input[1]], inits[node.input[2]]
+        if scale_init.data_type != onnx.TensorProto.FLOAT:
+            raise RequantizeError(f"{node.name}: scales of ONNX type {scale_init.data_type}; float32 expected")
+        n, block = int(attrs["N"]), int(attrs["block_size"])
+        built = Blocks(
+            _read(weight_init, model_dir).reshape(n, -1, block // 2),
+            _read(scale_init, model_dir).reshape(n, -1),
+            block,
+            int(attrs["K"]),
+        )
+        yield node, built, weight_init, scale_init
 
 
 def _int4_nodes(model: Any) -> Iterator[Any]:
@@ -252,7 +289,7 @@ def _proved_source(node: str, built: Blocks, read_tensor: Callable[[str], Any]) 
 
     tried = []
     for group in candidates(node):
-        parts = [read_tensor(name) for name in group]
+        parts = [_rows(read_tensor, name) for name in group]
         if any(p is None for p in parts):
             continue
         weight = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
