@@ -73,7 +73,8 @@ def rtn_blocks(x: Any) -> tuple[Any, Any]:
     the value of largest magnitude over -8 (llama.cpp Q4_0's)."""
     import numpy as np
 
-    m = x[np.arange(len(x)), np.abs(x).argmax(1)]
+    lo, hi = x.min(1), x.max(1)
+    m = np.where(np.abs(hi) > np.abs(lo), hi, lo)  # MLAS' pick: the minimum where both ends have one magnitude
     d = m / -HALF
     q = np.clip(np.round(x * _inverse(d)[:, None]), -HALF, HALF - 1)
     return q, d
