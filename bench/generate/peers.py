@@ -700,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument(
         "--schemes",
         default="",
-        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64); default none",
+        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64, scales=mse); "
+        "default none",
     )
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)
