@@ -537,15 +537,15 @@ def perplexity(nll: list[float]) -> float:
 
 
 # The builder options a --schemes entry may set (infra.pack.lm_pack.BUILDER_OPTIONS' int4 keys) and their types.
-SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool}
+SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool, "scales": str}
 
 
-def parse_schemes(text: str) -> list[dict[str, int | bool]]:
+def parse_schemes(text: str) -> list[dict[str, int | bool | str]]:
     """--schemes "block_size=64,block_size=128+is_symmetric=false": int4 builder options per extra pack, each
     key=value of SCHEME_KEYS; refused with the valid keys otherwise."""
-    out: list[dict[str, int | bool]] = []
+    out: list[dict[str, int | bool | str]] = []
     for item in (x for x in text.split(",") if x.strip()):
-        options: dict[str, int | bool] = {}
+        options: dict[str, int | bool | str] = {}
         for pair in item.split("+"):
             key, sep, value = pair.partition("=")
             if not sep or key not in SCHEME_KEYS:
@@ -554,6 +554,8 @@ def parse_schemes(text: str) -> list[dict[str, int | bool]]:
                 if value.lower() not in ("true", "false"):
                     raise SystemExit(f"--schemes {item!r}: {key} is true or false")
                 options[key] = value.lower() == "true"
+            elif SCHEME_KEYS[key] is str:
+                options[key] = value
             else:
                 try:
                     options[key] = int(value)
@@ -563,11 +565,11 @@ def parse_schemes(text: str) -> list[dict[str, int | bool]]:
     return out
 
 
-def scheme_name(options: dict[str, int | bool]) -> str:
+def scheme_name(options: dict[str, int | bool | str]) -> str:
     return "ours-int4 (" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
 
 
-def scheme_pack(source: Path, base: Path, options: dict[str, int | bool]) -> Path:
+def scheme_pack(source: Path, base: Path, options: dict[str, int | bool | str]) -> Path:
     """`source` packed int4 with `options` over the packer's own (its gate's figures recorded, never refused)."""
     from infra.pack.lm_pack import pack_lm
     from infra.pack.precision import Precision
@@ -707,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument(
         "--schemes",
         default="",
-        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64); default none",
+        help="extra int4 packs, comma-separated, each key=value joined by '+' (e.g. block_size=64, scales=mse); "
+        "default none",
     )
     qu.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers-quality")
     qu.set_defaults(func=quality)

@@ -53,11 +53,16 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 # - block_size: int4 keeps the builder's 32 (128 lowered real SmolLM2's greedy agreement 0.210 -> 0.156, an
 #   earlier session's figure); int8 takes 128 (8 bits keep a block of 128 close; a quarter of the scales).
 # - is_symmetric: no zero points to read or subtract (the builder's default, stated so the record is whole).
+# - scales (ours, not the builder's; int4 only): "rtn" keeps the builder's round-to-nearest blocks (Q4_0's scale);
+#   "mse" rewrites them with per-block scales of least squared error (infra.pack.lm_int4): same graph and kernels.
+#   Not the default: on real SmolLM2 perplexity 67.92 -> 65.24, Q4_0 63.37, greedy agreement 0.21 either way
+#   (docs/benchmarks.md): the int4 LM head costs more than the scales recover (Q4_0 keeps its head at Q6_K).
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
     "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},
-    "int4": {"prune_lm_head": True, "block_size": 32, "accuracy_level": 4, "is_symmetric": True},
+    "int4": {"prune_lm_head": True, "block_size": 32, "accuracy_level": 4, "is_symmetric": True, "scales": "rtn"},
 }
+OUR_OPTIONS = ("scales",)  # options applied after the builder, never passed to it
 _CHILD = Path(__file__).with_name("lm_build_child.py")
 
 
@@ -99,11 +104,13 @@ def pack_lm(
     tokenizer = load_tokenizer(source)
     generation = generation_fields(source, tokenizer)
     options = {**BUILDER_OPTIONS[target], **(builder_options or {})}
+    check_scales(target, options)
     version = version or default_version(source.content_sha256, "generate", label, json.dumps(options, sort_keys=True))
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
         staged = stage(source, Path(staging) / "source")
         built = Path(staging) / "built"
         run_builder(staged, built, Path(staging) / "cache", target, options)
+        blocks = requantize(source, built, target, options)
         edit_genai_config(built / GENAI_CONFIG, generation)
         generation["kv"]["dtype"] = kv_dtype(built / MODEL_FILE)
 
@@ -126,6 +133,8 @@ def pack_lm(
             manifest = manifest_for(source, model_id, str(version), generation)
             manifest["backends"][BACKEND]["layout"] = layout
             manifest["precision"] = precision.entry(quality, backend=BACKEND, **scheme_entry(target, options))
+            if blocks is not None:
+                manifest["precision"]["scheme"]["blocks"] = blocks
             manifest["source"].update(source_info or {})
             if more is not None:
                 manifest["backends"].update(more(source, tmp))
@@ -225,19 +234,49 @@ def stage(source: LMSource, where: Path) -> Path:
 def scheme_entry(target: str, options: dict[str, str | int | bool]) -> dict[str, Any]:
     """The manifest's record of how the graph was built: every builder option, and for int8/int4 the
     quantization scheme (MatMulNBits' block size, accuracy level, symmetric or not) as the builder applies it."""
-    out: dict[str, Any] = {"builder_options": dict(sorted(options.items()))}
+    out: dict[str, Any] = {"builder_options": {k: v for k, v in sorted(options.items()) if k not in OUR_OPTIONS}}
     if target in ("int8", "int4"):
         out["scheme"] = {
             "block_size": int(options.get("block_size", 32)),
             "accuracy_level": int(options.get("accuracy_level", 4)),
             "symmetric": str(options.get("is_symmetric", True)).lower() in ("true", "1"),
+            "scales": str(options.get("scales", "rtn")),
         }
     return out
 
 
+def check_scales(target: str, options: dict[str, str | int | bool]) -> str:
+    """The `scales` option, refused (before anything is built) where it does not apply."""
+    from infra.pack.lm_int4 import SCALES
+
+    scales = str(options.get("scales", "rtn"))
+    symmetric = str(options.get("is_symmetric", True)).lower() in ("true", "1")
+    if scales not in SCALES or (scales != "rtn" and (target != "int4" or not symmetric)):
+        raise PrecisionError(
+            f"scales={scales!r} for {target}{'' if symmetric else ' (asymmetric)'}; valid: "
+            f"{', '.join(SCALES)} for symmetric int4, rtn otherwise"
+        )
+    return scales
+
+
+def requantize(
+    source: LMSource, built: Path, target: str, options: dict[str, str | int | bool]
+) -> dict[str, Any] | None:
+    """`scales` applied to the builder's graph in `built` (infra.pack.lm_int4): "mse" rewrites every int4 block
+    from the source's float weights; "rtn" (and every other target) keeps the builder's. The record for the
+    manifest's scheme, or None where nothing was rewritten."""
+    scales = check_scales(target, options)
+    if scales == "rtn":
+        return None
+    from infra.pack import lm_int4
+
+    return lm_int4.requantize(built, lm_int4.source_reader(source.weights), scales)
+
+
 def run_builder(staged: Path, built: Path, cache: Path, target: str, options: dict[str, str | int | bool]) -> None:
     """onnxruntime-genai's builder in a child process (infra/pack/lm_build_child.py)."""
-    args = {"input": str(staged), "output": str(built), "precision": target, "cache": str(cache), "extra": options}
+    extra = {k: v for k, v in options.items() if k not in OUR_OPTIONS}
+    args = {"input": str(staged), "output": str(built), "precision": target, "cache": str(cache), "extra": extra}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, str(_CHILD), json.dumps(args)], capture_output=True, text=True, env=env, check=False

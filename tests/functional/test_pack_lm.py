@@ -179,7 +179,15 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     assert 0.0 < quality["top1_agreement"] <= 1.0
     assert quality["min_quality"] == 0.0 and quality["items"] == 8
     assert (pack / "model.onnx.data").stat().st_size < (source_dir("qwen3") / "model.safetensors").stat().st_size
-    assert precision["scheme"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True}
+    scheme = precision["scheme"]
+    assert {k: scheme[k] for k in ("block_size", "accuracy_level", "symmetric", "scales")} == {
+        "block_size": 32,
+        "accuracy_level": 4,
+        "symmetric": True,
+        "scales": "rtn",
+    }
+    assert "blocks" not in scheme  # the builder's blocks as written (tests/functional/test_pack_lm_int4.py: mse)
+    assert "scales" not in precision["builder_options"]  # ours, applied after the builder: never passed to it
     assert _matmuls(pack) == {(4, 32, 4, False)} and _logits_positions(pack) == 1
 
 
@@ -221,7 +229,7 @@ def test_each_precision_records_and_builds_its_scheme(tmp_path: Path) -> None:
     assert float32["version"] == default_version(sha, "generate", "float32", scheme) != default_version(sha, "generate")
     int8 = pack_tiny_lm(tmp_path, "qwen3", quantize="int8")
     precision = load_manifest(int8).raw["precision"]
-    assert precision["scheme"] == {"block_size": 128, "accuracy_level": 4, "symmetric": True}
+    assert precision["scheme"] == {"block_size": 128, "accuracy_level": 4, "symmetric": True, "scales": "rtn"}
     assert precision["builder_options"] == {
         "accuracy_level": 4,
         "block_size": 128,

@@ -198,6 +198,12 @@ def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> N
             gp.parse_schemes(bad)
     with pytest.raises(SystemExit, match="true or false"):
         gp.parse_schemes("is_symmetric=yes")
+    assert gp.parse_schemes("scales=mse,block_size=64+scales=rtn") == [
+        {"scales": "mse"},
+        {"block_size": 64, "scales": "rtn"},
+    ]  # a bad value is the packer's to refuse (infra.pack.lm_pack.check_scales), before it builds anything
+    with pytest.raises(SystemExit, match="keys block_size, accuracy_level, is_symmetric, scales"):
+        gp.parse_schemes("scale=mse")
 
 
 def test_decode_matmuls_hold_every_product_of_a_qwen3_step_and_refuse_bad_schemes() -> None:
