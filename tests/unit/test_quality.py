@@ -539,13 +539,22 @@ def test_float_paths_are_tried_cheapest_first_and_the_first_that_passes_is_kept(
     """float_paths: all int8, the special rows in the first layer's groups, outlier channels, both, the special
     rows everywhere, both; choose_paths runs a plan on every text only once it passes on the hard rows."""
     import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
-    from infra.pack.quantize import Int8Options, choose_paths, first_layer_groups, float_paths
+    from infra.pack.quantize import Int8Options, choose_paths, float_paths, layer_prefixes
 
     _two_layer_graph(tmp_path)
     model = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
     options = Int8Options(float_rows=(0, 2), target=0.99)
-    assert first_layer_groups(model, options) == 1
+    assert layer_prefixes(model, options) == [1]
+    # five layers of two groups each: the first layer's 2 groups, the first 3 layers' 6
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    names = [f"/encoder/layer.{i}/{part}/MatMul" for i in range(5) for part in ("attention", "output")]
+    nodes = [helper.make_node("MatMul", [f"x{k}", "w"], [f"x{k + 1}"], name=n) for k, n in enumerate(names)]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x0", f"x{len(names)}")]
+    five = helper.make_model(helper.make_graph(nodes, "g", io[:1], io[1:], [w]))
+    assert layer_prefixes(five, options) == [2, 6]
+    assert [p.exact_groups for p in float_paths(options, five) if p.exact_tokens] == [2, 2, 6, 6, -1, -1]
     plans = float_paths(options, model)
     assert [(bool(p.outlier_channel), p.exact_tokens and p.exact_groups) for p in plans] == [
         (False, ()),
