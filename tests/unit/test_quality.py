@@ -576,7 +576,7 @@ def test_float_paths_are_tried_cheapest_first_and_the_first_that_passes_is_kept(
     full_runs = []
 
     def runner(plan: Int8Options) -> object:
-        def run(keep: object, some: list[dict[str, np.ndarray]]) -> np.ndarray:
+        def run(keep: object, some: list[dict[str, np.ndarray]]) -> Any:
             if some is feeds:
                 full_runs.append(plans.index(plan))
             rows = np.concatenate([f["x"][:, 0] for f in some]).astype(int)
