@@ -13,7 +13,9 @@ MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(
 standard operators, each row's error bounded by its own largest value. Kept in float: the task's head after the
 encoder (sentence-transformers Dense modules, a classifier, a pooler: few weights, and their error lands in the
 answer unaveraged), anything named in `exclude`, the groups int8's sensitivity search keeps (infra.pack.int8_search)
-and the special tokens' table rows (exact). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
+and the special tokens' table rows (exact). int8's float paths (outlier channels, the special tokens' rows in the
+first layer's, the first half's or every group) are chosen per model, the cheapest that reaches the target
+(float_paths). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
 the sensitivity search and the special tokens".
 
 About one thing (turning one float32 encoder graph into its int8 form behind the quality gate: the methods share
@@ -78,12 +80,11 @@ class Int8Options:
     float_rows: tuple[int, ...] = ()  # embedding table rows kept exact (the tokenizer's special tokens)
     target: float = 0.0  # int8: the worst cosine the sensitivity search keeps groups float32 for (0: no search)
     outlier_channel: float = OUTLIER_CHANNEL  # int8: 0 for no float32 channels
-    # int8: token ids whose rows (where the attention mask is 1) every MatMul runs in float, with float16 weights
-    # (exact_token_rows); () for none. Set by quantize_checked when the all-int8 graph misses the target
+    # int8: token ids whose rows (where the attention mask is 1) the MatMuls of the first `exact_groups` groups
+    # (graph order; -1: every group) run in float, with float16 weights (exact_token_rows); () for none. Both,
+    # and outlier_channel, are chosen by the search (float_paths: the cheapest that reaches the target)
     exact_tokens: tuple[int, ...] = ()
     max_outlier_channels: int = MAX_OUTLIER_CHANNELS
-    # int8: the exact_tokens' rows go through float MatMuls in the first `exact_groups` groups (graph order)
-    # only, -1 for all
     exact_groups: int = -1
 
     def __post_init__(self) -> None:
