@@ -36,12 +36,14 @@ class Search:
     sensitivity: dict[str, float] = field(default_factory=dict)  # group -> worst hard cosine, it alone int8
     steps: list[tuple[str, float]] = field(default_factory=list)  # (group added, worst hard cosine after)
     full: list[float] = field(default_factory=list)
+    paths: list[dict[str, Any]] = field(default_factory=list)  # the float paths tried first (quantize.choose_paths)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kept_float": list(self.kept),
             "steps": [[g, round(c, 6)] for g, c in self.steps],
             "full_min_cosine": [round(c, 6) for c in self.full],
+            "float_paths_tried": self.paths,
         }
 
 

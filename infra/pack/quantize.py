@@ -13,7 +13,9 @@ MiniLM's bytes) stored int8 with one float32 scale per row, looked up as Gather(
 standard operators, each row's error bounded by its own largest value. Kept in float: the task's head after the
 encoder (sentence-transformers Dense modules, a classifier, a pooler: few weights, and their error lands in the
 answer unaveraged), anything named in `exclude`, the groups int8's sensitivity search keeps (infra.pack.int8_search)
-and the special tokens' table rows (exact). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
+and the special tokens' table rows (exact). int8's float paths (outlier channels, the special tokens' rows in the
+first layer's, the first half's or every group) are chosen per model, the cheapest that reaches the target
+(float_paths). Figures: docs/benchmarks.md, "int8 that is fast and right" and "int8:
 the sensitivity search and the special tokens".
 
 About one thing (turning one float32 encoder graph into its int8 form behind the quality gate: the methods share
@@ -78,10 +80,12 @@ class Int8Options:
     float_rows: tuple[int, ...] = ()  # embedding table rows kept exact (the tokenizer's special tokens)
     target: float = 0.0  # int8: the worst cosine the sensitivity search keeps groups float32 for (0: no search)
     outlier_channel: float = OUTLIER_CHANNEL  # int8: 0 for no float32 channels
-    # int8: token ids whose rows (where the attention mask is 1) every MatMul runs in float, with float16 weights
-    # (exact_token_rows); () for none. Set by quantize_checked when the all-int8 graph misses the target
+    # int8: token ids whose rows (where the attention mask is 1) the MatMuls of the first `exact_groups` groups
+    # (graph order; -1: every group) run in float, with float16 weights (exact_token_rows); () for none. Both,
+    # and outlier_channel, are chosen by the search (float_paths: the cheapest that reaches the target)
     exact_tokens: tuple[int, ...] = ()
     max_outlier_channels: int = MAX_OUTLIER_CHANNELS
+    exact_groups: int = -1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -117,9 +121,10 @@ class Int8Options:
         if self.tables:
             out["exact_table_rows"] = "the special tokens' and the worst-quantized rows (at most 256)"
         if self.method == "int8" and self.exact_tokens:
+            where = "every group" if self.exact_groups < 0 else f"the first {self.exact_groups} groups"
             out["exact_token_rows"] = {
                 "token_ids": list(self.exact_tokens),
-                "how": "their unmasked rows through float MatMuls (float16-stored weights) in every group",
+                "how": f"their unmasked rows through float MatMuls (float16-stored weights) in {where}",
             }
         out["kept_float"] = ["head after the encoder", *self.exclude]
         return out
@@ -285,9 +290,11 @@ def quantize_matmuls_rowwise(
     selected = exact_token_rows(model, options.exact_tokens)
     limit = 2 ** (options.weight_bits - 1) - 1
     done = []
-    for x, nodes in matmul_groups(model, options).items():
+    everything = selected
+    for index, (x, nodes) in enumerate(matmul_groups(model, options).items()):
         if x in kept:
             continue
+        selected = everything if options.exact_groups < 0 or index < options.exact_groups else ""
         weights = [numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in nodes]
         tag = _safe(x)
         first = list(graph.node).index(nodes[0])
@@ -599,9 +606,8 @@ def pack_int8(
     record = options.to_json()
     found = quality.pop("search", None)
     if found is not None:
+        record = found.pop("chosen")  # the float paths the search chose (float_paths)
         record["kept_float"] += found["kept_float"]
-        if found["exact_tokens"]:  # chosen by the search: the all-int8 graph missed the target without
-            record |= replace(options, exact_tokens=tuple(found["exact_tokens"])).to_json()
         record["search"] = found
     return {
         "model": ONNX_FILE,
@@ -689,7 +695,7 @@ def quantize_checked(
     measured = figures(rows, [want[i] for i in rows], [got[i] for i in rows])
     measured = gate(measured) if gate is not None else measured
     if found is not None:
-        measured["search"] = found.to_json() | {"exact_tokens": list(options.exact_tokens)}
+        measured["search"] = found.to_json() | {"chosen": options.to_json()}
     return where / ONNX_FILE, measured
 
 
@@ -707,7 +713,7 @@ def search_kept(
     differ in length): each text's first row is what is measured."""
     import onnx
 
-    from infra.pack.int8_search import cosines, search
+    from infra.pack.int8_search import search
 
     base = onnx.load(str(graph), load_external_data=True)
 
@@ -719,22 +725,94 @@ def search_kept(
 
     want = [np.asarray(w, np.float32)[:, 0] if first_token else w for w in want]
     want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
+    model = onnx.load(str(graph), load_external_data=False)
+    options, whole, tried = choose_paths(runner, float_paths(options, model), feeds, want_rows)
     run = runner(options)
-    whole = run((), feeds)
-    worst = float(cosines(want_rows, whole).min())
-    if worst < options.target and options.float_rows and not options.exact_tokens:
-        # the special tokens' rows in float: a text of them alone is ill-conditioned (all-mpnet-base-v2's `</s>`
-        # fell to 0.33 with float activations and 8-bit weights, 0.998 with 0.1% weight noise)
-        exact = replace(options, exact_tokens=options.float_rows)
-        tried = runner(exact)((), feeds)
-        if float(cosines(want_rows, tried).min()) > worst:
-            options, run, whole = exact, runner(exact), tried
 
     def measured(keep: Sequence[str], some: Sequence[Feeds]) -> Any:
         return whole if not keep and some is feeds else run(keep, some)  # the all-int8 run is done already
 
     found, _ = search(measured, groups, feeds, want_rows, options.target)
+    found.paths = tried
     return found, options
+
+
+def float_paths(options: Int8Options, model: Any) -> list[Int8Options]:
+    """The int8 graphs search_kept tries, cheapest first (the first to reach options.target is packed): all int8;
+    the special tokens' rows in float in the first layer's groups; outlier channels in float32; both; then the
+    special rows in the first half of the layers, and in every group, each without and with outlier channels.
+    MiniLM: the special rows in layer 0 lift `[PAD] [SEP]` from 0.867 to 0.994 (every layer: 0.998) at 0.58x
+    float32's CPU time at batch 1, against 1.07x with them in every layer (1 thread, 516 texts)."""
+    plain = replace(options, outlier_channel=0.0, exact_tokens=())
+    outliers = replace(plain, outlier_channel=options.outlier_channel)
+    special = options.exact_tokens or options.float_rows
+    out = [plain]
+    for k, groups in enumerate([*layer_prefixes(model, options), -1]):
+        for base in (plain, outliers):
+            if special:
+                out.append(replace(base, exact_tokens=special, exact_groups=groups))
+            if k == 0 and base is plain:
+                out.append(outliers)
+    unique: list[Int8Options] = []
+    for o in out:
+        if o not in unique:
+            unique.append(o)
+    return unique
+
+
+def layer_prefixes(model: Any, options: Int8Options) -> list[int]:
+    """How many of the MatMul groups (graph order) the first encoder layer holds, and the first half of the
+    layers (rounded up): their nodes' names say `layer.N` / `layers.N` (torch.onnx names nodes after the module
+    path). [] when the first group's name says no layer."""
+    layer = re.compile(r"/layers?[./_](\d+)/")
+    found = [layer.search(nodes[0].name) for nodes in matmul_groups(model, options).values()]
+    ids = [m.group(1) if m else None for m in found]
+    if not ids or ids[0] is None:
+        return []
+    order = list(dict.fromkeys(i for i in ids if i is not None))
+    ends = [max(k for k, i in enumerate(ids) if i == layer_id) + 1 for layer_id in order]
+    return sorted({ends[0], ends[(len(order) + 1) // 2 - 1]})
+
+
+def choose_paths(
+    runner: Callable[[Int8Options], Callable[[Sequence[str], Sequence[Feeds]], Any]],
+    plans: list[Int8Options],
+    feeds: list[Feeds],
+    want: Any,
+) -> tuple[Int8Options, Any, list[dict[str, Any]]]:
+    """The first of `plans` (cheapest first) whose int8 graph's worst cosine over every feed reaches its target,
+    else the best; its answers; what was tried. A plan is run on every feed only once it reaches the target on
+    the hard rows (the worst rows of the full runs so far, each run alone): a full run of mpnet's calibration is
+    minutes, a hard-row run seconds."""
+    from infra.pack.int8_search import HARD, cosines, single_rows
+
+    best: tuple[float, Int8Options, Any] | None = None
+    tried: list[dict[str, Any]] = []
+    hard_rows: list[int] = []
+    for plan in plans:
+        run = runner(plan)
+        if hard_rows:
+            worst = float(cosines(want[hard_rows], run((), single_rows(feeds, hard_rows))).min())
+            if worst < plan.target:
+                tried.append(_path_record(plan) | {"hard_rows_min_cosine": round(worst, 6)})
+                continue
+        got = run((), feeds)
+        each = cosines(want, got)
+        tried.append(_path_record(plan) | {"min_cosine": round(float(each.min()), 6)})
+        if best is None or each.min() > best[0]:
+            best = (float(each.min()), plan, got)
+        if each.min() >= plan.target:
+            break
+        hard_rows += [int(i) for i in np.argsort(each)[:HARD] if int(i) not in hard_rows]
+    assert best is not None
+    return best[1], best[2], tried
+
+
+def _path_record(options: Int8Options) -> dict[str, Any]:
+    return {
+        "outlier_channels": bool(options.outlier_channel),
+        "exact_token_groups": 0 if not options.exact_tokens else options.exact_groups,
+    }
 
 
 def _rows(feed: dict[str, Any]) -> int:

@@ -285,3 +285,27 @@ def test_an_int8_pack_of_8_bit_weights_is_refused_on_an_x86_cpu_without_an_int32
         start(model, "onnx")
     monkeypatch.setattr(fingerprint, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_vnni"})
     assert len(start(model, "onnx").handle({"inputs": ["served"]}, None)["embeddings"]) == 1
+
+
+def test_an_int8_pack_is_pre_optimized_without_saved_prepacked_weights(
+    packed: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`warmstart optimize` on an int8 pack: ORT 1.31.1 crashed (SIGSEGV) running a saved model whose
+    MatMulIntegerToFloat weights were saved prepacked, so those are not saved (the float paths' casts are still
+    folded once, at pack time); the optimized model is proved bit-identical and served. In a child process: a
+    crash fails this test instead of the run."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(packed("sentence-transformers", quantize="int8", min_quality=0.9), model)
+    portable = embeddings(model, "onnx")
+    code = "import sys, pathlib; from infra.pack.optimize import optimize; optimize(pathlib.Path(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    entry = load_manifest(model).backends["onnx"]["optimized"]
+    assert entry["prepacked"] is False and entry["bit_identical_probes"] >= 1
+    runtime = start(model, "onnx")
+    assert runtime.init_report["coldstart"]["onnx_optimized"]["used"] is True
+    np.testing.assert_array_equal(
+        np.asarray(runtime.handle({"inputs": TEXTS}, None)["embeddings"], np.float32), portable
+    )

@@ -3,6 +3,7 @@ precision options' closed sets, and the per-row int8 embedding table rewrite."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -476,3 +477,125 @@ def test_the_search_keeps_the_group_that_breaks_the_worst_row_in_float32(tmp_pat
     assert found.kept == ["x"] and found.full[0] < 0.9999 <= found.full[-1]
     assert cosines(want, got).min() >= 0.9999
     assert search(run, ["x", "z"], feeds, want, target=0.5)[0].kept == []
+
+
+def _two_layer_graph(where: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """input_ids -> table -> /encoder/layer.0/ MatMul -> /encoder/layer.1/ MatMul, data beside it; table[:, 5]
+    x40 (the int8 rows' error stays visible)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.onnx_io import save_onnx_file
+
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((50, 64)).astype(np.float32)
+    table[:, 5] *= 40.0
+    w0, w1 = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "input_ids"], ["x"], name="/embeddings/Gather"),
+            helper.make_node("MatMul", ["x", "w0"], ["h"], name="/encoder/layer.0/MatMul"),
+            helper.make_node("MatMul", ["h", "w1"], ["y"], name="/encoder/layer.1/MatMul"),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 64])],
+        [numpy_helper.from_array(a, n) for a, n in ((table, "table"), (w0, "w0"), (w1, "w1"))],
+    )
+    save_onnx_file(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), where)
+    return table, w0, w1
+
+
+def test_int8_exact_token_rows_can_stop_after_the_first_groups(tmp_path: Path) -> None:
+    """exact_groups=1: the special rows run in float in the first group only (one float16 weight, one ScatterND),
+    the second group all int8; the record says where."""
+    import onnx
+    import onnxruntime as ort
+
+    from infra.pack.quantize import Int8Options, quantize_int8
+
+    table, w0, w1 = _two_layer_graph(tmp_path)
+    options = Int8Options(tables=False, outlier_channel=0.0, alpha=0.0, exact_tokens=(0, 2))
+    every = quantize_int8(tmp_path / "model.onnx", options)
+    first = quantize_int8(tmp_path / "model.onnx", replace(options, exact_groups=1))
+    for model, halves in ((every, ["w0_half", "w1_half"]), (first, ["w0_half"])):
+        assert [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16] == halves
+        assert [n.op_type for n in model.graph.node].count("ScatterND") == len(halves)
+    ids = np.array([[0, 7, 2, 9]], np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    want = table[ids] @ w0 @ w1
+
+    def error(model: object) -> np.ndarray:
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]  # type: ignore[attr-defined]
+        return np.asarray(np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1))
+
+    routed = np.isin(ids, (0, 2))
+    assert error(every)[routed].max() < 2e-3  # float in both groups
+    assert 2e-3 < error(first)[routed].min() < error(first)[~routed].min()  # the second group's int8 error only
+    assert "the first 1 groups" in replace(options, exact_groups=1).to_json()["exact_token_rows"]["how"]
+    assert "every group" in options.to_json()["exact_token_rows"]["how"]
+
+
+def test_float_paths_are_tried_cheapest_first_and_the_first_that_passes_is_kept(tmp_path: Path) -> None:
+    """float_paths: all int8, the special rows in the first layer's groups, outlier channels, both, the special
+    rows everywhere, both; choose_paths runs a plan on every text only once it passes on the hard rows."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.quantize import Int8Options, choose_paths, float_paths, layer_prefixes
+
+    _two_layer_graph(tmp_path)
+    model = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    options = Int8Options(float_rows=(0, 2), target=0.99)
+    assert layer_prefixes(model, options) == [1]
+    # five layers of two groups each: the first layer's 2 groups, the first 3 layers' 6
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    names = [f"/encoder/layer.{i}/{part}/MatMul" for i in range(5) for part in ("attention", "output")]
+    nodes = [helper.make_node("MatMul", [f"x{k}", "w"], [f"x{k + 1}"], name=n) for k, n in enumerate(names)]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x0", f"x{len(names)}")]
+    five = helper.make_model(helper.make_graph(nodes, "g", io[:1], io[1:], [w]))
+    assert layer_prefixes(five, options) == [2, 6]
+    assert [p.exact_groups for p in float_paths(options, five) if p.exact_tokens] == [2, 2, 6, 6, -1, -1]
+    plans = float_paths(options, model)
+    assert [(bool(p.outlier_channel), p.exact_tokens and p.exact_groups) for p in plans] == [
+        (False, ()),
+        (False, 1),
+        (True, ()),
+        (True, 1),
+        (False, -1),
+        (True, -1),
+    ]
+    assert [(bool(p.outlier_channel), p.exact_tokens) for p in float_paths(replace(options, float_rows=()), model)] == [
+        (False, ()),
+        (True, ()),
+    ]
+    rng = np.random.default_rng(5)
+    want = rng.standard_normal((12, 8))
+    # each feed row carries its row number: a fake int8 graph answers want's row, negated where the plan is wrong
+    feeds = [{"x": np.repeat(np.arange(6.0), 3).reshape(6, 3) + start} for start in (0, 6)]
+    broken = {plans[0]: [3], plans[1]: [3], plans[2]: [7], plans[3]: []}
+    full_runs = []
+
+    def runner(plan: Int8Options) -> object:
+        def run(keep: object, some: list[dict[str, np.ndarray]]) -> Any:
+            if some is feeds:
+                full_runs.append(plans.index(plan))
+            rows = np.concatenate([f["x"][:, 0] for f in some]).astype(int)
+            return np.where(np.isin(rows, broken[plan])[:, None], -want[rows], want[rows])
+
+        return run
+
+    chosen, got, tried = choose_paths(runner, plans, feeds, want)  # type: ignore[arg-type]
+    # plans 1 and 2 failed on the hard rows (plan 0's worst 16: here every row): never run on every feed
+    assert full_runs == [0, 3] and chosen == plans[3]
+    assert [t.get("min_cosine", t.get("hard_rows_min_cosine")) for t in tried] == [-1.0, -1.0, -1.0, 1.0]
+    assert (
+        "hard_rows_min_cosine" in tried[1]
+        and "hard_rows_min_cosine" in tried[2]
+        and tried[3]
+        == {
+            "outlier_channels": True,
+            "exact_token_groups": 1,
+            "min_cosine": 1.0,
+        }
+    )
+    np.testing.assert_allclose(got, want)
