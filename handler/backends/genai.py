@@ -30,6 +30,7 @@ from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError
 from handler.core.manifest import Manifest, regular_path
 from handler.core.memory import MARGIN, memory_limit, resident_bytes
+from handler.core.pages import Released, mapped_files, release_file_pages
 from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
@@ -64,6 +65,7 @@ class GenaiEngine:
         self._parsing: threading.Thread | None = None
         self._parsed: tuple[Path, Any] | None = None
         self.beside_load: dict[str, Any] = {}  # the init report's account of it (coldstart.genai_tokenizer)
+        self.released: Released | None = None  # the file pages given back after the load
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
         entry = manifest.backends[NAME]
@@ -124,6 +126,10 @@ class GenaiEngine:
             finally:
                 entered.set()  # a load that failed before its C call must not leave the parse waiting
         keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
+        # The file pages the load read and the runs never read again (the originals of the weights the kernels
+        # packed, the libraries' code that built the session): out of the RSS before the KV budget counts it; the
+        # runs map back what they read (handler.core.pages).
+        self.released = release_file_pages(mapped_files())
         self.threads = settings.threads
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
@@ -209,6 +215,12 @@ class GenaiEngine:
             "optimized": self.optimized,
             "prefill_chunk": self.prefill_chunk,
         }
+        if self.released is not None:
+            out["released_after_load"] = {
+                "mappings": self.released.mappings,
+                "resident_mb": round(self.released.resident_bytes / 2**20, 1),
+                "skipped": self.released.skipped,
+            }
         if self.batch is not None:
             out["batch"] = self.batch.describe()
         if self.kv:  # the tokens one request may hold (None: the context length only, memory not known)

@@ -1,0 +1,47 @@
+"""The genai engine's init gives back the pages of the weights file that the load read and its runs do not
+(handler.core.pages): an int4 decoder's MatMulNBits packs each weight and its scales into a copy of its own, so
+the scales' pages, read once while the session was built, would stay in the RSS for the instance's life.
+
+The tiny pack: tests/fixtures/genai_pack.py's qwen3, int4 (the builder's MatMulNBits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handler.core import pages
+from handler.core.config import Config
+from handler.runtime.invocation import Runtime
+from tests.fixtures.genai_pack import cached_genai_pack
+
+REQUEST = {"prompt": "hello world the quick brown fox", "max_tokens": 8, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cached_genai_pack(tmp_path_factory.mktemp("genai"), "qwen3", "int4")
+
+
+def answer(runtime: Runtime) -> list[int]:
+    return [t for piece in runtime.task.stream(dict(REQUEST)) for t in piece["token_ids"]]  # type: ignore[attr-defined]
+
+
+def resident(files: list[Path]) -> int:
+    return sum(rss for *_, rss in pages.file_mappings(files))
+
+
+def test_init_gives_back_what_the_load_read_and_the_answer_is_the_same(pack: Path) -> None:
+    runtime = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
+    engine = runtime.backend
+    released = engine.released  # type: ignore[attr-defined]
+    # the weights file's mappings and the libraries' code (their written data pages are skipped)
+    assert released.mappings > 0 and released.resident_bytes > 0 and released.skipped > 0, released
+    assert engine.describe()["released_after_load"]["mappings"] == released.mappings  # type: ignore[attr-defined]
+    data = [pack / "model.onnx.data"]
+    assert pages.file_mappings(data) and all(droppable for _, _, droppable, _ in pages.file_mappings(data))
+    assert resident(data) == 0
+    first = answer(runtime)
+    assert resident(data) > 0  # what the runs read is mapped back
+    pages.release_file_pages(data)  # and again: the same answer, read from the file
+    assert first and answer(runtime) == first
