@@ -1,9 +1,12 @@
 """Where a continuous-batching decode step goes (handler.backends.genai_batch) at 1, 8 and 32 rows: the real
-engine on a generate pack, --rows requests decoding together after a short prompt each, every decode step timed
-(wall and this process's CPU), then ONNX Runtime's profiler over the same steps: time per op type, so a step
-of N rows can be set against one row's.
+engine on a generate pack, in-process (no HTTP), N clients each streaming --requests greedy answers of --tokens
+tokens in turn. Per level: the decode steps with the most rows (wall, this process's CPU, and the scheduler
+thread's CPU outside the model run: the Python around it, per-row sampling included), the level's CPU per
+generated token and tokens/s, and the CPU of its decode and prefill runs; then ONNX Runtime's profiler over the
+same steps: kernel time per op type, so a step of N rows can be set against one row's.
 
-    .venv/bin/python bench/generate/batch_profile.py --pack DIR [--rows 1,8,32] [--tokens 24] [--kv-tokens 32768]
+    .venv/bin/python bench/generate/batch_profile.py --pack DIR [--rows 1,8,32] [--tokens 24] [--requests 1]
+        [--kv-tokens 32768] [--disable QuickGeluFusion] [--no-profile]
 
 The engine is started as the HTTP host starts it (WARMSTART_GENAI_BATCH=max rows, WARMSTART_GENAI_KV_TOKENS), with
 the session swapped for one with the profiler on (the same model bytes and options). Wall times on a loaded
@@ -37,17 +40,32 @@ def run_level(
     batch = runtime.backend.batch
     steps: list[tuple[int, float, float]] = []
     prefills: list[float] = []
+    outside: list[float] = []  # the scheduler thread's CPU in a decode step outside the model run (Python)
     step = batch._step
+    session = batch.session
+
+    class Timed:  # the session, its run's thread CPU noted (with 1 intra-op thread the run itself is on it)
+        ran = 0.0
+
+        def io_binding(self) -> Any:
+            return session.io_binding()
+
+        def run_with_iobinding(self, binding: Any) -> None:
+            cpu = time.thread_time()
+            session.run_with_iobinding(binding)
+            Timed.ran = time.thread_time() - cpu
 
     def timed(group: list[Any], first: int, prefill: bool) -> None:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
         step(group, first, prefill)
         if prefill:
             prefills.append(time.process_time() - cpu)
         else:
             steps.append((len(group), time.perf_counter() - wall, time.process_time() - cpu))
+            outside.append(time.thread_time() - own - Timed.ran)
 
     batch._step = timed
+    batch.session = Timed()
     start = threading.Barrier(rows)
 
     made = [0] * rows
@@ -68,6 +86,7 @@ def run_level(
             t.join()
     finally:
         batch._step = step
+        batch.session = session
     if totals is not None:
         totals.update(
             wall=time.perf_counter() - wall,
@@ -77,6 +96,7 @@ def run_level(
             prefill_runs=len(prefills),
             prefill_cpu=sum(prefills),
             decode_cpu=sum(s[2] for s in steps),
+            outside_ms=sorted(outside)[len(outside) // 2] * 1000 if outside else 0.0,
         )
     most = max((s[0] for s in steps), default=0)  # rows join a few a step (chunked prefill): the fullest steps
     return [s for s in steps if s[0] == most]
@@ -120,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.pack}: {batch.describe()}; load average {os.getloadavg()[0]:.1f}\n")
     run_level(runtime, 1, 4)  # the first runs' one-off costs off the figures
     head = "| streams | rows in the step | steps | wall / step ms | CPU / step ms | CPU per row ms "
-    head += "| tokens | CPU / token ms | tok/s | decode runs (CPU s) | prefill runs (CPU s) |"
-    print(head + "\n" + "|---" * 11 + "|")
+    head += "| outside the run ms | tokens | CPU / token ms | tok/s | decode runs (CPU s) | prefill runs (CPU s) |"
+    print(head + "\n" + "|---" * 12 + "|")
     for rows in levels:
         totals: dict[str, float] = {}
         got = run_level(runtime, rows, args.tokens, args.requests, totals)
@@ -129,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu = sorted(s[2] for s in got)[len(got) // 2] * 1000
         n = got[0][0]
         print(
-            f"| {rows} | {n} | {len(got)} | {wall:.1f} | {cpu:.1f} | {cpu / n:.1f} | {totals['tokens']:.0f} "
+            f"| {rows} | {n} | {len(got)} | {wall:.1f} | {cpu:.1f} | {cpu / n:.1f} | {totals['outside_ms']:.1f} "
+            f"| {totals['tokens']:.0f} "
             f"| {totals['cpu'] / totals['tokens'] * 1000:.1f} | {totals['tokens'] / totals['wall']:.1f} "
             f"| {totals['decode_runs']:.0f} ({totals['decode_cpu']:.1f}) "
             f"| {totals['prefill_runs']:.0f} ({totals['prefill_cpu']:.1f}) |"

@@ -10,8 +10,9 @@ carries), time to the first token, and the count of answers other than 200.
 Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
 - `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
 - `single`: WARMSTART_GENAI_BATCH=1, onnxruntime-genai's one generator per request (today's engine);
-- `llama`: llama-server with --parallel = the clients' count, on the GGUF gen-peers made from the same directory,
-  when /work/cache/llama-server/READY exists (else the table says it was not run).
+- `llama`: llama-server with --parallel = the most clients, on --gguf (made from the same directory by
+  bench/generate/peers.py prepare), when /work/cache/llama-server/READY exists (bench/generate/build_llama_server.sh;
+  else the table says it was not run).
 
 Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
        [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8]
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run `single` only at levels up to this (0: all); its workers "
         "run 2 streams at a time, so more clients only queue",
     )
-    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (default: under LLAMA)")
+    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (the llama variant)")
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -182,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     llama_bin, gguf = LLAMA / "bin" / "llama-server", args.gguf
     if "llama" in variants and not (LLAMA / "READY").is_file():
         variants.remove("llama")
-        print(f"llama-server: {LLAMA}/READY is absent (gen-peers builds it): not run", file=sys.stderr)
+        print(f"llama-server: {LLAMA}/READY is absent (bench/generate/build_llama_server.sh): not run", file=sys.stderr)
+    if "llama" in variants and (gguf is None or not gguf.is_file()):
+        raise SystemExit(f"the llama variant needs --gguf (the GGUF of the same model), got {gguf}")
     (ROOT / "build").mkdir(exist_ok=True)
     results = Results("generate-streams", {"pack": str(args.pack), "vcpus": args.vcpus, "levels": levels})
     with quotas(*variants) as qs:
