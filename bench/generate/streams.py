@@ -83,6 +83,7 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
     if server.kind == "llama":
         path = "/completion"
         body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+        body["return_tokens"] = True  # counted by ids: a random model's tokens are often part of a character
     else:
         path = "/invocations"
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
@@ -107,7 +108,7 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
         if data == b"[DONE]":
             break
         piece = json.loads(data)
-        n = len(piece.get("token_ids") or []) if server.kind != "llama" else (1 if piece.get("content") else 0)
+        n = len(piece.get("token_ids" if server.kind != "llama" else "tokens") or [])
         if n:
             times.append(time.perf_counter())
             counts.append(n)
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run `single` only at levels up to this (0: all); its workers "
         "run 2 streams at a time, so more clients only queue",
     )
+    ap.add_argument("--llama-threads", type=int, default=0, help="llama-server's -t (0: the vCPUs)")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (the llama variant)")
     args = ap.parse_args(argv)
     why = need_root()
@@ -197,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
                 if name == "llama":
                     argv = [str(llama_bin), "-m", str(gguf), "--port", str(port), "--parallel", str(max(levels))]
-                    argv += ["-c", str(max(levels) * (args.max_tokens + 64)), "-t", str(max(1, int(args.vcpus)))]
+                    argv += [
+                        "-c",
+                        str(max(levels) * (args.max_tokens + 64)),
+                        "-t",
+                        str(args.llama_threads or max(1, int(args.vcpus))),
+                    ]
                     servers[name] = Server(name, qs[name].wrap(argv), base_env(), port, "/health", "llama")
                     continue
                 env = base_env(WARMSTART_MODEL=str(args.pack), PORT=str(port), HOST="127.0.0.1")
