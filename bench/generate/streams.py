@@ -114,6 +114,8 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
             counts.append(n)
             tokens += n
         if server.kind == "llama" and piece.get("stop"):
+            # A token held as part of a character is sent later without its id: the final count is the server's
+            tokens = max(tokens, int(piece.get("tokens_predicted") or 0))
             break
     conn.close()
     return {"status": 200, "times": times, "counts": counts, "tokens": tokens, "started": started}
