@@ -10,8 +10,9 @@ carries), time to the first token, and the count of answers other than 200.
 Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
 - `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
 - `single`: WARMSTART_GENAI_BATCH=1, onnxruntime-genai's one generator per request (today's engine);
-- `llama`: llama-server with --parallel = the clients' count, on the GGUF gen-peers made from the same directory,
-  when /work/cache/llama-server/READY exists (else the table says it was not run).
+- `llama`: llama-server with --parallel = the most clients, on --gguf (made from the same directory by
+  bench/generate/peers.py prepare), when /work/cache/llama-server/READY exists (bench/generate/build_llama_server.sh;
+  else the table says it was not run).
 
 Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
        [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8]
@@ -82,6 +83,7 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
     if server.kind == "llama":
         path = "/completion"
         body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+        body["return_tokens"] = True  # counted by ids: a random model's tokens are often part of a character
     else:
         path = "/invocations"
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
@@ -106,12 +108,14 @@ def one_stream(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
         if data == b"[DONE]":
             break
         piece = json.loads(data)
-        n = len(piece.get("token_ids") or []) if server.kind != "llama" else (1 if piece.get("content") else 0)
+        n = len(piece.get("token_ids" if server.kind != "llama" else "tokens") or [])
         if n:
             times.append(time.perf_counter())
             counts.append(n)
             tokens += n
         if server.kind == "llama" and piece.get("stop"):
+            # A token held as part of a character is sent later without its id: the final count is the server's
+            tokens = max(tokens, int(piece.get("tokens_predicted") or 0))
             break
     conn.close()
     return {"status": 200, "times": times, "counts": counts, "tokens": tokens, "started": started}
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run `single` only at levels up to this (0: all); its workers "
         "run 2 streams at a time, so more clients only queue",
     )
-    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (default: under LLAMA)")
+    ap.add_argument("--llama-threads", type=int, default=0, help="llama-server's -t (0: the vCPUs)")
+    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (the llama variant)")
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -182,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     llama_bin, gguf = LLAMA / "bin" / "llama-server", args.gguf
     if "llama" in variants and not (LLAMA / "READY").is_file():
         variants.remove("llama")
-        print(f"llama-server: {LLAMA}/READY is absent (gen-peers builds it): not run", file=sys.stderr)
+        print(f"llama-server: {LLAMA}/READY is absent (bench/generate/build_llama_server.sh): not run", file=sys.stderr)
+    if "llama" in variants and (gguf is None or not gguf.is_file()):
+        raise SystemExit(f"the llama variant needs --gguf (the GGUF of the same model), got {gguf}")
     (ROOT / "build").mkdir(exist_ok=True)
     results = Results("generate-streams", {"pack": str(args.pack), "vcpus": args.vcpus, "levels": levels})
     with quotas(*variants) as qs:
@@ -194,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
                 if name == "llama":
                     argv = [str(llama_bin), "-m", str(gguf), "--port", str(port), "--parallel", str(max(levels))]
-                    argv += ["-c", str(max(levels) * (args.max_tokens + 64)), "-t", str(max(1, int(args.vcpus)))]
+                    argv += [
+                        "-c",
+                        str(max(levels) * (args.max_tokens + 64)),
+                        "-t",
+                        str(args.llama_threads or max(1, int(args.vcpus))),
+                    ]
                     servers[name] = Server(name, qs[name].wrap(argv), base_env(), port, "/health", "llama")
                     continue
                 env = base_env(WARMSTART_MODEL=str(args.pack), PORT=str(port), HOST="127.0.0.1")

@@ -56,6 +56,7 @@ PREFILL_TOKENS_DECODING = 32
 EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
+BINDINGS = 256  # IO bindings kept by slot range (the decode rows' is reused step after step)
 CANDIDATES = 1024  # tokens a top_p cut looks among first
 DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -127,6 +128,8 @@ class BatchEngine:
         self._running = False  # the scheduler thread
         self.steps = 0
         self.largest = 0
+        self._bindings: dict[tuple[int, int], tuple[Any, Any]] = {}  # by (first slot, rows): see _binding
+        self._logits: Any = None
 
     # -- init --
 
@@ -352,24 +355,12 @@ class BatchEngine:
         mask = np.zeros((count, total), np.int64)
         for i, row in enumerate(rows):
             mask[i, : row.length + width] = 1  # padded positions count: GQA writes them, later tokens overwrite
-        binding = self.session.io_binding()
+        binding, logits = self._binding(first, count, width)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
+        last = np.array([[len(feed) - 1] for feed in feeds], np.int64)  # held until the run: bound by address
         if self.last_only:  # one row of logits each: its last real token's
-            logits = np.empty((count, 1, self.vocab), np.float32)
-            last = np.array([[len(feed) - 1] for feed in feeds], np.int64)
             binding.bind_cpu_input(ROWS, last)
-        else:
-            logits = np.empty((count, width, self.vocab), np.float32)
-        shape = [count, self.kv_heads, self.capacity, self.head_dim]
-        for layer in range(self.layers):
-            for name, arrays in (("key", self.keys), ("value", self.values)):
-                view = arrays[layer][first : first + count]
-                ptr = view.ctypes.data
-                binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
-                binding.bind_output(f"present.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
-        shown = [count, self.vocab] if self.last_only else list(logits.shape)
-        binding.bind_output("logits", "cpu", 0, np.float32, shown, logits.ctypes.data)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as e:  # the run's rows end with the error; the engine and the other rows go on
@@ -378,6 +369,9 @@ class BatchEngine:
                 row.done = True
             return
         self.steps += 1
+        # Each row's logits, and the greedy rows' tokens in one pass over them (one argmax a step, not one a row).
+        picked = logits if self.last_only else logits[np.arange(count), [len(feed) - 1 for feed in feeds]]
+        greedy = picked.argmax(axis=1) if any(r.temperature == 0 and r.matcher is None for r in rows) else None
         for i, (row, feed) in enumerate(zip(rows, feeds, strict=True)):
             row.length += len(feed)
             if prefill:
@@ -386,15 +380,43 @@ class BatchEngine:
                     continue
             if not row.gone:
                 try:
-                    self._emit(row, logits[i, 0 if self.last_only else len(feed) - 1])
+                    self._emit(row, picked[i], None if greedy is None else int(greedy[i]))
                 except Exception as e:  # this row's own failure (its constraint): it ends, the others go on
                     row.out.put(e)
                     row.done = True
 
-    def _emit(self, row: _Row, logits: Any) -> None:
+    def _binding(self, first: int, count: int, width: int) -> tuple[Any, Any]:
+        """The IO binding of a run over slots [first, first + count) with its KV arrays and logits output bound
+        (kept per slot range: a step rebinds only its ids, mask and rows), and the logits it writes."""
+        key = (first, count)
+        if self.last_only and key in self._bindings:
+            return self._bindings[key]
+        binding = self.session.io_binding()
+        shape = [count, self.kv_heads, self.capacity, self.head_dim]
+        for layer in range(self.layers):
+            for name, arrays in (("key", self.keys), ("value", self.values)):
+                ptr = arrays[layer][first : first + count].ctypes.data
+                binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
+                binding.bind_output(f"present.{layer}.{name}", "cpu", 0, self.dtype, shape, ptr)
+        if not self.last_only:  # every position's logits: a buffer of the step's width (no binding kept)
+            logits = np.empty((count, width, self.vocab), np.float32)
+            binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+            return binding, logits
+        if self._logits is None:  # one buffer for every run (one runs at a time): no fresh pages a step
+            self._logits = np.empty((self.max_rows, self.vocab), np.float32)
+        logits = self._logits[:count]
+        binding.bind_output("logits", "cpu", 0, np.float32, [count, self.vocab], logits.ctypes.data)
+        if len(self._bindings) >= BINDINGS:
+            self._bindings.clear()
+        self._bindings[key] = (binding, logits)
+        return binding, logits
+
+    def _emit(self, row: _Row, logits: Any, greedy: int | None = None) -> None:
+        """`greedy`: the row's argmax, already taken (a greedy row without a JSON constraint)."""
         if row.matcher is not None:
             self._mask(row.matcher, logits)
-        token = self._sample(row, logits)
+        token = greedy if greedy is not None and row.temperature == 0 and row.matcher is None else None
+        token = self._sample(row, logits) if token is None else token
         row.made += 1
         if row.matcher is not None:
             row.matcher.consume_token(token)

@@ -300,7 +300,7 @@ def command_problems(c: Command, makefile: str) -> list[str]:
         problems.append(f"no {script.relative_to(ROOT)}")
     elif script is not None:
         source = script.read_text(encoding="utf-8")
-        if "from bench import runner" in source:  # the flags every bench shares (--rounds, --out) live there
+        if "from bench import runner" in source or "from bench.runner import" in source:  # --rounds, --out: there
             source += (ROOT / "bench" / "runner.py").read_text(encoding="utf-8")
         # Flags are the command's own tokens (`[--opt]` too), not text inside a quoted value passed through.
         flags = [m.group() for t in tokens if (m := FLAG.match(t.lstrip("[")))]

@@ -248,3 +248,33 @@ def test_a_pruned_head_still_gives_each_row_its_own_last_token(pack: Path, tmp_p
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(lambda p: greedy(runtime, p), PROMPTS))
     assert together == expected
+
+
+def test_greedy_and_sampled_rows_sharing_steps_each_keep_their_own_tokens(batched: Runtime) -> None:
+    # A step's greedy tokens come from one argmax over every row's logits: a sampled row between greedy ones
+    # must still sample from its own row, and each greedy row get its own argmax.
+    sampled = {"prompt": "the sea", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 3, "max_tokens": 24}
+    alone = [greedy(batched, p) for p in PROMPTS[:3]]
+    sampled_alone = batched.handle(sampled, None)["text"]
+    asks: list[Any] = [PROMPTS[0], sampled, PROMPTS[1], PROMPTS[2]]
+
+    def run(ask: Any) -> Any:
+        return greedy(batched, ask) if isinstance(ask, str) else batched.handle(ask, None)["text"]
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(run, asks))
+    assert [together[0], together[2], together[3]] == alone
+    assert together[1] == sampled_alone
+
+
+def test_decode_steps_reuse_their_binding_and_one_logits_buffer(batched: Runtime) -> None:
+    # The KV arrays and the logits output are bound once per slot range, not rebound every step; every run
+    # writes its logits into one buffer (no fresh pages a step).
+    batch = engine(batched)
+    greedy(batched, "hello", 4)
+    buffer = batch._logits
+    steps, kept = batch.steps, dict(batch._bindings)
+    assert greedy(batched, "hello", 16)
+    assert batch.steps - steps >= 16  # the prefill and 16 decode steps ...
+    assert batch._bindings == kept and batch._logits is buffer  # ... on the bindings the first request made
+    assert buffer.shape == (batch.max_rows, batch.vocab)
