@@ -129,7 +129,9 @@ class GenaiEngine:
         # The file pages the load read and the runs never read again (the originals of the weights the kernels
         # packed, the libraries' code that built the session): out of the RSS before the KV budget counts it; the
         # runs map back what they read (handler.core.pages).
-        self.released = release_file_pages(mapped_files())
+        mapped = mapped_files()
+        root = manifest.root.resolve()
+        self.released = release_file_pages(mapped, writable=[f for f in mapped if f.is_relative_to(root)])
         self.threads = settings.threads
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 

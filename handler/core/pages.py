@@ -51,9 +51,13 @@ def mapped_files(maps: Path = MAPS) -> set[Path]:
     return found
 
 
-def file_mappings(files: Iterable[Path], smaps: Path = SMAPS) -> list[tuple[int, int, bool, int]]:
-    """(start, end, may be dropped, resident bytes) of each mapping of `files` in `smaps` (a /proc/PID/smaps)."""
+def file_mappings(
+    files: Iterable[Path], smaps: Path = SMAPS, writable: Iterable[Path] = ()
+) -> list[tuple[int, int, bool, int]]:
+    """(start, end, may be dropped, resident bytes) of each mapping of `files` in `smaps` (a /proc/PID/smaps).
+    A writable mapping may be dropped only when its file is one of `writable` (see release_file_pages)."""
     wanted = {str(Path(f).resolve()) for f in files}
+    may_write = {str(Path(f).resolve()) for f in writable}
     found: list[tuple[int, int, bool, int]] = []
     current: list[int] | None = None  # [start, end, private, rss, anonymous]
     try:
@@ -70,7 +74,8 @@ def file_mappings(files: Iterable[Path], smaps: Path = SMAPS) -> list[tuple[int,
             current = None
             if len(first) == 6 and first[5] in wanted:
                 start, end = (int(x, 16) for x in first[0].split("-"))
-                current = [start, end, int(first[1].endswith("p")), 0, -1]
+                private = first[1].endswith("p") and (first[1][1] != "w" or first[5] in may_write)
+                current = [start, end, int(private), 0, -1]
         elif current is not None and first[0] == "Rss:":
             current[3] = int(first[1]) * 1024
         elif current is not None and first[0] == "Anonymous:":
@@ -80,9 +85,14 @@ def file_mappings(files: Iterable[Path], smaps: Path = SMAPS) -> list[tuple[int,
     return found
 
 
-def release_file_pages(files: Iterable[Path], smaps: Path = SMAPS) -> Released:
-    """Drop this process's resident pages of the private, unwritten mappings of `files` (see the module)."""
-    mappings = file_mappings(files, smaps)
+def release_file_pages(files: Iterable[Path], smaps: Path = SMAPS, writable: Iterable[Path] = ()) -> Released:
+    """Drop this process's resident pages of the private, unwritten mappings of `files` (see the module).
+
+    A writable mapping only where its file is one of `writable` (the pack's own weights, which nothing writes): a
+    library's data segment is a writable private mapping too, and another thread could write its first page
+    between the smaps read and the madvise; dropping that page would lose the write. Read-only mappings (code,
+    constants) cannot be written, so any file's are released."""
+    mappings = file_mappings(files, smaps, writable)
     if not mappings:
         return Released(0, 0, 0, 0)
     try:

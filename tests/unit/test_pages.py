@@ -35,7 +35,7 @@ def test_an_unwritten_private_mapping_is_given_back_and_reads_the_same(data: Pat
     try:
         before = touch(m)
         assert resident(data) >= PAGES * PAGE // 2
-        released = release_file_pages([data])
+        released = release_file_pages([data], writable=[data])
         assert released.mappings == 1 and released.skipped == 0
         assert released.mapped_bytes == PAGES * PAGE
         assert PAGES * PAGE // 2 <= released.resident_bytes <= PAGES * PAGE
@@ -62,6 +62,21 @@ def test_a_written_or_shared_mapping_is_left_as_it_is(data: Path) -> None:
         shared.close()
 
 
+def test_a_writable_mapping_of_a_file_not_named_writable_is_left_as_it_is(data: Path) -> None:
+    # A library's data segment is a private writable mapping: another thread may write its first page between the
+    # smaps read and the madvise, and dropping it then would lose that write. Only the pack's own files (which
+    # nothing writes) are released when writable; read-only mappings of any file are.
+    with data.open("rb") as f:
+        writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        touch(writable)
+        assert release_file_pages([data]) == Released(0, 0, 0, 1)
+        assert resident(data) > 0
+        assert release_file_pages([data], writable=[data]).mappings == 1
+    finally:
+        writable.close()
+
+
 def test_a_file_not_mapped_and_no_proc(data: Path, tmp_path: Path) -> None:
     assert release_file_pages([data]) == Released(0, 0, 0, 0)
     assert release_file_pages([data], smaps=tmp_path / "absent") == Released(0, 0, 0, 0)
@@ -81,7 +96,7 @@ def test_smaps_headers_with_spaces_in_the_path_and_other_files(tmp_path: Path) -
     )
     smaps = tmp_path / "smaps"
     smaps.write_text(text)
-    assert file_mappings([spaced], smaps) == [
+    assert file_mappings([spaced], smaps, writable=[spaced]) == [
         (0x7F0000000000, 0x7F0000004000, True, 16384),
         (0x7F0000004000, 0x7F0000008000, False, 16384),  # a written page: not dropped
     ]
