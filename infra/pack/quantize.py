@@ -725,8 +725,7 @@ def search_kept(
 
     want = [np.asarray(w, np.float32)[:, 0] if first_token else w for w in want]
     want_rows = np.concatenate([np.asarray(w, np.float32).reshape(len(w), -1) for w in want])
-    model = onnx.load(str(graph), load_external_data=False)
-    options, whole, tried = choose_paths(runner, float_paths(options, model), feeds, want_rows)
+    options, whole, tried = choose_paths(runner, float_paths(options, base), feeds, want_rows)
     run = runner(options)
 
     def measured(keep: Sequence[str], some: Sequence[Feeds]) -> Any:
