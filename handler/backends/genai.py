@@ -415,11 +415,11 @@ def keep_freed_memory() -> bool:
 
 
 def load_beside_init(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the model loads in a thread beside the rest of the init: only where the instance has more than one
-    CPU's share (the smallest of its CPU affinity, cgroup quota and Lambda memory size's vCPUs). On one CPU the two
-    threads take turns and the overlap costs CPU (measured on the 0.6B int4 pack, at a saturated host's share of
-    about one CPU: 1.06x the spawn to first token of the load in line; with the 1.7 vCPU quota's CPUs its own,
-    0.90x)."""
+    """Whether the tokenizer is parsed in a thread beside the model's load: only where the instance has more than
+    one CPU's share (the smallest of its CPU affinity, cgroup quota and Lambda memory size's vCPUs). On one CPU the
+    two threads take turns and the overlap costs CPU (~5% more, measured on the 0.6B int4 pack); with the 1.7 vCPU
+    quota's CPUs its own, spawn to first token 0.87x of the parse after the load (bench/generate/cold.py
+    --own-cpus)."""
     detail = cpu_budget(environ).detail
     share = min(float(v) for v in (detail["affinity"], detail["cgroup_quota"], detail["lambda_vcpus"]) if v)
     return share > 1.0
