@@ -207,9 +207,9 @@ def write(
         with open(origin, "rb") as f:
             source = f.read()
         st = os.stat(origin)
-        named = origin if runs_at is None else os.path.join(runs_at, os.path.relpath(origin, root))
-        code = compile(source, named, "exec", dont_inherit=True, optimize=sys.flags.optimize)
         rel = os.path.relpath(origin, root)
+        named = origin if runs_at is None else os.path.join(runs_at, rel)
+        code = compile(source, named, "exec", dont_inherit=True, optimize=sys.flags.optimize)
         entries[name] = (rel, st.st_mtime_ns, st.st_size, package, code, source_hash(source))
     target = out or BUNDLE
     tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
