@@ -358,8 +358,8 @@ class BatchEngine:
         binding, logits = self._binding(first, count, width)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
-        last = np.array([[len(feed) - 1] for feed in feeds], np.int64)  # held until the run: bound by address
         if self.last_only:  # one row of logits each: its last real token's
+            last = np.array([[len(feed) - 1] for feed in feeds], np.int64)  # held until the run: bound by address
             binding.bind_cpu_input(ROWS, last)
         try:
             self.session.run_with_iobinding(binding)
