@@ -239,10 +239,15 @@ def scheme_entry(target: str, options: dict[str, str | int | bool]) -> dict[str,
         out["scheme"] = {
             "block_size": int(options.get("block_size", 32)),
             "accuracy_level": int(options.get("accuracy_level", 4)),
-            "symmetric": str(options.get("is_symmetric", True)).lower() in ("true", "1"),
+            "symmetric": symmetric(options),
             "scales": str(options.get("scales", "rtn")),
         }
     return out
+
+
+def symmetric(options: dict[str, str | int | bool]) -> bool:
+    """The builder's `is_symmetric` option as it reads it (a bool, or its text from the command line)."""
+    return str(options.get("is_symmetric", True)).lower() in ("true", "1")
 
 
 def check_scales(target: str, options: dict[str, str | int | bool]) -> str:
@@ -250,10 +255,10 @@ def check_scales(target: str, options: dict[str, str | int | bool]) -> str:
     from infra.pack.lm_int4 import SCALES
 
     scales = str(options.get("scales", "rtn"))
-    symmetric = str(options.get("is_symmetric", True)).lower() in ("true", "1")
-    if scales not in SCALES or (scales != "rtn" and (target != "int4" or not symmetric)):
+    sym = symmetric(options)
+    if scales not in SCALES or (scales != "rtn" and (target != "int4" or not sym)):
         raise PrecisionError(
-            f"scales={scales!r} for {target}{'' if symmetric else ' (asymmetric)'}; valid: "
+            f"scales={scales!r} for {target}{'' if sym else ' (asymmetric)'}; valid: "
             f"{', '.join(SCALES)} for symmetric int4, rtn otherwise"
         )
     return scales
