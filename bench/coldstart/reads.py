@@ -44,6 +44,20 @@ def out_of(out: dict[str, Any]) -> dict[str, float]:
     return {k: out[k] for k in ("first_ms", "cpu_ms")}
 
 
+def summarize(res: runner.Results, quotas: list[float], names: list[str], where: str) -> str:
+    keys = (("weights_mb", 1), ("all_mb", 1), ("first_ms", 0), ("cpu_ms", 0))
+    rows = [[f"{q:g}", n, *(res.stat(k, variant=n, quota=q).fmt(d) for k, d in keys)] for q in quotas for n in names]
+    header = ["vCPU", "variant", "weights MB", "all MB", "first embedding ms", "CPU ms"]
+    pairs = [(x, y) for x in names for y in names if x != y and y in ("floor_ort", f"{x}@other")]
+    ratio_rows = [
+        [f"{q:g}", f"{x} / {y}", *(runner.fmt_ratio(runner.ratios(res.pick(quota=q), k, x, y)) for k, _ in keys[2:])]
+        for q in quotas
+        for x, y in pairs
+    ]
+    ratio_table = runner.table(["vCPU", "within rounds", "first embedding", "CPU"], ratio_rows)
+    return f"{where}\n\n{runner.table(header, rows)}\n\n{ratio_table}\n"
+
+
 def main() -> int:
     ap = runner.parser(__doc__, rounds=3, out="coldstart-reads")
     ap.add_argument("--quotas", default="1.0", help="vCPUs, comma-separated")
@@ -79,7 +93,6 @@ def main() -> int:
     opened = {n: runner.opened_files(*command(n, 1.0)) for n in names}
     every = set().union(*opened.values())
     res = runner.Results("bench/coldstart/reads.py")
-    keys = (("weights_mb", 1), ("all_mb", 1), ("first_ms", 0), ("cpu_ms", 0))
     with runner.Quota() as cgroup:
         for rnd in range(args.rounds):
             for q in quotas:
@@ -90,17 +103,8 @@ def main() -> int:
                     out: dict[str, Any] = runner.lambda_start(cgroup.wrap(argv), env, cwd)
                     weights, total = read_mb(opened[n], Path(env["WARMSTART_MODEL"]).resolve())
                     res.add(round=rnd, quota=q, variant=n, weights_mb=weights, all_mb=total, **out_of(out))
-    rows = [[f"{q:g}", n, *(res.stat(k, variant=n, quota=q).fmt(d) for k, d in keys)] for q in quotas for n in names]
-    header = ["vCPU", "variant", "weights MB", "all MB", "first embedding ms", "CPU ms"]
     where = f"model {model or runner.OPTIMIZED}" + (f", @other: {other}" if other else "")
-    pairs = [(x, y) for x in names for y in names if x != y and (y == "floor_ort" or y == f"{x}@other")]
-    ratio_rows = [
-        [f"{q:g}", f"{x} / {y}", *(runner.fmt_ratio(runner.ratios(res.pick(quota=q), k, x, y)) for k in keys[2:])]
-        for q in quotas
-        for x, y in pairs
-    ]
-    ratio_table = runner.table(["vCPU", "within rounds", "first embedding", "CPU"], ratio_rows)
-    res.save(args.out, f"{where}\n\n{runner.table(header, rows)}\n\n{ratio_table}\n")
+    res.save(args.out, summarize(res, quotas, names, where))
     return 0
 
 

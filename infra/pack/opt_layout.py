@@ -2,11 +2,12 @@
 
 ONNX Runtime saves model.opt.onnx.data in its own order: the embedding table first, then each MatMul weight's
 original beside its prepacked copy. A start reads the originals once at session creation (ORT maps each, reads
-it whole to hash it, then unmaps it: measured with page faults and munmap under strace/perf), its first run
+it whole, then unmaps it: measured with `perf trace` page faults and munmap under strace), its first run
 reads the prepacked copies and the other small tensors, and the embedding tables only a few rows each. On a disk
 with a large readahead window (8 MB here) every fault on an uncached page reads a window around it, so a cold
-start read 93 of the file's 133 MB for all-MiniLM-L6-v2, the tables' windows included, in an order no prefetch
-could follow: the recorded ranges were 25 pieces among the parts never read.
+start read 93 of the file's 133 MB for all-MiniLM-L6-v2 (81 MB needed, the rest the tables' windows), and the
+ranges recorded for the prefetch (25 pieces, 33.8 MB) left out the originals and two of each Attention's three
+packed buffers.
 
 `relayout` rewrites the file with every buffer at a page-aligned offset in three groups, in the order a start
 reads them: the originals of the prepacked weights (session creation), the prepacked copies and every other

@@ -167,7 +167,7 @@ def touched_ranges(model_path: Path, merge_gap: int = 1 << 16) -> list[list[int]
     """[offset, length] ranges of the external data that a pre-optimized session reads: every initializer except
     an embedding table (a Gather's, or a fused EmbedLayerNormalization's: looked up a few rows at a time), and
     each prepacked initializer's packed copies (every buffer of its entry: an Attention's three) as well as its
-    original (ONNX Runtime reads the original once at load, to hash it, and unmaps it: measured, every 64 KB of
+    original (ONNX Runtime reads the original whole once at load and unmaps it: measured, every 64 KB of
     each original faulted in, then munmap). Ranges closer than `merge_gap` are merged."""
     import onnx
 
