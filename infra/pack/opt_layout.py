@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.pack.optimize import PAGE, OptimizeError
+PAGE = 4096  # ONNX Runtime maps an external tensor in place only at a page-aligned offset
 
 _CHUNK = 1 << 22
 LAYOUT_VERSION = 1  # the `layout` record's "version": raised when the order changes
@@ -38,7 +38,7 @@ LAYOUT_VERSION = 1  # the `layout` record's "version": raised when the order cha
 LOAD, RUN, TABLE = 0, 1, 2
 
 
-class LayoutError(OptimizeError):
+class LayoutError(ValueError):
     """The optimized model's external data cannot be laid out, or a laid-out file does not match its graph."""
 
 

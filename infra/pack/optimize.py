@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from handler.backends.fingerprint import cpu_fingerprint
 from handler.core.manifest import MANIFEST_NAME, load_manifest, parse_json, sha256_file
+from infra.pack.opt_layout import LayoutError, embedding_tables, packed_buffers, relayout
 from infra.pack.progress import phase
 
 OPT_FILE, OPT_DATA = "model.opt.onnx", "model.opt.onnx.data"
@@ -84,7 +85,8 @@ def probe_feeds(manifest: Any, session: Any) -> list[dict[str, npt.NDArray[Any]]
 
 def optimize(model_dir: Path) -> dict[str, Any]:
     """Write model.opt.onnx (+ .data) into the packed `model_dir` and record it in its manifest; returns the
-    manifest entry. Replaces an earlier optimized model. Raises OptimizeError when outputs differ."""
+    manifest entry. Replaces an earlier optimized model. Raises OptimizeError when outputs differ, LayoutError
+    when the external data ONNX Runtime saved does not add up (infra.pack.opt_layout)."""
     import onnxruntime as ort
 
     model_dir = model_dir.resolve()
@@ -105,8 +107,6 @@ def optimize(model_dir: Path) -> dict[str, Any]:
         reference = ort.InferenceSession(str(portable), options, providers=["CPUExecutionProvider"])
         layout = None
         if (work / OPT_DATA).exists():
-            from infra.pack.opt_layout import relayout  # its own module: the file's layout for a cold start
-
             phase("laying out the weights in the order a start reads them")
             # Before the proof below: the candidate session loads the relaid file, so the proof covers it.
             layout = relayout(work / OPT_FILE, OPT_DATA)
@@ -170,8 +170,6 @@ def touched_ranges(model_path: Path, merge_gap: int = 1 << 16) -> list[list[int]
     original (ONNX Runtime reads the original whole once at load and unmaps it: measured, every 64 KB of
     each original faulted in, then munmap). Ranges closer than `merge_gap` are merged."""
     import onnx
-
-    from infra.pack.opt_layout import embedding_tables, packed_buffers
 
     model = onnx.load(str(model_path), load_external_data=False)
     tables = embedding_tables(model)
@@ -245,4 +243,4 @@ def remove(model_dir: Path) -> bool:
     return True
 
 
-__all__ = ["OPT_DATA", "OPT_FILE", "OptimizeError", "optimize", "remove", "saves_prepacked"]
+__all__ = ["OPT_DATA", "OPT_FILE", "LayoutError", "OptimizeError", "optimize", "remove", "saves_prepacked"]
