@@ -162,8 +162,10 @@ def relayout(model_path: Path, data: str) -> dict[str, Any]:
         for b, at in moved:
             _set_offset(b, at)
         new_model.write_bytes(graph.SerializeToString())  # the graph only: its tensors stay in `data`
-        # What was written must read back as a consistent layout before it replaces the original.
-        buffers(onnx.load(str(new_model), load_external_data=False), data, new_data.stat().st_size)
+        # What was written must read back as a consistent, page-aligned layout before it replaces the original.
+        _aligned(
+            buffers(onnx.load(str(new_model), load_external_data=False), data, new_data.stat().st_size), model_path
+        )
         os.replace(new_data, data_path)
         os.replace(new_model, model_path)
     finally:
@@ -197,7 +199,10 @@ def check(model_path: Path, data: str) -> list[Buffer]:
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False)
-    found = buffers(graph, data, model_path.with_name(data).stat().st_size, f"{model_path.name}: ")
+    return _aligned(buffers(graph, data, model_path.with_name(data).stat().st_size, f"{model_path.name}: "), model_path)
+
+
+def _aligned(found: list[Buffer], model_path: Path) -> list[Buffer]:
     unaligned = [f"{b.tensor.name!r} ({b.key}) at {b.offset}" for b in found if b.offset % PAGE]
     if unaligned:
         raise LayoutError(f"{model_path.name}: not at a {PAGE}-byte offset: {', '.join(unaligned[:5])}")
