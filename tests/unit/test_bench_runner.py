@@ -203,3 +203,11 @@ def test_coldstart_reads_counts_resident_data_files_and_compares_the_other_layou
     text = reads.summarize(res, [1.0], ["ours", "ours@other"], "here")
     assert "| 1 | ours / ours@other | 1.00x (0.90-1.10) | 1.00x (1.00-1.00) |" in text
     assert "| 1 | ours | 90.5 (90.5-90.5) |" in text
+
+    sessions = runner.Results("bench/coldstart/reads.py")
+    for rnd, (ours, other_ms) in enumerate([(180.0, 200.0), (220.0, 200.0)]):
+        for name, ms in (("ours", ours), ("ours@other", other_ms)):
+            sessions.add(
+                round=rnd, quota=0.5, variant=name, session_ms=ms, run_ms=10.0, total_ms=ms + 10, weights_mb=90.5
+            )
+    assert "| 0.5 | 1.00x (0.90-1.10) | 1.00x (1.00-1.00) |" in reads.summarize_sessions(sessions, [0.5], "here")
