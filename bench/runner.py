@@ -442,12 +442,15 @@ def prepare_optimized(portable: Path = MODEL, model: Path = OPTIMIZED) -> Path:
     import shutil
 
     sys.path.insert(0, str(ROOT))
+    from infra.pack.opt_layout import LAYOUT_VERSION
     from infra.pack.optimize import optimize  # deferred: pulls onnxruntime into this process
     from infra.pack.wordpiece import prove
 
     raw = json.loads((portable / "manifest.json").read_text())
+    # The source and the layout optimize writes: a copy made before a layout change is made again.
+    want = json.dumps({"manifest": raw, "layout": LAYOUT_VERSION})
     stamp = model / ".source-manifest.json"
-    if stamp.is_file() and stamp.read_text() == json.dumps(raw):
+    if stamp.is_file() and stamp.read_text() == want:
         return model
     shutil.rmtree(model, ignore_errors=True)
     model.mkdir(parents=True)
@@ -456,7 +459,7 @@ def prepare_optimized(portable: Path = MODEL, model: Path = OPTIMIZED) -> Path:
     (model / "manifest.json").write_text(json.dumps(raw))
     optimize(model)
     prove(model)
-    stamp.write_text(json.dumps(raw))
+    stamp.write_text(want)
     return model
 
 

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     # Pack-time tools (onnx) load only here, never in the function.
     from handler.core.errors import ModelLoadError
     from infra.cli.progress import Progress, human_size
-    from infra.pack.optimize import OptimizeError, optimize, remove
+    from infra.pack.optimize import LayoutError, OptimizeError, optimize, remove
     from infra.pack.wordpiece import NotPlainBert, prove
 
     if _task(args.model) == "generate":
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         with Progress("warmstart optimize", plain=not args.json) as progress:
             entry = optimize(args.model)
-    except (OptimizeError, ModelLoadError, FileNotFoundError) as e:
+    except (OptimizeError, LayoutError, ModelLoadError, FileNotFoundError) as e:
         print(f"warmstart optimize: {e}", file=sys.stderr)
         return 1
     try:

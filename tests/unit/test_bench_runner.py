@@ -179,3 +179,35 @@ def test_coldstart_starts_each_variant_as_lambda_would_with_its_own_code_first(t
     _, env, _ = cs.command("imports_only_torch", 0.29, None, tmp_path)
     assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "512" and "WARMSTART_BACKEND" not in env
     assert {"ours", "main", "floor_ort", "naive_st", "imports_only_onnx", "ours+sha"} <= set(cs.VARIANTS)
+
+
+def test_coldstart_reads_counts_resident_data_files_and_compares_the_other_layout(tmp_path: Path) -> None:
+    from bench.coldstart import reads
+
+    model, other = tmp_path / "model", tmp_path / "elsewhere"
+    model.mkdir()
+    other.mkdir()
+    data, code = model / "m.data", other / "lib.so"
+    for path in (data, code):
+        path.write_bytes(b"x" * (3 * 4096))
+        path.read_bytes()  # just written and read: resident
+    weights, total = reads.read_mb({str(data), str(code), str(tmp_path / "gone")}, model)
+    assert weights == 3 * 4096 / 2**20 and total == 2 * weights  # only the model's *.data count as weights
+
+    res = runner.Results("bench/coldstart/reads.py")
+    for rnd, (ours, other_ms) in enumerate([(90.0, 100.0), (110.0, 100.0)]):
+        res.add(round=rnd, quota=1.0, variant="ours", weights_mb=90.5, all_mb=170.0, first_ms=ours, cpu_ms=200.0)
+        res.add(
+            round=rnd, quota=1.0, variant="ours@other", weights_mb=93.1, all_mb=173.0, first_ms=other_ms, cpu_ms=200.0
+        )
+    text = reads.summarize(res, [1.0], ["ours", "ours@other"], "here")
+    assert "| 1 | ours / ours@other | 1.00x (0.90-1.10) | 1.00x (1.00-1.00) |" in text
+    assert "| 1 | ours | 90.5 (90.5-90.5) |" in text
+
+    sessions = runner.Results("bench/coldstart/reads.py")
+    for rnd, (ours, other_ms) in enumerate([(180.0, 200.0), (220.0, 200.0)]):
+        for name, ms in (("ours", ours), ("ours@other", other_ms)):
+            sessions.add(
+                round=rnd, quota=0.5, variant=name, session_ms=ms, run_ms=10.0, total_ms=ms + 10, weights_mb=90.5
+            )
+    assert "| 0.5 | 1.00x (0.90-1.10) | 1.00x (1.00-1.00) |" in reads.summarize_sessions(sessions, [0.5], "here")

@@ -63,12 +63,13 @@ def test_pack_and_optimize_json_is_one_object(source: Path, tmp_path: Path) -> N
     done = cli("optimize", str(out))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert done.stderr == "" and [line.split(":")[1].strip() for line in lines[:3]] == [
+    assert done.stderr == "" and [line.split(":")[1].strip() for line in lines[:4]] == [
         "optimizing the graph for this CPU (prepacked weights)",
+        "laying out the weights in the order a start reads them",
         "proving the optimized model bit-identical",
         "recording the byte ranges a start reads",
     ]
-    summary = lines[3:]
+    summary = lines[4:]
     assert "touched_ranges" not in done.stdout and len(summary) == 3, summary
     assert re.fullmatch(
         rf"warmstart optimize: wrote model\.opt\.onnx.* into {re.escape(str(out))} in \d+ s \([\d.]+ [KM]B\), "

@@ -224,9 +224,12 @@ def test_prefetch_takes_the_optimized_files_only_when_they_fit_this_cpu(optimize
     env = {"WARMSTART_MODEL": str(optimized_dir), "WARMSTART_BACKEND": "onnx"}
     planned = prefetch.plan(env, libs=False)
     assert [p.name for p, _ in planned][:2] == [OPT_FILE, OPT_DATA]
-    # Only what the session reads of the data file: the packed copies, not the originals or the embedding table.
-    ranges = planned[1][1]
-    assert ranges and sum(n for _, n in ranges) < 0.5 * (optimized_dir / OPT_DATA).stat().st_size
+    # Only what a start reads of the data file (the originals, read once at load, and the packed copies), laid
+    # out as one span from offset 0 (infra/pack/opt_layout.py); the embedding tables after it are left out.
+    layout = manifest_module.load_manifest(optimized_dir).backends["onnx"]["optimized"]["layout"]
+    ((offset, length),) = planned[1][1]
+    assert offset == 0 and layout["load_bytes"] + layout["run_bytes"] <= length
+    assert length + layout["table_bytes"] <= (optimized_dir / OPT_DATA).stat().st_size
     other = copy_model(optimized_dir, optimized_dir.parent / "other-cpu", cpu_features=["sve"])
     env["WARMSTART_MODEL"] = str(other)
     assert [(p.name, r) for p, r in prefetch.plan(env, libs=False)][:2] == [
