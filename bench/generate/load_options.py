@@ -1,0 +1,103 @@
+"""The genai engine's model load alone, per way of loading it: onnxruntime-genai's model made through the engine's
+C API path (handler.backends.genai_capi, the engine's overlay) in a fresh child under one CPU quota, then one
+16-token prompt step and one generated token. Per start: the load's wall and CPU milliseconds (user, sys), its
+minor page faults, the first step's wall and CPU, and the child's VmHWM. Rounds interleaved.
+
+    .venv/bin/python bench/generate/load_options.py [--pack DIR] [--vcpus 1.7] [--rounds 3] [--own-cpus]
+        [--variants opt,opt-2threads,portable] [--no-prepack DIR]
+
+variants: opt (the pack's prepacked decoder, model.opt.onnx, 1 intra-op thread: what a 1.7 vCPU start loads),
+opt-2threads (the same on 2 intra-op threads: does the load's prepack run on the session's pool?), portable
+(model.onnx, ORT's graph passes and the prepack at load), no-prepack (with --no-prepack DIR: a copy of the pack
+whose model.opt.onnx was saved optimized without prepacked weights, session option
+`session.save_external_prepacked_constant_initializers` 0: `infra.pack.lm_layout.prepack` with that option off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `bench.runner`
+
+from bench.runner import ROOT, Child, Results, Stat, base_env, csv, need_root, order, parser, quotas, table
+
+MARK = "load-options:"
+PACK = ROOT / "build" / "bench" / "peers-gen" / "qwen3-0.6b" / "ours-int4-opt"
+VARIANTS = ("opt", "opt-2threads", "portable", "no-prepack")
+# The child: the load timed with its rusage, then a 16-token step and one token, VmHWM; one JSON line.
+CHILD = """
+import json, resource, sys, time
+root, decoder, threads = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
+from handler.backends import genai, genai_capi
+r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+model = genai_capi.Model(root, genai.overlay(threads, decoder))
+r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+generator = genai_capi.Generator(model, {"max_length": 64, "do_sample": False})
+generator.append_tokens(list(range(1000, 1016)))
+generator.generate_next_token()
+r2, t2 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) * 1000
+hwm = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+print(MARK + json.dumps({"load_ms": (t1 - t0) * 1000, "load_cpu_ms": cpu(r0, r1),
+    "load_user_ms": (r1.ru_utime - r0.ru_utime) * 1000, "load_sys_ms": (r1.ru_stime - r0.ru_stime) * 1000,
+    "load_minflt": r1.ru_minflt - r0.ru_minflt, "first_ms": (t2 - t1) * 1000, "first_cpu_ms": cpu(r1, r2),
+    "hwm_mb": hwm}), flush=True)
+"""
+KEYS = ("load_ms", "load_cpu_ms", "load_user_ms", "load_sys_ms", "load_minflt", "first_ms", "first_cpu_ms", "hwm_mb")
+
+
+def child(variant: str, pack: Path, no_prepack: Path | None) -> list[str]:
+    root, decoder, threads = pack, "model.opt.onnx", 1
+    if variant == "opt-2threads":
+        threads = 2
+    elif variant == "portable":
+        decoder = ""
+    elif variant == "no-prepack":
+        if no_prepack is None:
+            raise SystemExit("variant no-prepack needs --no-prepack DIR")
+        root = no_prepack
+    return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, str(root), decoder, str(threads)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, rounds=3, out="generate-load-options")
+    ap.add_argument("--pack", type=Path, default=PACK, help="a `warmstart optimize`d generate pack")
+    ap.add_argument("--vcpus", type=float, default=1.7)
+    ap.add_argument("--variants", default="opt,opt-2threads,portable", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--no-prepack", type=Path, default=None, help="the pack saved without prepacked weights")
+    ap.add_argument("--own-cpus", action="store_true", help="each quota's CPUs its own (bench.runner.Quota.own)")
+    args = ap.parse_args(argv)
+    why = need_root()
+    if why:
+        raise SystemExit(f"bench/generate/load_options.py {why}")
+    names = csv(args.variants, VARIANTS)
+    results = Results("generate-load-options", {k: str(v) for k, v in vars(args).items()})
+    with quotas(*names) as qs:
+        for q in qs.values():
+            q.set(args.vcpus)
+            if args.own_cpus:
+                q.own()
+        for rnd in range(args.rounds):
+            for name in order(names, rnd):
+                load = os.getloadavg()[0]
+                c = Child(qs[name].wrap(child(name, args.pack, args.no_prepack)), base_env(), MARK)
+                c.close()
+                results.add(variant=name, round=rnd, load=load, **{k: c.hello[k] for k in KEYS})
+    results.meta["load_end"] = [round(x, 1) for x in os.getloadavg()]
+    results.save(args.out, markdown(results.rows, args, names))
+    return 0
+
+
+def markdown(rows: list[dict[str, Any]], args: Any, names: list[str]) -> str:
+    loads = Stat.of(r["load"] for r in rows)
+    head = f"**{args.vcpus:g} vCPU**{' (own CPUs)' if args.own_cpus else ''}, 1-min load average {loads.fmt(1)}:"
+    body = [[n, *(Stat.of(r[k] for r in rows if r["variant"] == n).fmt(0) for k in KEYS)] for n in names]
+    return head + "\n\n" + table(["variant", *KEYS], body) + "\n\n" + json.dumps({"rounds": args.rounds}) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
