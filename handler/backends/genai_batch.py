@@ -50,9 +50,17 @@ from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
-PREFILL_TOKENS = 128  # padded prompt tokens of one step with no row decoding
-# ... and with rows decoding: each step's prompt work delays every decoding row's next token (chunked prefill)
-PREFILL_TOKENS_DECODING = 32
+# Padded prompt tokens of one step's prompt run with no row decoding, and with rows decoding (each step's prompt
+# work delays every decoding row's next token: chunked prefill). On the CPU a prompt token costs the same in a
+# run of 32 or of 512 (~10 ms each on the 0.6B int4 pack), but each run has its fixed cost and every prompt left
+# waiting keeps its row out of the decode steps (a 30-token prompt a step at 32 clients: first tokens after
+# 5-32 s, decode steps short of rows); so a burst's prompts run together, and while rows decode a step takes
+# about four short prompts (docs/benchmarks.md, "Many streams sharing the decode steps").
+PREFILL_TOKENS = 512
+PREFILL_TOKENS_DECODING = 128
+# A graph whose head the rewrite did not take writes every position's logits (4 x vocab bytes a padded token:
+# 311 MB for 512 tokens of Qwen3's vocabulary): its steps take a quarter of those.
+FULL_LOGITS_SHARE = 4
 EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
@@ -299,7 +307,8 @@ class BatchEngine:
             self.largest = max(self.largest, len(self._rows))
 
     def _prefill_budget(self) -> int:
-        return PREFILL_TOKENS_DECODING if self._decoding else PREFILL_TOKENS
+        budget = PREFILL_TOKENS_DECODING if self._decoding else PREFILL_TOKENS
+        return budget if self.last_only else budget // FULL_LOGITS_SHARE
 
     def _drop_gone_locked(self) -> None:
         for row in [r for r in self._rows if r.gone or r.done]:
