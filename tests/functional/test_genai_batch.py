@@ -342,13 +342,6 @@ def held_admission(batch: Any) -> tuple[threading.Event, Callable[[], None]]:
     return admit, lambda: setattr(batch, "_admit_locked", real)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-
-
 def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_the_decode_run(
     batched: Runtime,
 ) -> None:
@@ -367,7 +360,7 @@ def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_t
         try:
             with ThreadPoolExecutor(len(prompts)) as pool:
                 answers = pool.map(lambda p: greedy(batched, p, 8), prompts)
-                wait_for(lambda: len(batch._waiting) == len(prompts))
+                assert wait_for(lambda: len(batch._waiting) == len(prompts))
                 admit.set()
                 together = list(answers)
         finally:
@@ -389,7 +382,7 @@ def test_a_burst_of_prompts_with_no_row_decoding_runs_as_one(pack: Path) -> None
     try:
         with Runs(batch) as runs, ThreadPoolExecutor(len(prompts)) as pool:
             answers = pool.map(lambda p: greedy(runtime, p, 4), prompts)
-            wait_for(lambda: len(batch._waiting) == len(prompts))
+            assert wait_for(lambda: len(batch._waiting) == len(prompts))
             admit.set()
             together = list(answers)
     finally:
