@@ -348,10 +348,10 @@ def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_t
     # Before: while a row decoded, a step took 32 padded prompt tokens (one of these 12-23 token prompts a
     # step), and the prompt run ended before the decode run started.
     batch = engine(batched)
-    prompts = [PROMPTS[1], "a short poem about the deep blue sea and the wide sky", PROMPTS[1] + " a", "the sea"]
+    prompts = [PROMPTS[1], "a short poem about the deep blue sea and the wide sky", "the sea"]  # + the long: 4 rows
     alone = [greedy(batched, p, 8) for p in prompts]
     long_alone = greedy(batched, "hello", 60)
-    with Runs(batch) as runs:  # every run 20 ms longer: the long row outlasts the four's arrival
+    with Runs(batch) as runs:  # every run 20 ms longer: the long row outlasts the three's arrival
         long: Iterator[dict[str, Any]] = batched.task.stream(  # type: ignore[attr-defined]
             {"prompt": "hello", "temperature": 0, "max_tokens": 60}
         )
@@ -368,7 +368,7 @@ def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_t
         long_tokens += [t for piece in long for t in piece["token_ids"]]
     assert together == alone and long_tokens == long_alone  # each row its own tokens, overlapped or not
     prompt_runs = [r for r in runs.runs if r[1] > 1]
-    assert prompt_runs[1][0] == len(prompts)  # after the long one's prompt, the four in one run ...
+    assert prompt_runs[1][0] == len(prompts)  # after the long one's prompt, the three in one run ...
     assert max(r[2] for r in runs.runs) == 2  # ... beside the long row's decode run
 
 
