@@ -50,14 +50,14 @@ from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
-# Padded prompt tokens of one step's prompt run with no row decoding, and with rows decoding (each step's prompt
-# work delays every decoding row's next token: chunked prefill). On the CPU a prompt token costs the same in a
-# run of 32 or of 512 (~10 ms each on the 0.6B int4 pack), but each run has its fixed cost and every prompt left
-# waiting keeps its row out of the decode steps (a 30-token prompt a step at 32 clients: first tokens after
-# 5-32 s, decode steps short of rows); so a burst's prompts run together, and while rows decode a step takes
-# about four short prompts (docs/benchmarks.md, "Many streams sharing the decode steps").
+# Padded prompt tokens of one step's prompt run with no row decoding, and with rows decoding. A prompt token
+# costs about the same CPU in a run of 32 tokens or of 128 (8-10 ms on the 0.6B int4 pack under a 2-vCPU quota:
+# bench/generate/step_runs.py), so a larger group saves only each run's fixed part; what it buys is a burst's
+# rows decoding together sooner. While rows decode, the prompt run goes beside their decode run (_overlapped) and
+# the step lasts as long as the longer of the two: 64 tokens (two 30-token prompts) gave the aggregate tokens/s
+# of 128 with a lower p99 time between tokens (docs/benchmarks.md, "A step's prompt run beside its decode run").
 PREFILL_TOKENS = 512
-PREFILL_TOKENS_DECODING = 128
+PREFILL_TOKENS_DECODING = 64
 # A graph whose head the rewrite did not take writes every position's logits (4 x vocab bytes a padded token:
 # 311 MB for 512 tokens of Qwen3's vocabulary): its steps take a quarter of those.
 FULL_LOGITS_SHARE = 4

@@ -345,10 +345,10 @@ def held_admission(batch: Any) -> tuple[threading.Event, Callable[[], None]]:
 def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_the_decode_run(
     batched: Runtime,
 ) -> None:
-    # Before: while a row decoded, a step took 32 padded prompt tokens (one of these 12-23 token prompts a
-    # step), and the prompt run ended before the decode run started.
+    # Before: while a row decoded, a step took 32 padded prompt tokens (two of these 4-16 token prompts, the
+    # third a step later), and the prompt run ended before the decode run started.
     batch = engine(batched)
-    prompts = [PROMPTS[1], "a short poem about the deep blue sea and the wide sky", "the sea"]  # + the long: 4 rows
+    prompts = [PROMPTS[1], "the sea", "a short poem about the deep blue sea"]  # + the long one: the 4 rows
     alone = [greedy(batched, p, 8) for p in prompts]
     long_alone = greedy(batched, "hello", 60)
     with Runs(batch) as runs:  # every run 20 ms longer: the long row outlasts the three's arrival
