@@ -3,7 +3,8 @@
 the KV arrays bound as past and present), under a CPU quota of its own, without the HTTP host or the scheduler.
 
     .venv/bin/python bench/generate/step_runs.py --pack DIR [--shapes 1x1x60,8x1x60,32x1x60,1x32x0,4x32x0]
-        [--threads 1,2] [--spin 0,1] [--pairs 8x1x60+1x32x0,32x1x60+1x32x0] [--vcpus 2] [--repeat 5]
+        [--threads 1,2] [--spin 0,1] [--pairs 8x1x60+1x32x0,32x1x60+1x32x0] [--pair-spin 0] [--vcpus 2]
+        [--repeat 5]
 
 A shape is ROWSxWIDTHxPAST: ROWS rows of WIDTH new tokens each after PAST cached ones (a prompt run: WIDTH > 1,
 PAST 0; a decode run: WIDTH 1). Per shape, per intra-op thread count and spinning: the median CPU time of this
@@ -106,7 +107,6 @@ def inner(args: argparse.Namespace) -> None:
     spins = [bool(int(x)) for x in args.spin.split(",")]
     print(f"{args.pack}; load average {os.getloadavg()[0]:.1f}; {args.vcpus} vCPU quota, its CPUs its own\n")
     print("| run | threads | spin | CPU ms | CPU ms / token | wall ms |\n|---|---|---|---|---|---|")
-    runs: Runs | None = None
     for t in threads:
         for spin in spins:
             runs = Runs(args.pack, t, spin, slots, capacity)
@@ -115,8 +115,11 @@ def inner(args: argparse.Namespace) -> None:
                 cpu, wall = runs.timed(lambda b=binding, s=runs.session: s.run_with_iobinding(b), args.repeat)
                 shape = f"{rows}x{width} after {past}"
                 print(f"| {shape} | {t} | {int(spin)} | {cpu:.0f} | {cpu / (rows * width):.1f} | {wall:.0f} |")
-    if not pairs or runs is None:
+    if not pairs:
         return
+    # The pairs as the batch engine runs them: --threads' last count, spinning as --pair-spin (the HTTP host's
+    # engine does not spin; two spinning runs side by side take each other's CPUs)
+    runs = Runs(args.pack, threads[-1], bool(args.pair_spin), slots, capacity)
     print("\n| pair (A + B) | one after the other: wall ms (CPU) | side by side: wall ms (CPU) |\n|---|---|---|")
     for a, b in pairs:
         first, _ha = runs.binding(0, *a)
@@ -145,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts")
     ap.add_argument("--spin", default="0,1", help="intra-op spinning off (0) and on (1)")
     ap.add_argument("--pairs", default="8x1x60+1x32x0,32x1x60+1x32x0", help="A+B: two runs serial and side by side")
+    ap.add_argument("--pair-spin", type=int, default=0, help="spinning (1) or not (0) for the pairs' session")
     ap.add_argument("--vcpus", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
