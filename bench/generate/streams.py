@@ -5,17 +5,20 @@ The real host process (`python -m handler`, HTTP mode) serves a packed Qwen3-sha
 (`/invocations`, `"stream": true`, greedy, --max-tokens tokens, a short distinct prompt each) and time every
 server-sent event. Per level: aggregate generated tokens/s (all tokens over the wall time of the level), p50 and
 p99 time between tokens (the gaps between a stream's events after its first, each shared by the tokens its event
-carries), time to the first token, and the count of answers other than 200.
+carries), time to the first token, the server's CPU time per generated token, and the count of answers other
+than 200.
 
 Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
 - `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
 - `single`: WARMSTART_GENAI_BATCH=1, onnxruntime-genai's one generator per request (today's engine);
+- `baseline`: the `batch` variant run from `handler/` as on git ref --baseline (e.g. `main`; extracted by
+  bench.runner.ref_checkout), so a change to the engine is timed against the code before it in the same rounds;
 - `llama`: llama-server with --parallel = the most clients, on --gguf (made from the same directory by
   bench/generate/peers.py prepare), when /work/cache/llama-server/READY exists (bench/generate/build_llama_server.sh;
   else the table says it was not run).
 
 Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
-       [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8]
+       [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8] [--baseline REF] [--own-cpus]
 """
 
 from __future__ import annotations
@@ -34,7 +37,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `bench.runner`
 
-from bench.runner import ROOT, Results, Stat, base_env, fmt_ratio, need_root, order, parser, quotas, ratios, table
+from bench.runner import (
+    ROOT,
+    Results,
+    Stat,
+    base_env,
+    fmt_ratio,
+    need_root,
+    order,
+    parser,
+    quotas,
+    ratios,
+    ref_checkout,
+    table,
+)
 
 LLAMA = Path("/work/cache/llama-server")
 TEXT = "the sea is blue and deep and wide . write a short poem about a quiet lambda function in the cloud"
@@ -64,11 +80,18 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], path: str, timeout_s: f
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, health: str, kind: str) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], port: int, health: str, kind: str, cwd: Path = ROOT
+    ) -> None:
         self.name, self.port, self.kind = name, port, kind
         log = open(ROOT / "build" / f"streams-{name}.log", "wb")  # noqa: SIM115  # held for the server's life
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         wait_ready(port, self.proc, health)
+
+    def cpu_s(self) -> float:
+        """The server's CPU time so far (user + system, every thread; `sh` execs it, so the pid is its own)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         self.proc.terminate()
@@ -133,12 +156,12 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
                 results.append(got)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), server.cpu_s()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, server.cpu_s() - cpu0
     # Time between tokens: an event's gap shared by the tokens it carries (a held partial character's tokens
     # arrive together), each counted once.
     gaps = [
@@ -156,6 +179,7 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
         "ttft_p50_ms": statistics.median(firsts) * 1000 if firsts else float("nan"),
         "non_200": float(sum(r["status"] != 200 for r in results)),
         "tokens": float(sum(r["tokens"] for r in results)),
+        "cpu_ms_per_token": cpu * 1000 / max(1, sum(r["tokens"] for r in results)),
     }
 
 
@@ -178,12 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--llama-threads", type=int, default=0, help="llama-server's -t (0: the vCPUs)")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF for llama-server (the llama variant)")
+    ap.add_argument("--baseline", default=None, help="a git ref whose batch engine is the `baseline` variant")
+    ap.add_argument(
+        "--own-cpus", action="store_true", help="each server's quota its own CPUs (the host's other jobs yield)"
+    )
     args = ap.parse_args(argv)
     why = need_root()
     if why:
         raise SystemExit(f"bench/generate/streams.py {why}")
     levels = [int(x) for x in args.levels.split(",")]
     variants = [v for v in args.variants.split(",") if v]
+    baseline = ref_checkout(args.baseline) if args.baseline else None
+    if baseline is not None:
+        variants.append("baseline")
     llama_bin, gguf = LLAMA / "bin" / "llama-server", args.gguf
     if "llama" in variants and not (LLAMA / "READY").is_file():
         variants.remove("llama")
@@ -195,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     with quotas(*variants) as qs:
         for q in qs.values():
             q.set(args.vcpus)
+            if args.own_cpus:
+                q.own()
         servers: dict[str, Server] = {}
         try:
             for name in variants:
@@ -209,12 +242,17 @@ def main(argv: list[str] | None = None) -> int:
                     ]
                     servers[name] = Server(name, qs[name].wrap(argv), base_env(), port, "/health", "llama")
                     continue
-                env = base_env(WARMSTART_MODEL=str(args.pack), PORT=str(port), HOST="127.0.0.1")
-                env["WARMSTART_GENAI_BATCH"] = str(args.rows if name == "batch" else 1)
-                env["WARMSTART_GENAI_QUEUE"] = str(args.rows if name == "batch" else 0)
+                env = base_env(WARMSTART_MODEL=str(args.pack.resolve()), PORT=str(port), HOST="127.0.0.1")
+                batching = name in ("batch", "baseline")
+                env["WARMSTART_GENAI_BATCH"] = str(args.rows if batching else 1)
+                env["WARMSTART_GENAI_QUEUE"] = str(args.rows if batching else 0)
                 env["WARMSTART_GENAI_KV_TOKENS"] = str(args.kv_tokens)
+                cwd = ROOT
+                if name == "baseline" and baseline is not None:  # `python -m` puts the cwd first on the path
+                    cwd = baseline
+                    env["PYTHONPATH"] = str(cwd)
                 argv = qs[name].wrap([sys.executable, "-m", "handler"])
-                servers[name] = Server(name, argv, env, port, "/ping", "ours")
+                servers[name] = Server(name, argv, env, port, "/ping", "ours", cwd)
             for server in servers.values():  # each warm: the first stream's one-off costs off the figures
                 level(server, 2, 1, 4)
             for rnd in range(args.rounds):
@@ -242,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                     results.stat("tbt_p50_ms", **pick).fmt(0),
                     results.stat("tbt_p99_ms", **pick).fmt(0),
                     results.stat("ttft_p50_ms", **pick).fmt(0),
+                    results.stat("cpu_ms_per_token", **pick).fmt(1),
                     int(sum(r["non_200"] for r in results.pick(**pick))),
                 ]
             )
     head = ["variant", "clients", "aggregate tok/s", "vs its 1 client", "TBT p50 ms", "TBT p99 ms", "TTFT p50 ms"]
+    head.append("CPU ms / token")
     md = table([*head, "non-200"], rows)
     if "batch" in variants:
         md += "\n\nbatch over single, aggregate tok/s by clients: " + ", ".join(
@@ -256,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         md += "\n" + ", ".join(
             f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'llama', clients=c))}" for c in levels
         ) * ("llama" in variants)
+        if "baseline" in variants:
+            md += "\n\nbatch over baseline, aggregate tok/s by clients: " + ", ".join(
+                f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'baseline', clients=c))}" for c in levels
+            )
     if "llama" not in variants:
         md += "\n\nllama-server: not run (/work/cache/llama-server/READY absent when this ran)."
     loads = [r["load"] for r in results.rows]

@@ -9,8 +9,8 @@ four ...`), and its Generator is one request's static batch. WARMSTART_GENAI_BAT
 
 - Rows: a request joins between steps and leaves when done; no request waits for another's whole answer. Each
   step runs the joining rows' prompts together (right-padded to the longest, at most PREFILL_TOKENS padded
-  tokens, PREFILL_TOKENS_DECODING while rows decode; a longer prompt runs alone in chunks) and then one decode
-  token for every decoding row.
+  tokens, PREFILL_TOKENS_DECODING while rows decode; a longer prompt runs alone in chunks) and, at the same time
+  in a second thread, one decode token for every decoding row.
 - The KV cache: per layer one [rows, kv_heads, capacity, head_dim] array for keys and one for values, bound as
   both the past input and the present output (GQA writes the new tokens in place: no copy per step). Rows run
   as one contiguous slot range, so a row that leaves is replaced by the last one (its tokens copied).
@@ -50,9 +50,17 @@ from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
 BLOCK = 64  # tokens per KV block: the pool's unit of admission
-PREFILL_TOKENS = 128  # padded prompt tokens of one step with no row decoding
-# ... and with rows decoding: each step's prompt work delays every decoding row's next token (chunked prefill)
-PREFILL_TOKENS_DECODING = 32
+# Padded prompt tokens of one step's prompt run with no row decoding, and with rows decoding. A prompt token
+# costs about the same CPU in a run of 32 tokens or of 128 (8-10 ms on the 0.6B int4 pack under a 2-vCPU quota:
+# bench/generate/step_runs.py), so a larger group saves only each run's fixed part; what it buys is a burst's
+# rows decoding together sooner. While rows decode, the prompt run goes beside their decode run (_overlapped) and
+# the step lasts as long as the longer of the two: 64 tokens (two 30-token prompts) gave the aggregate tokens/s
+# of 128 with a lower p99 time between tokens (docs/benchmarks.md, "A step's prompt run beside its decode run").
+PREFILL_TOKENS = 512
+PREFILL_TOKENS_DECODING = 64
+# A graph whose head the rewrite did not take writes every position's logits (4 x vocab bytes a padded token:
+# 311 MB for 512 tokens of Qwen3's vocabulary): its steps take a quarter of those.
+FULL_LOGITS_SHARE = 4
 EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"  # a model from bytes: its .data
 MAP_NORESERVE = 0x4000  # Linux (x86-64, arm64); Python's mmap module does not name it
 IDLE_S = 10.0  # the scheduler thread ends after this long with nothing to run
@@ -128,8 +136,10 @@ class BatchEngine:
         self._running = False  # the scheduler thread
         self.steps = 0
         self.largest = 0
-        self._bindings: dict[tuple[int, int], tuple[Any, Any]] = {}  # by (first slot, rows): see _binding
-        self._logits: Any = None
+        # by (first slot, rows, prompt run): see _binding; its lock as a step's two runs look it up at once
+        self._bindings: dict[tuple[int, int, bool], tuple[Any, Any]] = {}
+        self._bindings_lock = threading.Lock()
+        self._logits: dict[bool, Any] = {}  # a buffer for the prompt runs and one for the decode runs
 
     # -- init --
 
@@ -267,9 +277,11 @@ class BatchEngine:
                 self._admit_locked()
             group = self._rows[self._decoding :]
             decoding = self._rows[: self._decoding]
-            if group:
+            if group and decoding:
+                self._overlapped(group, decoding)
+            elif group:
                 self._step(group, self._decoding, prefill=True)
-            if decoding:
+            elif decoding:
                 self._step(decoding, 0, prefill=False)
             with self._lock:
                 self._drop_gone_locked()
@@ -299,7 +311,8 @@ class BatchEngine:
             self.largest = max(self.largest, len(self._rows))
 
     def _prefill_budget(self) -> int:
-        return PREFILL_TOKENS_DECODING if self._decoding else PREFILL_TOKENS
+        budget = PREFILL_TOKENS_DECODING if self._decoding else PREFILL_TOKENS
+        return budget if self.last_only else budget // FULL_LOGITS_SHARE
 
     def _drop_gone_locked(self) -> None:
         for row in [r for r in self._rows if r.gone or r.done]:
@@ -338,6 +351,28 @@ class BatchEngine:
             if hi > lo:
                 self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
+    def _overlapped(self, group: list[_Row], decoding: list[_Row]) -> None:
+        """The prompt run and the decode run of one step at the same time (the prompt's in a thread of its own;
+        ONNX Runtime runs a session's runs concurrently, and the two write disjoint slots, bindings and logits
+        buffers): one 2-thread run keeps ~1.7 of 2 CPUs busy, two side by side more, and the decoding rows'
+        next token no longer waits for the whole prompt run."""
+        failed: list[BaseException] = []
+
+        def prompt() -> None:
+            try:
+                self._step(group, len(decoding), prefill=True)
+            except BaseException as e:  # handed to the scheduler's thread: a fault of the loop, not of a row
+                failed.append(e)
+
+        helper = threading.Thread(target=prompt, name="warmstart-genai-prompt", daemon=True)
+        helper.start()
+        try:
+            self._step(decoding, 0, prefill=False)
+        finally:
+            helper.join()
+        if failed:
+            raise failed[0]
+
     def _step(self, rows: list[_Row], first: int, prefill: bool) -> None:
         """One model run over slots [first, first + len(rows)): each prefill row's next prompt chunk, or each
         decode row's last token; then the next token of every row whose prompt is in."""
@@ -355,7 +390,7 @@ class BatchEngine:
         mask = np.zeros((count, total), np.int64)
         for i, row in enumerate(rows):
             mask[i, : row.length + width] = 1  # padded positions count: GQA writes them, later tokens overwrite
-        binding, logits = self._binding(first, count, width)
+        binding, logits = self._binding(first, count, width, prefill)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
         if self.last_only:  # one row of logits each: its last real token's
@@ -368,7 +403,8 @@ class BatchEngine:
                 row.out.put(RuntimeError(f"the model run failed: {e}"))
                 row.done = True
             return
-        self.steps += 1
+        with self._lock:  # the step's two runs may end at once
+            self.steps += 1
         # Each row's logits, and the greedy rows' tokens in one pass over them (one argmax a step, not one a row).
         picked = logits if self.last_only else logits[np.arange(count), [len(feed) - 1 for feed in feeds]]
         greedy = picked.argmax(axis=1) if any(r.temperature == 0 and r.matcher is None for r in rows) else None
@@ -385,12 +421,15 @@ class BatchEngine:
                     row.out.put(e)
                     row.done = True
 
-    def _binding(self, first: int, count: int, width: int) -> tuple[Any, Any]:
+    def _binding(self, first: int, count: int, width: int, prefill: bool = False) -> tuple[Any, Any]:
         """The IO binding of a run over slots [first, first + count) with its KV arrays and logits output bound
-        (kept per slot range: a step rebinds only its ids, mask and rows), and the logits it writes."""
-        key = (first, count)
-        if self.last_only and key in self._bindings:
-            return self._bindings[key]
+        (kept per slot range and kind of run: a step rebinds only its ids, mask and rows), and the logits it
+        writes (the prompt runs' buffer or the decode runs': a step's two may run at once)."""
+        key = (first, count, prefill)
+        with self._bindings_lock:
+            kept = self._bindings.get(key) if self.last_only else None
+        if kept is not None:
+            return kept
         binding = self.session.io_binding()
         shape = [count, self.kv_heads, self.capacity, self.head_dim]
         for layer in range(self.layers):
@@ -402,13 +441,14 @@ class BatchEngine:
             logits = np.empty((count, width, self.vocab), np.float32)
             binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
             return binding, logits
-        if self._logits is None:  # one buffer for every run (one runs at a time): no fresh pages a step
-            self._logits = np.empty((self.max_rows, self.vocab), np.float32)
-        logits = self._logits[:count]
+        if prefill not in self._logits:  # one buffer for every run of its kind: no fresh pages a step
+            self._logits[prefill] = np.empty((self.max_rows, self.vocab), np.float32)
+        logits = self._logits[prefill][:count]
         binding.bind_output("logits", "cpu", 0, np.float32, [count, self.vocab], logits.ctypes.data)
-        if len(self._bindings) >= BINDINGS:
-            self._bindings.clear()
-        self._bindings[key] = (binding, logits)
+        with self._bindings_lock:
+            if len(self._bindings) >= BINDINGS:
+                self._bindings.clear()
+            self._bindings[key] = (binding, logits)
         return binding, logits
 
     def _emit(self, row: _Row, logits: Any, greedy: int | None = None) -> None:

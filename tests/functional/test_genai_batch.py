@@ -272,9 +272,120 @@ def test_decode_steps_reuse_their_binding_and_one_logits_buffer(batched: Runtime
     # writes its logits into one buffer (no fresh pages a step).
     batch = engine(batched)
     greedy(batched, "hello", 4)
-    buffer = batch._logits
+    buffer = batch._logits[False]
     steps, kept = batch.steps, dict(batch._bindings)
     assert greedy(batched, "hello", 16)
     assert batch.steps - steps >= 16  # the prefill and 16 decode steps ...
-    assert batch._bindings == kept and batch._logits is buffer  # ... on the bindings the first request made
+    assert batch._bindings == kept and batch._logits[False] is buffer  # ... on the bindings the first request made
     assert buffer.shape == (batch.max_rows, batch.vocab)
+
+
+class Runs:
+    """The engine's session, each model run noted: rows and width of its ids, and how many runs were in flight
+    when it started (a step's prompt run and decode run overlap)."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch, self.session = batch, batch.session
+        self.lock = threading.Lock()
+        self.flying = 0
+        self.runs: list[tuple[int, int, int]] = []  # (rows, width, runs in flight at its start, itself counted)
+        self.ids: dict[int, Any] = {}
+
+    def io_binding(self) -> Any:
+        binding = self.session.io_binding()
+        noted = self
+        bind = binding.bind_cpu_input
+
+        def bind_cpu_input(name: str, value: Any) -> None:
+            if name == "input_ids":
+                noted.ids[id(binding)] = value.shape
+            bind(name, value)
+
+        binding.bind_cpu_input = bind_cpu_input
+        return binding
+
+    def run_with_iobinding(self, binding: Any) -> None:
+        with self.lock:
+            self.flying += 1
+            rows, width = self.ids[id(binding)]
+            self.runs.append((rows, width, self.flying))
+        try:
+            time.sleep(0.02)  # each run 20 ms longer: two that overlap are seen to
+            self.session.run_with_iobinding(binding)
+        finally:
+            with self.lock:
+                self.flying -= 1
+
+    def __enter__(self) -> Runs:
+        self.batch.session = self
+        self.batch._bindings.clear()  # bindings made from the noted session's io_binding
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.batch.session = self.session
+        self.batch._bindings.clear()
+
+
+def held_admission(batch: Any) -> tuple[threading.Event, Callable[[], None]]:
+    """Requests wait (none joins) until the event is set, so a test has them all waiting at one admission; the
+    second callable puts the engine back."""
+    admit = threading.Event()
+    real = batch._admit_locked
+
+    def held() -> None:
+        if admit.is_set():
+            real()
+        else:
+            time.sleep(0.001)  # the scheduler's loop comes straight back: not a busy spin
+
+    batch._admit_locked = held
+    return admit, lambda: setattr(batch, "_admit_locked", real)
+
+
+def test_waiting_prompts_join_one_prompt_run_while_rows_decode_and_it_overlaps_the_decode_run(
+    batched: Runtime,
+) -> None:
+    # Before: while a row decoded, a step took 32 padded prompt tokens (two of these 4-16 token prompts, the
+    # third a step later), and the prompt run ended before the decode run started.
+    batch = engine(batched)
+    prompts = [PROMPTS[1], "the sea", "a short poem about the deep blue sea"]  # + the long one: the 4 rows
+    alone = [greedy(batched, p, 8) for p in prompts]
+    long_alone = greedy(batched, "hello", 60)
+    with Runs(batch) as runs:  # every run 20 ms longer: the long row outlasts the three's arrival
+        long: Iterator[dict[str, Any]] = batched.task.stream(  # type: ignore[attr-defined]
+            {"prompt": "hello", "temperature": 0, "max_tokens": 60}
+        )
+        long_tokens = list(next(long)["token_ids"])  # it decodes
+        admit, put_back = held_admission(batch)
+        try:
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                answers = pool.map(lambda p: greedy(batched, p, 8), prompts)
+                assert wait_for(lambda: len(batch._waiting) == len(prompts))
+                admit.set()
+                together = list(answers)
+        finally:
+            put_back()
+        long_tokens += [t for piece in long for t in piece["token_ids"]]
+    assert together == alone and long_tokens == long_alone  # each row its own tokens, overlapped or not
+    prompt_runs = [r for r in runs.runs if r[1] > 1]
+    assert prompt_runs[1][0] == len(prompts)  # after the long one's prompt, the three in one run ...
+    assert max(r[2] for r in runs.runs) == 2  # ... beside the long row's decode run
+
+
+def test_a_burst_of_prompts_with_no_row_decoding_runs_as_one(pack: Path) -> None:
+    # Before: 128 padded tokens with no row decoding (five of these eight ~25-token prompts in the first run).
+    runtime = start(pack, WARMSTART_GENAI_BATCH="8")
+    batch = engine(runtime)
+    prompts = [f"{i} a short poem about the deep blue sea and the wide sky" for i in range(8)]
+    alone = [greedy(runtime, p, 4) for p in prompts]
+    admit, put_back = held_admission(batch)
+    try:
+        with Runs(batch) as runs, ThreadPoolExecutor(len(prompts)) as pool:
+            answers = pool.map(lambda p: greedy(runtime, p, 4), prompts)
+            assert wait_for(lambda: len(batch._waiting) == len(prompts))
+            admit.set()
+            together = list(answers)
+    finally:
+        put_back()
+    assert together == alone
+    assert runs.runs[0][0] == len(prompts)  # the first run: every prompt
