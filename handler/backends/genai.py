@@ -126,14 +126,17 @@ class GenaiEngine:
             finally:
                 entered.set()  # a load that failed before its C call must not leave the parse waiting
         keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
-        # The file pages the load read and the runs never read again (the originals of the weights the kernels
-        # packed, the libraries' code that built the session): out of the RSS before the KV budget counts it; the
-        # runs map back what they read (handler.core.pages).
+        self.release_after_load(manifest)
+        self.threads = settings.threads
+        self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
+
+    def release_after_load(self, manifest: Manifest) -> None:
+        """Give back the file pages the load read and the runs never read again (the originals of the weights the
+        kernels packed, the libraries' code that built the session), before the KV budget counts the RSS; the runs
+        map back what they read (handler.core.pages). Called by each engine's init (this one's, genai_batch's)."""
         mapped = mapped_files()
         root = manifest.root.resolve()
         self.released = release_file_pages(mapped, writable=[f for f in mapped if f.is_relative_to(root)])
-        self.threads = settings.threads
-        self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
     def _parse(self, path: Path, entered: threading.Event) -> None:
         entered.wait()

@@ -157,6 +157,8 @@ class BatchEngine:
             except Exception as e:  # the library's own error: the model's fault
                 raise ModelLoadError(f"{manifest.root}: ONNX Runtime cannot load the model: {e}") from None
         self.last_only = not isinstance(source, str)
+        del source  # the graph's bytes (the head rewrite's copy): not held while the RSS is counted
+        self.outer.release_after_load(manifest)  # as the single-stream engine's init, before the KV budget
         logits_shape = next(o for o in self.session.get_outputs() if o.name == "logits").shape
         if not self.last_only and len(logits_shape) == 3 and logits_shape[1] == 1:
             # A pruned head the rewrite did not take: its one position is the padded batch's last, a wrong
