@@ -363,6 +363,10 @@ def overlay(threads: int, decoder: str | None) -> str:
     the config's, opened with ORT's graph passes off (they ran when it was saved: running them again finds
     nothing, costs time)."""
     session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    # No memory pattern: ORT would cache a block plan per input shape and take a seen shape's whole block from its
+    # arena at once, which a warm request's freed chunks did not hold (+10 MB RSS on the 0.6B int4 pack's second
+    # request, tests/unit/test_genai_memory.py); each tensor from the arena instead.
+    session["enable_mem_pattern"] = False
     decoder_overlay: dict[str, Any] = {"session_options": session}
     if decoder is not None:
         decoder_overlay["filename"] = decoder
