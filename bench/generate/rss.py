@@ -9,13 +9,14 @@ cache warm). At ready (one generated token of a 16-token prompt) and again after
 - `file`: pages mapped from files (the pack's weights: page cache shared, not the process's own copy),
 - `anon`: the process's own memory (ORT's buffers, prepacked copies, the KV cache, Python and its imports),
 
-each with its largest mappings (the pack's files by name; anonymous mappings by size class), and VmHWM (peak RSS).
+each with its largest mappings (the pack's files by name; anonymous mappings by size class), and VmHWM (peak RSS),
+after the first request and after the last of --requests (a warm instance's growth).
 The target is the pack's weight bytes (the portable decoder's `model.onnx.data`: the weights once, as packed) +
 the request's KV cache (2 x layers x kv heads x head dim x 4 bytes x (prompt +
 max tokens), the manifest's `kv` facts) + 150 MB (MB here: MiB, as /proc reports them).
 
 Usage: .venv/bin/python bench/generate/rss.py --pack DIR [--variant NAME=ENV=VALUE[,ENV=VALUE...]] [--rounds 3]
-       [--prompt-tokens 512] [--max-tokens 64] [--vcpus 1.7]
+       [--prompt-tokens 512] [--max-tokens 64] [--vcpus 1.7] [--requests 1]
 (with no --variant: `default`, the pack as the runtime opens it.)
 """
 
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--vcpus", type=float, default=1.7)
+    ap.add_argument("--requests", type=int, default=1, help="requests after ready (the peak after the first and last)")
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                     ready = smaps(child.pid)
                     ready_peak = peak_rss_mb(child.pid)
                     done = child.ask({"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens})
+                    first_peak = peak_rss_mb(child.pid)
+                    for _ in range(args.requests - 1):  # the same request again: what a warm instance keeps growing
+                        child.ask({"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens})
                     after = smaps(child.pid)
                     peak = peak_rss_mb(child.pid)
                 finally:
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                     ready_peak_mb=ready_peak,
                     ready_file_mb=ready["file_mb"],
                     ready_anon_mb=ready["anon_mb"],
+                    first_peak_mb=first_peak,
                     peak_rss_mb=peak,
                     file_mb=after["file_mb"],
                     anon_mb=after["anon_mb"],
@@ -141,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), file=sys.stderr)
     lines = [
         f"{args.vcpus} vCPU (a cgroup per variant), AWS_LAMBDA_FUNCTION_MEMORY_SIZE for it; ready: one generated "
-        f"token of a 16-token prompt; then a {args.prompt_tokens}-token prompt and {args.max_tokens} greedy tokens; "
+        f"token of a 16-token prompt; then {args.requests} x a {args.prompt_tokens}-token prompt and {args.max_tokens} "
+        "greedy tokens; "
         f"target = weights + KV of {tokens} tokens + {SLACK_MB} MB",
         "",
     ]
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "first token (spawn)",
         "peak RSS at ready",
         "file / anon at ready",
+        "peak RSS after the first",
         "peak RSS after",
         "file / anon after",
         "target",
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 s("first_token_ms", variant=name).fmt(0, " ms"),
                 s("ready_peak_mb", variant=name).fmt(0, " MB"),
                 f"{s('ready_file_mb', variant=name).fmt(0)} / {s('ready_anon_mb', variant=name).fmt(0)} MB",
+                s("first_peak_mb", variant=name).fmt(0, " MB"),
                 s("peak_rss_mb", variant=name).fmt(0, " MB"),
                 f"{s('file_mb', variant=name).fmt(0)} / {s('anon_mb', variant=name).fmt(0)} MB",
                 s("target_mb", variant=name).fmt(0, " MB"),

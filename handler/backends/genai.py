@@ -30,7 +30,7 @@ from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError
 from handler.core.manifest import Manifest, regular_path
 from handler.core.memory import MARGIN, memory_limit, resident_bytes
-from handler.core.pages import Released, mapped_files, release_file_pages
+from handler.core.pages import Released, release_after_load
 from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
@@ -127,11 +127,8 @@ class GenaiEngine:
                 entered.set()  # a load that failed before its C call must not leave the parse waiting
         keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
         # The file pages the load read and the runs never read again (the originals of the weights the kernels
-        # packed, the libraries' code that built the session): out of the RSS before the KV budget counts it; the
-        # runs map back what they read (handler.core.pages).
-        mapped = mapped_files()
-        root = manifest.root.resolve()
-        self.released = release_file_pages(mapped, writable=[f for f in mapped if f.is_relative_to(root)])
+        # packed, the libraries' code that built the session): out of the RSS before the KV budget counts it.
+        self.released = release_after_load(manifest.root)
         self.threads = settings.threads
         self.max_total_tokens = self._kv_budget(int(options.get("context_length") or 0))
 
@@ -359,7 +356,9 @@ def overlay(threads: int, decoder: str | None) -> str:
     """The JSON the engine overlays on the pack's genai_config.json; `decoder`: the pre-optimized graph instead of
     the config's, opened with ORT's graph passes off (they ran when it was saved: running them again finds
     nothing, costs time)."""
-    session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    # No memory pattern: ORT's plan per input shape takes a seen shape's whole block from its arena at once, which a
+    # warm request's freed chunks did not hold (+10 MB peak RSS on the 0.6B int4 pack's second request).
+    session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1, "enable_mem_pattern": False}
     decoder_overlay: dict[str, Any] = {"session_options": session}
     if decoder is not None:
         decoder_overlay["filename"] = decoder

@@ -46,6 +46,7 @@ from handler.backends.lastlogits import ROWS, last_logits_model
 from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError, ServiceBusyError
 from handler.core.manifest import Manifest
+from handler.core.pages import release_after_load
 from handler.core.types import JSON
 from handler.observability.report import PhaseTimer
 
@@ -167,6 +168,8 @@ class BatchEngine:
             except Exception as e:  # the library's own error: the model's fault
                 raise ModelLoadError(f"{manifest.root}: ONNX Runtime cannot load the model: {e}") from None
         self.last_only = not isinstance(source, str)
+        del source  # the graph's bytes (the head rewrite's copy): not held while the RSS is counted
+        self.outer.released = release_after_load(manifest.root)  # as the single-stream engine, before the KV budget
         logits_shape = next(o for o in self.session.get_outputs() if o.name == "logits").shape
         if not self.last_only and len(logits_shape) == 3 and logits_shape[1] == 1:
             # A pruned head the rewrite did not take: its one position is the padded batch's last, a wrong

@@ -110,3 +110,11 @@ def release_file_pages(files: Iterable[Path], smaps: Path = SMAPS, writable: Ite
         else:
             skipped += 1
     return Released(done, mapped, resident, skipped)
+
+
+def release_after_load(root: Path) -> Released:
+    """What a model's load read and its runs do not, given back at the end of its load: every mapped file's pages
+    (release_file_pages), writable mappings only of the files under `root` (the model's own)."""
+    mapped = mapped_files()
+    root = root.resolve()
+    return release_file_pages(mapped, writable=[f for f in mapped if f.is_relative_to(root)])

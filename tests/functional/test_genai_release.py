@@ -46,3 +46,19 @@ def test_init_gives_back_what_the_load_read_and_the_answer_is_the_same(pack: Pat
     assert resident(data) > 0  # what the runs read is mapped back
     pages.release_file_pages(data, writable=data)  # and again: the same answer, read from the file
     assert first and answer(runtime) == first
+
+
+def test_the_batch_engine_gives_back_what_its_load_read_and_answers_the_same(pack: Path) -> None:
+    # WARMSTART_GENAI_BATCH > 1: ONNX Runtime's own session (handler.backends.genai_batch), loaded the same way
+    single = Runtime.start(Config(model_dir=pack, backend=None, warmup=False), environ={}, emit=None)
+    expected = answer(single)
+    runtime = Runtime.start(
+        Config(model_dir=pack, backend=None, warmup=False), environ={"WARMSTART_GENAI_BATCH": "2"}, emit=None
+    )
+    engine = runtime.backend
+    released = engine.released  # type: ignore[attr-defined]
+    assert released is not None and released.mappings > 0 and released.resident_bytes > 0, released
+    assert engine.describe()["released_after_load"]["mappings"] == released.mappings  # type: ignore[attr-defined]
+    data = [pack / "model.onnx.data"]
+    assert resident(data) == 0  # the session's mappings of the weights file: none of its pages left in the RSS
+    assert answer(runtime) == expected

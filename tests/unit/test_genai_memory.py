@@ -96,3 +96,17 @@ def test_trimming_returns_a_threads_freed_arena_pages() -> None:
         [sys.executable, "-c", TRIM_CHILD], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
     )
     assert float(out.stdout.split()[-1]) > 40  # of the 80 MB written and freed (79.7 MB measured; none untrimmed)
+
+
+def test_the_decoder_session_plans_no_memory_pattern() -> None:
+    # ORT's memory pattern caches one block plan per input shape and, on a shape seen before, takes the whole plan's
+    # block from its arena at once: a warm request's prompt steps asked the arena for blocks the first request's
+    # freed chunks could not hold (+7-10 MB RSS on the 0.6B int4 pack's second request). Off for either decoder.
+    import json
+
+    from handler.backends.genai import overlay
+
+    for decoder in (None, "model.opt.onnx"):
+        session = json.loads(overlay(2, decoder))["model"]["decoder"]["session_options"]
+        assert session["enable_mem_pattern"] is False, session
+        assert session["intra_op_num_threads"] == 2
