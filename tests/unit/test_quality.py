@@ -318,7 +318,7 @@ def _gelu_graph(where: Path, k: int = 64, n: int = 32) -> Path:
 def _gelu(x: np.ndarray) -> np.ndarray:
     import math
 
-    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    return np.asarray(0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))), np.float64)
 
 
 def test_int8_rows_after_a_gelu_take_the_gelus_floor_for_their_negative_side(tmp_path: Path) -> None:
