@@ -3,7 +3,8 @@ quantized operators (`int8-dynamic` is refused: REFUSED says why).
 
 "int8" (the default): each MatMul by a constant weight becomes ORT's MatMulIntegerToFloat with per-output-channel
 weight scales (7-bit: on a CPU without VNNI, MLAS's u8 x s8 pair sums saturate int16 at 8 bits, measured) and
-each token's activations quantized with its own scale in the graph (ReduceMax(Abs) per row, standard operators),
+each token's activations quantized with its own scale in the graph (ReduceMax and ReduceMin per row, or the
+GELU's known floor for the negative side after a GELU; standard operators),
 after a SmoothQuant migration (alpha 0.5) from the float32 graph's activation maxima on the calibration sample:
 a row's answer never depends on its batch-mates. "int8-block": MatMulNBits with 8-bit weights, symmetric, one
 scale per block of 32 along K, accuracy level 4 (activations quantized per block of each row at run time).
@@ -61,6 +62,10 @@ MAX_OUTLIER_CHANNELS = 16
 # int32; AVX2 alone adds pairs in int16 (vpmaddubsw) and saturates there (7 bits kept it inside: MiniLM min
 # cosine 0.986 vs 0.969 on an AVX2 host). 7 bits cost mpnet its gate: p1 0.989 vs 0.9925 at 8 (outlier channels)
 WEIGHT_BITS = 8
+# int8: activations produced by a GELU (the exporter's fused forms and ONNX's own) are never below -0.16997
+# (erf form, at x = -0.752; the tanh form's is -0.17004): a bound for the row's negative side (no ReduceMin)
+GELUS = frozenset({"Gelu", "BiasGelu", "FastGelu"})
+GELU_FLOOR = 0.171
 QUANTIZE_OPSET = 21  # QuantizeLinear's block_size (a block per row)
 QUANTIZE_IR = 10  # what opset 21 needs
 Feeds = dict[str, Any]
@@ -277,12 +282,13 @@ def quantize_matmuls_rowwise(
       the calibration `maxima`; X / s at run time (one Mul by a constant), W * s in the weights. Large
       activation channels move part of their range into the weights, which have a scale per output channel.
     - the activations quantized per row (token) at run time: scale = max|row| / 127, u = round(x / scale) + 128
+      (after a GELU: max(the row's largest value, GELU_FLOOR x the largest multiplier) for max|row|)
       (uint8, zero point 128: MLAS's u8s8 kernels), so a row's step never depends on its batch-mates.
     - weights int8, symmetric, a scale per output channel (+-127, or +-63 with options.weight_bits 7).
     - MatMulIntegerToFloat (com.microsoft: the integer GEMM with the weight scales applied in its output pass),
       then a Mul by the row scales.
     Groups named in `keep` stay float (mixed precision)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -291,6 +297,7 @@ def quantize_matmuls_rowwise(
     limit = 2 ** (options.weight_bits - 1) - 1
     done = []
     everything = selected
+    producers = {o: node for node in graph.node for o in node.output}
     for index, (x, nodes) in enumerate(matmul_groups(model, options).items()):
         if x in kept:
             continue
@@ -331,8 +338,6 @@ def quantize_matmuls_rowwise(
                 numpy_helper.from_array(np.array([-1], np.int64), f"{tag}_axis"),
                 numpy_helper.from_array(np.array(1e-12, np.float32), f"{tag}_tiny"),
                 numpy_helper.from_array(np.array(127.0, np.float32), f"{tag}_127"),
-                numpy_helper.from_array(np.array(128.0, np.float32), f"{tag}_128"),
-                numpy_helper.from_array(np.array(0.0, np.float32), f"{tag}_0"),
                 numpy_helper.from_array(np.array(128, np.uint8), f"{tag}_zero"),
                 numpy_helper.from_array(np.array(1.0, np.float32), f"{tag}_one"),
             ]
@@ -340,16 +345,33 @@ def quantize_matmuls_rowwise(
         width = weights[0].shape[0]
         # The row's peak from ReduceMax and ReduceMin (no |x| tensor written), then one QuantizeLinear with a
         # block as wide as the row (opset 21): 3x faster than Div, Round, Add, Cast (1 thread, 32 x 128 x 768)
+        added.append(helper.make_node("ReduceMax", [source, f"{tag}_axis"], [f"{n}_hi"], name=f"{n}_hi", keepdims=1))
+        producer = producers.get(x)
+        if producer is not None and producer.op_type in GELUS:
+            # A GELU's output is never below -GELU_FLOOR: the smoothed row's negative side is bounded by
+            # GELU_FLOOR x the largest multiplier, so that bound replaces the ReduceMin over the FFN's widest
+            # activation (nothing is clipped; a row whose peak is under the bound gets a coarser step)
+            floor = np.float32(max(GELU_FLOOR * float(multiplier.max()), 1e-12))
+            graph.initializer.append(numpy_helper.from_array(np.array(floor, np.float32), f"{tag}_floor"))
+            added.append(helper.make_node("Max", [f"{n}_hi", f"{tag}_floor"], [f"{n}_peak"], name=f"{n}_peak"))
+        else:
+            added += [
+                helper.make_node("ReduceMin", [source, f"{tag}_axis"], [f"{n}_lo"], name=f"{n}_lo", keepdims=1),
+                helper.make_node("Neg", [f"{n}_lo"], [f"{n}_neg"], name=f"{n}_neg"),
+                helper.make_node("Max", [f"{n}_hi", f"{n}_neg", f"{tag}_tiny"], [f"{n}_peak"], name=f"{n}_peak"),
+            ]
         added += [
-            helper.make_node("ReduceMax", [source, f"{tag}_axis"], [f"{n}_hi"], name=f"{n}_hi", keepdims=1),
-            helper.make_node("ReduceMin", [source, f"{tag}_axis"], [f"{n}_lo"], name=f"{n}_lo", keepdims=1),
-            helper.make_node("Neg", [f"{n}_lo"], [f"{n}_neg"], name=f"{n}_neg"),
-            helper.make_node("Max", [f"{n}_hi", f"{n}_neg", f"{tag}_tiny"], [f"{n}_peak"], name=f"{n}_peak"),
             helper.make_node("Div", [f"{n}_peak", f"{tag}_127"], [f"{n}_scale"], name=f"{n}_scale"),
-            # blocked QuantizeLinear wants a zero point of the scale's shape: 128 per row
-            helper.make_node("Mul", [f"{n}_scale", f"{tag}_0"], [f"{n}_nil"], name=f"{n}_nil"),
-            helper.make_node("Add", [f"{n}_nil", f"{tag}_128"], [f"{n}_mid"], name=f"{n}_mid"),
-            helper.make_node("Cast", [f"{n}_mid"], [f"{n}_zp"], name=f"{n}_zp", to=TensorProto.UINT8),
+            # blocked QuantizeLinear wants a zero point of the scale's shape: 128 per row, made from the
+            # scale's shape alone (two small nodes, where Mul by 0, Add 128, Cast were three)
+            helper.make_node("Shape", [f"{n}_scale"], [f"{n}_shape"], name=f"{n}_shape"),
+            helper.make_node(
+                "ConstantOfShape",
+                [f"{n}_shape"],
+                [f"{n}_zp"],
+                name=f"{n}_zp",
+                value=numpy_helper.from_array(np.array([128], np.uint8)),
+            ),
             helper.make_node(
                 "QuantizeLinear",
                 [source, f"{n}_scale", f"{n}_zp"],

@@ -275,6 +275,9 @@ def test_int8_rows_are_quantized_as_the_numpy_reference_says(tmp_path: Path) -> 
     assert [(o.domain, o.version) for o in model.opset_import if o.domain == ""] == [("", QUANTIZE_OPSET)]
     blocked = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert len(blocked) == 1 and {a.name: a.i for a in blocked[0].attribute}["block_size"] == 64
+    # the row's zero point (128) from the scale's shape alone, and the peak from both ends of the row
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[:8] == ["ReduceMax", "ReduceMin", "Neg", "Max", "Div", "Shape", "ConstantOfShape", "QuantizeLinear"]
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     q, wscale, bias = inits["w_int8"].astype(np.float64), inits["w_int8_scales"].astype(np.float64), inits["b"]
     x = _activations(8, 3)
@@ -286,6 +289,84 @@ def test_int8_rows_are_quantized_as_the_numpy_reference_says(tmp_path: Path) -> 
     got = session.run(None, {"x": x})[0]
     error = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
     assert error.max() < 1e-5, error
+
+
+def _gelu_graph(where: Path, k: int = 64, n: int = 32) -> Path:
+    """A float32 model.onnx (x -> Gelu -> MatMul(W) + b -> y, data beside it): an FFN's second product."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.onnx_io import save_onnx_file
+
+    rng = np.random.default_rng(2)
+    weights = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]
+    weights.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gelu", ["x"], ["h"], name="/enc/act"),
+            helper.make_node("MatMul", ["h", "w"], ["hw"], name="/enc/MatMul"),
+            helper.make_node("Add", ["hw", "b"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", n])],
+        weights,
+    )
+    save_onnx_file(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9), where)
+    return where / "model.onnx"
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.asarray(0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))), np.float64)
+
+
+def test_int8_rows_after_a_gelu_take_the_gelus_floor_for_their_negative_side(tmp_path: Path) -> None:
+    """A GELU's output is never below -0.16997: the row's peak is max(its largest value, GELU_FLOOR x the
+    largest smoothing multiplier), one ReduceMax and no ReduceMin. Nothing is clipped (a row of GELU's minimum,
+    all negative, still quantizes inside +-127), the graph equals numpy's reference row by row, and a row's
+    answer is the same alone and beside rows 1,000x larger."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from infra.pack.quantize import GELU_FLOOR, Int8Options, activation_maxima, matmul_groups, quantize_int8
+
+    graph = _gelu_graph(tmp_path / "float")
+    model = quantize_int8(graph, Int8Options(alpha=0.0, outlier_channel=0.0), None)
+    ops = [n.op_type for n in model.graph.node]
+    assert "ReduceMin" not in ops and ops.count("ReduceMax") == 1 and "MatMulIntegerToFloat" in ops
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    q, wscale, bias = inits["w_int8"].astype(np.float64), inits["w_int8_scales"].astype(np.float64), inits["b"]
+    x = _activations(8, 4)
+    x[2] *= 1e3  # a loud row
+    x[3] = -0.7518  # GELU's minimum everywhere: the row's largest value is negative
+    x[4] = -6.0  # GELU ~ -6e-9 everywhere: the floor sets the step, nothing rounds past it
+    h = _gelu(x.astype(np.float64)).astype(np.float32)
+    s = np.maximum(h.max(axis=1, keepdims=True), np.float32(GELU_FLOOR)) / np.float32(127.0)
+    u = np.rint(h / s)
+    assert np.abs(u).max() <= 127  # inside the range: the bound holds
+    want = ((u @ q) * wscale * s + bias).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x})[0]
+    error = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert error.max() < 1e-5, error
+    beside = session.run(None, {"x": np.concatenate([x[3:4], 1000.0 * _activations(3, 9)])})[0][:1]
+    np.testing.assert_allclose(session.run(None, {"x": x[3:4]})[0], beside, rtol=1e-6, atol=1e-6)
+    # smoothed: the floor scales with the largest multiplier, and the all-negative row stays close to float32
+    feeds = [{"x": _activations(16, seed)} for seed in range(2)]
+    groups = matmul_groups(onnx.load(str(graph), load_external_data=False), Int8Options())
+    maxima, _ = activation_maxima(graph, groups, feeds)
+    smoothed = quantize_int8(graph, Int8Options(outlier_channel=0.0), maxima)
+    values = {t.name: numpy_helper.to_array(t) for t in smoothed.graph.initializer}
+    floor = next(v for k, v in values.items() if k.endswith("_floor"))
+    multiplier = next(v for k, v in values.items() if k.endswith("_smooth"))
+    assert float(floor) == pytest.approx(GELU_FLOOR * float(multiplier.max()), rel=1e-6)
+    float32 = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    int8 = ort.InferenceSession(smoothed.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = int8.run(None, {"x": x})[0]
+    cos = (float32 * got).sum(1) / (np.linalg.norm(float32, axis=1) * np.linalg.norm(got, axis=1))
+    assert cos.min() > 0.999, cos
 
 
 def test_int8_outlier_channels_keep_their_products_in_float32(tmp_path: Path) -> None:
