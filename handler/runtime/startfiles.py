@@ -104,8 +104,11 @@ def load(backend: str, path: Path | None = None, count: int | None = None) -> tu
     for rel, ranges in entries:
         top = rel.split("/", 1)[0]
         if top not in bases:
-            # The first sys.path entry holding it, as the import system finds it.
-            bases[top] = next((e for e in sys.path if e and os.path.exists(os.path.join(e, top))), None)
+            # The first sys.path entry holding it, as the import system finds it. `os.access` answers a missing
+            # path with False where `os.path.exists` has os.stat raise and catches it (most entries miss: ~20k
+            # instructions each), and the name is joined in place (posixpath.join is Python): the warm-cache probe
+            # went from 0.41 to 0.10 M instructions (callgrind).
+            bases[top] = next((e for e in sys.path if e and os.access(f"{e}/{top}", os.F_OK)), None)
         base = bases[top]
         if base is not None:
             items.append((Path(base, rel), ranges))
