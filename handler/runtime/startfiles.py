@@ -10,6 +10,8 @@ of the ones it waits for: measured slower than no prefetch at all).
 Recording (`python -m handler.runtime.startrecord [--model DIR] [--out FILE]`, build time only, in a module of
 its own: a start, which imports this one for its prefetch, never loads the recorder): a start runs twice in a
 child process; before the second, its files' pages are evicted, after it `mincore` says which pages it read.
+Paths are kept relative to the sys.path entry they were found under, so a list recorded in a build tree
+resolves where the code is deployed.
 
 Replay (`load`, stdlib only, on the prefetch thread): a missing, unreadable or stale list (another Python,
 another backend) gives None and the prefetch falls back to whole libraries; a file that is gone is skipped.
