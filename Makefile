@@ -30,13 +30,13 @@ $(BIN)/.dev-installed: $(BIN)/.installed
 # prepacked weights for its onnxruntime and CPU (`warmstart optimize`; the portable model stays the fallback
 # init takes anywhere else, and when the optimized one cannot be proved bit-identical, setup goes on without
 # it). Then the init chain's compiled modules in one file (handler/runtime/codebundle.py) and the start's file
-# list (handler/runtime/startfiles.py) that a cold page cache start prefetches.
+# list (handler/runtime/startfiles.py, recorded by startrecord.py) that a cold page cache start prefetches.
 $(MODEL): $(BIN)/.installed $(wildcard infra/pack/*.py)
 	$(BIN)/warmstart pack --default --force
 	$(BIN)/warmstart optimize models/default || echo "make setup: no optimized model; the portable one serves"
 	$(BIN)/python -m compileall -q handler
 	$(BIN)/python -m handler.runtime.codebundle || echo "make setup: no code bundle; init imports each .pyc"
-	$(BIN)/python -m handler.runtime.startfiles || echo "make setup: no start list; prefetch reads whole libraries"
+	$(BIN)/python -m handler.runtime.startrecord || echo "make setup: no start list; prefetch reads whole libraries"
 
 setup: $(MODEL)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from handler.core.errors import ConfigError
 from handler.core.records import record
@@ -25,7 +25,7 @@ SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 DEFAULT_BATCH_TOKENS = 8192
 
 
-SnapshotMode = Literal["vm", "fork"]
+SnapshotMode: TypeAlias = "Literal['vm', 'fork']"  # a string at run time: see backends.registry.Needs
 SNAPSHOT_MODES: tuple[SnapshotMode, ...] = ("vm", "fork")
 SNAP_START = "snap-start"
 

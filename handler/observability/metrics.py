@@ -28,13 +28,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from handler.core.errors import ConfigError
 from handler.core.types import Protocol
 from handler.observability import logs
 
-Mode = Literal["emf", "init", "off"]
+Mode: TypeAlias = "Literal['emf', 'init', 'off']"  # a string at run time: see backends.registry.Needs
 MODES: tuple[Mode, ...] = ("emf", "init", "off")
 DEFAULT_NAMESPACE = "warmstart"
 DIMENSIONS = ("function_name", "model", "backend")

@@ -169,10 +169,14 @@ import json, sys
 import handler.app
 print(json.dumps(sorted(n for n in sys.modules if n == "handler" or n.startswith("handler."))))
 """
+# What a start with its prefetch on also imports (`prefetch.start`, on init's thread, before the first import
+# below it): the listing child runs without a prefetch (it would read ahead for nothing), so they are named here.
+PREFETCH_MODULES = ("handler.runtime.startfiles",)
 
 
 def modules_of_init(model: str | None = None) -> list[str]:
-    """The `handler` modules a start imports (handler.app in a child, bundle off)."""
+    """The `handler` modules a start imports (handler.app in a child, bundle and prefetch off; the prefetch's own
+    added: `PREFETCH_MODULES`)."""
     import json
     import subprocess
 
@@ -187,7 +191,7 @@ def modules_of_init(model: str | None = None) -> list[str]:
     if proc.returncode != 0:
         raise RuntimeError(f"the start that lists the modules failed:\n{proc.stderr[-3000:]}")
     names: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [n for n in names if n not in BEFORE]
+    return [n for n in sorted({*names, *PREFETCH_MODULES}) if n not in BEFORE]
 
 
 def write(

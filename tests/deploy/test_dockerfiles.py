@@ -235,7 +235,7 @@ def test_cpu_image_takes_the_fast_path_with_the_portable_model_beside_it() -> No
     assert any(r.split()[1] == out for r in copies)  # the directory, both models in it
     function = stage_runs(dockerfile, str(len(Dockerfile.parse(dockerfile).stages) - 1))
     compiled = next(i for i, r in enumerate(function) if "compileall" in r)
-    recorded = [i for i, r in enumerate(function) if "-m handler.runtime.startfiles" in r]
+    recorded = [i for i, r in enumerate(function) if "-m handler.runtime.startrecord" in r]
     assert recorded and recorded[0] > compiled and "--pth" in function[recorded[0]]
     # the init chain's code bundled between the two (the list then records the bundle as read)
     bundled = [i for i, r in enumerate(function) if "-m handler.runtime.codebundle" in r]
@@ -262,9 +262,9 @@ def test_make_setup_takes_the_fast_path() -> None:
     ).stdout.splitlines()
     at = {
         key: next(i for i, line in enumerate(dry) if key in line)
-        for key in ("pack --default", "optimize", "compileall", "codebundle", "startfiles")
+        for key in ("pack --default", "optimize", "compileall", "codebundle", "startrecord")
     }
-    assert at["pack --default"] < at["optimize"] < at["compileall"] < at["codebundle"] < at["startfiles"]
+    assert at["pack --default"] < at["optimize"] < at["compileall"] < at["codebundle"] < at["startrecord"]
     assert "warmstart optimize models/default ||" in dry[at["optimize"]]
     assert "handler.runtime.codebundle ||" in dry[at["codebundle"]]  # no bundle: init imports each .pyc
 

@@ -180,6 +180,8 @@ def test_init_loads_its_chain_from_the_bundle_and_takes_the_finder_off(model_dir
     bundle = tmp_path / "b.bin"
     names = codebundle.modules_of_init(str(model_dir))
     assert "handler.runtime.invocation" in names and "handler.app" not in names
+    # The prefetch's reader (imported by prefetch.start on init's thread; the listing start runs without a prefetch).
+    assert "handler.runtime.startfiles" in names
     codebundle.write(names, str(bundle))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "OPENBLAS_", "AWS_"))}
     env = {**base, "WARMSTART_MODEL": str(model_dir), "WARMSTART_WARMUP": "0", "WARMSTART_CODE_BUNDLE": str(bundle)}
@@ -187,12 +189,13 @@ def test_init_loads_its_chain_from_the_bundle_and_takes_the_finder_off(model_dir
         "import json, sys, handler.app\n"
         "print(json.dumps({'report': handler.app.runtime.init_report['coldstart']['code_bundle'],"
         " 'finder': [type(f).__name__ for f in sys.meta_path],"
-        " 'loader': type(sys.modules['handler.runtime.invocation'].__spec__.loader).__name__}))"
+        " 'loader': type(sys.modules['handler.runtime.invocation'].__spec__.loader).__name__,"
+        " 'prefetch': type(sys.modules['handler.runtime.startfiles'].__spec__.loader).__name__}))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
     )
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["report"] == {"modules": len(names), "stale": [], "hashed": 0}
-    assert seen["loader"] == "BundleLoader"
+    assert seen["loader"] == seen["prefetch"] == "BundleLoader"
     assert "BundleFinder" not in seen["finder"]

@@ -144,6 +144,19 @@ def test_a_direct_invoke_defines_no_typing_protocol_class(model_dir: Path) -> No
     assert json.loads(run_python(code, env)) == []
 
 
+def test_a_direct_invoke_subscribes_no_typing_literal(model_dir: Path) -> None:
+    # Literal aliases are only annotations: strings at run time (mypy reads them), not typing's subscriptions.
+    code = (
+        "import json, sys, typing, handler.app\n"
+        "handler.app.lambda_handler({'inputs': ['a cold start']}, None)\n"
+        "mods = [(n, m) for n, m in list(sys.modules.items()) if n.startswith('handler')]\n"
+        "found = [f'{n}.{k}' for n, m in mods for k, v in vars(m).items() if typing.get_origin(v) is typing.Literal]\n"
+        "print(json.dumps(sorted(found)))"
+    )
+    env = {"WARMSTART_MODEL": str(model_dir), "WARMSTART_BACKEND": "onnx", "AWS_LAMBDA_FUNCTION_NAME": "test"}
+    assert json.loads(run_python(code, env)) == []
+
+
 def test_a_start_parses_its_manifest_once(model_dir: Path) -> None:
     # The prefetch reads the manifest before the imports; the load after them takes that parse.
     code = (

@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from handler.runtime import prefetch, startfiles
+from handler.runtime import prefetch, startfiles, startrecord
+from tests.conftest import ROOT
 
-PAGE = startfiles.PAGE
+PAGE = startrecord.PAGE
 
 
 def test_resident_pages_become_merged_ranges_clipped_to_the_file() -> None:
     pages = [True, True, False, False, True] + [False] * 40 + [True]
     size = 45 * PAGE + 100  # the last page is partial
-    assert startfiles.ranges_of(pages, size, gap=2 * PAGE) == [[0, 5 * PAGE], [45 * PAGE, 100]]
-    assert startfiles.ranges_of(pages, size, gap=0) == [[0, 2 * PAGE], [4 * PAGE, PAGE], [45 * PAGE, 100]]
-    assert startfiles.ranges_of([False, False], 2 * PAGE) == []
+    assert startrecord.ranges_of(pages, size, gap=2 * PAGE) == [[0, 5 * PAGE], [45 * PAGE, 100]]
+    assert startrecord.ranges_of(pages, size, gap=0) == [[0, 2 * PAGE], [4 * PAGE, PAGE], [45 * PAGE, 100]]
+    assert startrecord.ranges_of([False, False], 2 * PAGE) == []
 
 
 def test_a_packages_libraries_come_just_before_its_first_extension(tmp_path: Path) -> None:
@@ -35,7 +36,7 @@ def test_a_packages_libraries_come_just_before_its_first_extension(tmp_path: Pat
         (base / f).write_bytes(b"x")
     modules = [str(base / f) for f in files[:4]]
     maps = [str(base / "numpy.libs/blas.so"), str(base / "tok/t.so"), "/elsewhere/libc.so.6"]
-    assert startfiles.order(modules, maps, [str(base)]) == [
+    assert startrecord.order(modules, maps, [str(base)]) == [
         "handler/__init__.py",
         "numpy/__init__.pyc",
         "numpy.libs/blas.so",
@@ -88,6 +89,22 @@ def test_a_warm_cache_probe_parses_only_the_header_line(tmp_path: Path) -> None:
     assert startfiles.load("torch", whole, count=startfiles.PROBE) == (None, "stale: recorded for the onnx backend")
 
 
+def test_a_start_loads_the_replay_but_not_the_recorder(model_dir: Path) -> None:
+    # The prefetch imports startfiles at every start; the recorder (build time) is a module of its own.
+    code = (
+        "import json, sys, handler.app\n"
+        "replay = sys.modules.get('handler.runtime.startfiles')\n"
+        "recorder = 'handler.runtime.startrecord' in sys.modules\n"
+        "print(json.dumps([replay is not None, hasattr(replay, 'record'), recorder]))"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WARMSTART_")}
+    env = {**base, "WARMSTART_MODEL": str(model_dir), "WARMSTART_WARMUP": "0", "WARMSTART_PREFETCH": "all"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, False, False]
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 1, "files": 7})])
 def test_a_broken_list_falls_back_to_the_libraries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
@@ -105,7 +122,7 @@ def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "startfiles.json"
-    summary = startfiles.record(out, model_dir)
+    summary = startrecord.record(out, model_dir)
     doc = json.loads(out.read_text())
     assert summary["files"] == len(doc["files"]) > 50 and doc["backend"] == "onnx"
     assert doc["probe"] == startfiles.sample(doc["files"], startfiles.PROBE)  # the header line's warm-cache probe
@@ -184,7 +201,7 @@ def on_disk(path: Path, size: int = 1 << 20) -> Path:
 
 
 def evict(path: Path) -> None:
-    startfiles.evict([str(path)])
+    startrecord.evict([str(path)])
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="the probe needs preadv's RWF_NOWAIT (Linux)")
@@ -224,7 +241,7 @@ def test_the_prefetch_issues_nothing_on_a_warm_page_cache_and_everything_on_a_co
     assert job.report()["skipped"].startswith("page cache warm") and job.report()["mb"] == 0
     for _ in range(50):  # DONTNEED is the kernel's best effort (once, in a full CI run, it kept the pages)
         evict(weights)
-        if not any(startfiles.resident(str(weights))):
+        if not any(startrecord.resident(str(weights))):
             break
         time.sleep(0.02)
     else:
