@@ -537,7 +537,13 @@ def perplexity(nll: list[float]) -> float:
 
 
 # The builder options a --schemes entry may set (infra.pack.lm_pack.BUILDER_OPTIONS' int4 keys) and their types.
-SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool, "scales": str}
+SCHEME_KEYS: dict[str, type] = {
+    "block_size": int,
+    "accuracy_level": int,
+    "is_symmetric": bool,
+    "scales": str,
+    "head_bits": int,
+}
 
 
 def parse_schemes(text: str) -> list[dict[str, int | bool | str]]:
