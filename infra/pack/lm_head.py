@@ -120,7 +120,9 @@ def mend_tied(model_dir: Path, read_tensor: Callable[[str], Any]) -> dict[str, A
     return record
 
 
-def prove(model: Any, model_dir: Path, head: Any, reshape: Any, gather: Any, read_tensor: Callable[[str], Any]) -> dict[str, Any]:
+def prove(
+    model: Any, model_dir: Path, head: Any, reshape: Any, gather: Any, read_tensor: Callable[[str], Any]
+) -> dict[str, Any]:
     """The mended gather proved (module docstring); HeadError otherwise. Returns {"tied": the source tensor,
     "rows_checked": n}."""
     import numpy as np
@@ -132,8 +134,11 @@ def prove(model: Any, model_dir: Path, head: Any, reshape: Any, gather: Any, rea
     n, bits, block = int(attrs["N"]), int(attrs["bits"]), int(attrs["block_size"])
     codes = lm_int4._read(inits[head.input[1]], model_dir)
     blocks = lm_int4.Blocks(
-        codes.reshape(n, -1, block * bits // 8), lm_int4._read(inits[head.input[2]], model_dir).reshape(n, -1),
-        block, int(attrs["K"]), bits,
+        codes.reshape(n, -1, block * bits // 8),
+        lm_int4._read(inits[head.input[2]], model_dir).reshape(n, -1),
+        block,
+        int(attrs["K"]),
+        bits,
     )
     tied = None
     for name in HEAD_SOURCES:
@@ -148,7 +153,8 @@ def prove(model: Any, model_dir: Path, head: Any, reshape: Any, gather: Any, rea
         )
     shape = _constant(model, model_dir, reshape.input[1])
     if shape is None or [int(v) for v in shape] != [n, codes.size // n]:
-        raise HeadError(f"{reshape.name}: reshapes the head's {codes.shape} blocks to {shape}, not [{n}, {codes.size // n}]")
+        want_shape = [n, codes.size // n]
+        raise HeadError(f"{reshape.name}: reshapes the head's {codes.shape} blocks to {shape}, not {want_shape}")
     rows = np.unique(np.linspace(0, n - 1, SAMPLED_ROWS).astype(np.int64))
     # The sampled rows alone in the proof's table (a 0.6B model's head is 155 MB at 8 bits), gathered in reverse.
     ids = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
@@ -156,7 +162,7 @@ def prove(model: Any, model_dir: Path, head: Any, reshape: Any, gather: Any, rea
     want = lm_int4.dequantize(_rows(blocks, rows))[ids]
     if got.shape[1] < want.shape[1] or not np.array_equal(got[:, : want.shape[1]], want):
         raise HeadError(f"{gather.name}: ONNX Runtime's rows are not the head's blocks dequantized")
-    return {"tied": tied, "rows_checked": int(len(rows))}
+    return {"tied": tied, "rows_checked": len(rows)}
 
 
 def _constant(model: Any, model_dir: Path, name: str) -> Any:
@@ -207,8 +213,14 @@ def _gather(data: Any, scales: Any, ids: Any, bits: int, block: int) -> Any:
     graph = helper.make_graph(
         [
             helper.make_node(
-                "GatherBlockQuantized", ["data", "ids", "scales"], ["rows"], domain="com.microsoft",
-                bits=bits, block_size=block, gather_axis=0, quantize_axis=1,
+                "GatherBlockQuantized",
+                ["data", "ids", "scales"],
+                ["rows"],
+                domain="com.microsoft",
+                bits=bits,
+                block_size=block,
+                gather_axis=0,
+                quantize_axis=1,
             )
         ],
         "head-rows",

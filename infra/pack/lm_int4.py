@@ -165,8 +165,8 @@ def dequantize(blocks: Blocks) -> Any:
 
 def is_rtn_of(blocks: Blocks, weight: Any) -> bool:
     """Whether `blocks` are MLAS' round-to-nearest of `weight`: every block's scale the source block's (to float32
-    rounding) and every code the source weight's rounded (clamped to [-half, half - 1]), a code one off allowed only where
-    the weight lies on a rounding tie (float32 arithmetic against ours)."""
+    rounding) and every code the source weight's rounded (clamped to [-half, half - 1]), a code one off allowed only
+    where the weight lies on a rounding tie (float32 arithmetic against ours)."""
     import numpy as np
 
     if tuple(weight.shape) != (blocks.scales.shape[0], blocks.k):

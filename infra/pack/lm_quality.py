@@ -112,7 +112,13 @@ def measure(source: Any, packed: Path, prompts: list[str], new_tokens: int, eos_
 
 
 def _measure(
-    og: Any, torch: Any, transformers: Any, source: Any, packed: Path, prompts: list[str], new_tokens: int,
+    og: Any,
+    torch: Any,
+    transformers: Any,
+    source: Any,
+    packed: Path,
+    prompts: list[str],
+    new_tokens: int,
     eos_ids: list[int],
 ) -> dict[str, Any]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.root), local_files_only=True)
