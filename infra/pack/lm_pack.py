@@ -58,6 +58,9 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 #   "mse" rewrites them with per-block scales of least squared error (infra.pack.lm_int4): same graph and kernels.
 #   Not the default: on real SmolLM2 perplexity 67.92 -> 65.24, Q4_0 63.37, greedy agreement 0.21 either way
 #   (docs/benchmarks.md): the int4 LM head costs more than the scales recover (Q4_0 keeps its head at Q6_K).
+# - head_bits (ours, int4 only; int8's head is 8 bits): the LM head's MatMulNBits (and a tied embedding's
+#   GatherBlockQuantized) at 8 bits on the int4 body, through the builder's `matmul_mixed_precision=last_matmul:int8`
+#   (infra.pack.lm_head, which mends and proves the builder's tied gather). HEAD_DEFAULT_WHY below.
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
     "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},

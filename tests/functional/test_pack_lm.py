@@ -229,7 +229,13 @@ def test_each_precision_records_and_builds_its_scheme(tmp_path: Path) -> None:
     assert float32["version"] == default_version(sha, "generate", "float32", scheme) != default_version(sha, "generate")
     int8 = pack_tiny_lm(tmp_path, "qwen3", quantize="int8")
     precision = load_manifest(int8).raw["precision"]
-    assert precision["scheme"] == {"block_size": 128, "accuracy_level": 4, "symmetric": True, "scales": "rtn"}
+    assert precision["scheme"] == {
+        "block_size": 128,
+        "accuracy_level": 4,
+        "symmetric": True,
+        "scales": "rtn",
+        "head_bits": 8,
+    }
     assert precision["builder_options"] == {
         "accuracy_level": 4,
         "block_size": 128,

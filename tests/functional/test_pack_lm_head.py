@@ -36,7 +36,7 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Pat
     }
 
 
-def _graph(pack: Path) -> Any:
+def _model(pack: Path) -> Any:
     import onnx
 
     return onnx.load(str(pack / "model.onnx"), load_external_data=False)
@@ -59,9 +59,10 @@ def test_the_heads_bits_are_recorded_and_built(packs: dict[tuple[str, int], Path
         precision = _precision(pack)
         assert precision["scheme"]["head_bits"] == bits
         assert "head_bits" not in precision["builder_options"]  # ours: passed to the builder as its own option
-        graph = _graph(pack)
-        head = lm_head.head_node(graph)
+        model = _model(pack)
+        head = lm_head.head_node(model)
         assert head is not None and _attrs(head)["bits"] == bits and lm_head.head_bits(pack) == bits
+        graph = model.graph
         body = {_attrs(n)["bits"] for n in graph.node if n.op_type == "MatMulNBits" and n is not head}
         assert body == {4}  # the int4 body whatever the head
         gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
@@ -92,10 +93,10 @@ def test_the_8_bit_head_is_closer_to_the_source_and_the_gate_agrees_at_least_as_
     errors = {}
     for bits in (4, 8):
         pack = packs[(family, bits)]
-        graph = _graph(pack)
-        head = lm_head.head_node(graph)
+        model = _model(pack)
+        head = lm_head.head_node(model)
         assert head is not None
-        inits = {t.name: t for t in graph.initializer}
+        inits = {t.name: t for t in model.graph.initializer}
         a = _attrs(head)
         codes = lm_int4._read(inits[head.input[1]], pack)
         blocks = lm_int4.Blocks(
