@@ -188,7 +188,8 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     }
     assert "blocks" not in scheme  # the builder's blocks as written (tests/functional/test_pack_lm_int4.py: mse)
     assert "scales" not in precision["builder_options"]  # ours, applied after the builder: never passed to it
-    assert _matmuls(pack) == {(4, 32, 4, False)} and _logits_positions(pack) == 1
+    assert scheme["head_bits"] == 8  # the LM head at 8 bits on the int4 body (tests/functional/test_pack_lm_head.py)
+    assert _matmuls(pack) == {(4, 32, 4, False), (8, 32, 4, False)} and _logits_positions(pack) == 1
 
 
 def _matmuls(pack: Path) -> set[tuple[int, int, int, bool]]:
