@@ -709,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=speed)
     qu = sub.add_parser("quality", help="greedy agreement and perplexity beside llama.cpp's same bits")
     qu.add_argument("--model", choices=MODELS, default="smollm2")
-    qu.add_argument("--threads", type=int, default=2)
+    # One thread: the figures do not depend on it, and torch's OpenMP worker spun as much CPU as the reference's
+    # own thread on a loaded host (the pack's gate hung there: docs/benchmarks.md "An 8-bit LM head").
+    qu.add_argument("--threads", type=int, default=1)
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
     qu.add_argument(
