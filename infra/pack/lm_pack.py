@@ -61,9 +61,9 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 # - head_bits (ours, int4 only; int8's head is 8 bits): the LM head's MatMulNBits (and a tied embedding's
 #   GatherBlockQuantized) at 8 bits on the int4 body, through the builder's `matmul_mixed_precision=last_matmul:int8`
 #   (infra.pack.lm_head, which mends and proves the builder's tied gather). The default: on real SmolLM2-135M
-#   the gate's greedy / top-1 agreement 0.210 / 0.774 -> 0.398 / 0.826 (Q4_0's greedy 0.34: it keeps its head at
-#   Q6_K); on the 0.6B Qwen3-shaped pack decode CPU per step 1.03x (1.00-1.08), peak RSS +94 MB (the head's
-#   +78 MB of weights), docs/benchmarks.md "An 8-bit LM head". `head_bits: 4` keeps the int4 head.
+#   the gate's greedy / top-1 agreement 0.210 / 0.774 -> 0.398 / 0.826 and perplexity 67.92 -> 63.77 (Q4_0, its
+#   head at Q6_K: 0.34 and 63.37); on the 0.6B Qwen3-shaped pack decode CPU per step 1.03x (1.00-1.08), peak RSS
+#   +90 MB (the head's +78 MB of weights), docs/benchmarks.md "An 8-bit LM head". `head_bits: 4`: the int4 head.
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
     "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},
