@@ -537,7 +537,13 @@ def perplexity(nll: list[float]) -> float:
 
 
 # The builder options a --schemes entry may set (infra.pack.lm_pack.BUILDER_OPTIONS' int4 keys) and their types.
-SCHEME_KEYS: dict[str, type] = {"block_size": int, "accuracy_level": int, "is_symmetric": bool, "scales": str}
+SCHEME_KEYS: dict[str, type] = {
+    "block_size": int,
+    "accuracy_level": int,
+    "is_symmetric": bool,
+    "scales": str,
+    "head_bits": int,
+}
 
 
 def parse_schemes(text: str) -> list[dict[str, int | bool | str]]:
@@ -703,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=speed)
     qu = sub.add_parser("quality", help="greedy agreement and perplexity beside llama.cpp's same bits")
     qu.add_argument("--model", choices=MODELS, default="smollm2")
-    qu.add_argument("--threads", type=int, default=2)
+    # One thread: the figures do not depend on it, and torch's OpenMP worker spun as much CPU as the reference's
+    # own thread on a loaded host (the pack's gate hung there: docs/benchmarks.md "An 8-bit LM head").
+    qu.add_argument("--threads", type=int, default=1)
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
     qu.add_argument(

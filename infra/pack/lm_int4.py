@@ -66,17 +66,23 @@ class Blocks:
     scales: Any
     block: int
     k: int  # the weight's real K (the last block is padded with zeros)
+    bits: int = BITS  # 8: one code a byte (an 8-bit LM head, infra.pack.lm_head)
+
+    @property
+    def half(self) -> int:
+        """The code of zero: MatMulNBits without zero points computes (q - half) * scale."""
+        return 1 << (self.bits - 1)
 
 
-def rtn_blocks(x: Any) -> tuple[Any, Any]:
-    """MLAS' symmetric round-to-nearest of blocks x [n, block] (float64): codes in [-8, 7] and scales, the scale
-    the value of largest magnitude over -8 (llama.cpp Q4_0's)."""
+def rtn_blocks(x: Any, half: int = HALF) -> tuple[Any, Any]:
+    """MLAS' symmetric round-to-nearest of blocks x [n, block] (float64): codes in [-half, half - 1] and scales,
+    the scale the value of largest magnitude over -half (llama.cpp Q4_0's at 4 bits: half 8; 8 bits: 128)."""
     import numpy as np
 
     lo, hi = x.min(1), x.max(1)
     m = np.where(np.abs(hi) > np.abs(lo), hi, lo)  # MLAS' pick: the minimum where both ends have one magnitude
-    d = m / -HALF
-    q = np.clip(np.round(x * _inverse(d)[:, None]), -HALF, HALF - 1)
+    d = m / -half
+    q = np.clip(np.round(x * _inverse(d)[:, None]), -half, half - 1)
     return q, d
 
 
@@ -153,36 +159,38 @@ def dequantize(blocks: Blocks) -> Any:
     """The [N, K] float32 weight MatMulNBits computes with: (q - 8) * scale."""
     import numpy as np
 
-    w = (codes_of(blocks).astype(np.float32) - HALF) * blocks.scales[..., None]
+    w = (codes_of(blocks).astype(np.float32) - blocks.half) * blocks.scales[..., None]
     return w.reshape(w.shape[0], -1)[:, : blocks.k]
 
 
 def is_rtn_of(blocks: Blocks, weight: Any) -> bool:
     """Whether `blocks` are MLAS' round-to-nearest of `weight`: every block's scale the source block's (to float32
-    rounding) and every code the source weight's rounded (clamped to [-8, 7]), a code one off allowed only where
-    the weight lies on a rounding tie (float32 arithmetic against ours)."""
+    rounding) and every code the source weight's rounded (clamped to [-half, half - 1]), a code one off allowed only
+    where the weight lies on a rounding tie (float32 arithmetic against ours)."""
     import numpy as np
 
     if tuple(weight.shape) != (blocks.scales.shape[0], blocks.k):
         return False
     x = blocks_of(weight, blocks.block)
-    _, d = rtn_blocks(x)
+    _, d = rtn_blocks(x, blocks.half)
     if not np.allclose(blocks.scales.reshape(-1), d.astype(np.float32), rtol=1e-6, atol=0.0):
         return False
     scaled = x * _inverse(blocks.scales.reshape(-1).astype(np.float64))[:, None]
     n = blocks.scales.shape[0]
     scaled = scaled.reshape(n, -1)[:, : blocks.k]  # the padding past K is not the weight's
-    want = np.clip(np.round(scaled), -HALF, HALF - 1)
-    got = codes_of(blocks).reshape(n, -1)[:, : blocks.k].astype(np.float64) - HALF
+    want = np.clip(np.round(scaled), -blocks.half, blocks.half - 1)
+    got = codes_of(blocks).reshape(n, -1)[:, : blocks.k].astype(np.float64) - blocks.half
     off = got != want
     tie = np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-3
     return bool(np.all(~off | (tie & (np.abs(got - want) == 1))))
 
 
 def codes_of(blocks: Blocks) -> Any:
-    """The unsigned 4-bit codes [N, blocks, block] of `blocks` (low nibble first)."""
+    """The unsigned codes [N, blocks, block] of `blocks` (4 bits: two a byte, low nibble first)."""
     import numpy as np
 
+    if blocks.bits == 8:
+        return blocks.codes
     return np.stack([blocks.codes & 15, blocks.codes >> 4], axis=-1).reshape(*blocks.codes.shape[:2], blocks.block)
 
 

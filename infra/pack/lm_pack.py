@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.manifest import FORMAT, FORMAT_VERSION
+from infra.pack import lm_head, lm_int4
 from infra.pack.hf_checks import SourceError
 from infra.pack.lm_source import SIDE_FILES, LMSource, check_tensors, read_lm_source
 from infra.pack.precision import Precision, PrecisionError
@@ -57,12 +58,25 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 #   "mse" rewrites them with per-block scales of least squared error (infra.pack.lm_int4): same graph and kernels.
 #   Not the default: on real SmolLM2 perplexity 67.92 -> 65.24, Q4_0 63.37, greedy agreement 0.21 either way
 #   (docs/benchmarks.md): the int4 LM head costs more than the scales recover (Q4_0 keeps its head at Q6_K).
+# - head_bits (ours, int4 only; int8's head is 8 bits): the LM head's MatMulNBits (and a tied embedding's
+#   GatherBlockQuantized) at 8 bits on the int4 body, through the builder's `matmul_mixed_precision=last_matmul:int8`
+#   (infra.pack.lm_head, which mends and proves the builder's tied gather). The default: on real SmolLM2-135M
+#   the gate's greedy / top-1 agreement 0.210 / 0.774 -> 0.398 / 0.826 and perplexity 67.92 -> 63.77 (Q4_0, its
+#   head at Q6_K: 0.34 and 63.37); on the 0.6B Qwen3-shaped pack decode CPU per step 1.03x (1.00-1.08), peak RSS
+#   +90 MB (the head's +78 MB of weights), docs/benchmarks.md "An 8-bit LM head". `head_bits: 4`: the int4 head.
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
     "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},
-    "int4": {"prune_lm_head": True, "block_size": 32, "accuracy_level": 4, "is_symmetric": True, "scales": "rtn"},
+    "int4": {
+        "prune_lm_head": True,
+        "block_size": 32,
+        "accuracy_level": 4,
+        "is_symmetric": True,
+        "scales": "rtn",
+        "head_bits": 8,
+    },
 }
-OUR_OPTIONS = ("scales",)  # options applied after the builder, never passed to it
+OUR_OPTIONS = ("scales", "head_bits")  # ours: never passed to the builder as such
 _CHILD = Path(__file__).with_name("lm_build_child.py")
 
 
@@ -105,11 +119,13 @@ def pack_lm(
     generation = generation_fields(source, tokenizer)
     options = {**BUILDER_OPTIONS[target], **(builder_options or {})}
     check_scales(target, options)
+    lm_head.check(target, options)
     version = version or default_version(source.content_sha256, "generate", label, json.dumps(options, sort_keys=True))
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
         staged = stage(source, Path(staging) / "source")
         built = Path(staging) / "built"
         run_builder(staged, built, Path(staging) / "cache", target, options)
+        head = lm_head.mend_tied(built, lm_int4.source_reader(source.weights))
         blocks = requantize(source, built, target, options)
         edit_genai_config(built / GENAI_CONFIG, generation)
         generation["kv"]["dtype"] = kv_dtype(built / MODEL_FILE)
@@ -135,6 +151,8 @@ def pack_lm(
             manifest["precision"] = precision.entry(quality, backend=BACKEND, **scheme_entry(target, options))
             if blocks is not None:
                 manifest["precision"]["scheme"]["blocks"] = blocks
+            if head is not None:
+                manifest["precision"]["scheme"]["tied_head"] = head
             manifest["source"].update(source_info or {})
             if more is not None:
                 manifest["backends"].update(more(source, tmp))
@@ -241,6 +259,7 @@ def scheme_entry(target: str, options: dict[str, str | int | bool]) -> dict[str,
             "accuracy_level": int(options.get("accuracy_level", 4)),
             "symmetric": symmetric(options),
             "scales": str(options.get("scales", "rtn")),
+            "head_bits": lm_head.check(target, options),
         }
     return out
 
@@ -273,14 +292,13 @@ def requantize(
     scales = check_scales(target, options)
     if scales == "rtn":
         return None
-    from infra.pack import lm_int4
-
     return lm_int4.requantize(built, lm_int4.source_reader(source.weights), scales)
 
 
 def run_builder(staged: Path, built: Path, cache: Path, target: str, options: dict[str, str | int | bool]) -> None:
     """onnxruntime-genai's builder in a child process (infra/pack/lm_build_child.py)."""
     extra = {k: v for k, v in options.items() if k not in OUR_OPTIONS}
+    extra.update(lm_head.builder_extra(target, lm_head.check(target, options)))
     args = {"input": str(staged), "output": str(built), "precision": target, "cache": str(cache), "extra": extra}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(

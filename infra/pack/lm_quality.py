@@ -98,11 +98,34 @@ def measure(source: Any, packed: Path, prompts: list[str], new_tokens: int, eos_
     import torch
     import transformers
 
+    threads = torch.get_num_threads()
+    # One torch thread for the gate: with torch's OpenMP team of 2 (this host's cores), a SmolLM2-135M pack hung
+    # here, both threads spinning for 18+ minutes (gdb: the main thread in a Linear's mkl_blas_sgemv_omp ->
+    # gomp_team_end -> gomp_team_barrier_wait_end, the team's worker back in gomp_thread_start's dock barrier;
+    # torch's libgomp the only one loaded, no fork). A team of one never waits at a barrier; the reference is a
+    # few hundred single-token steps of the float32 model, small next to the builder.
+    torch.set_num_threads(1)
+    try:
+        return _measure(og, torch, transformers, source, packed, prompts, new_tokens, eos_ids)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(
+    og: Any,
+    torch: Any,
+    transformers: Any,
+    source: Any,
+    packed: Path,
+    prompts: list[str],
+    new_tokens: int,
+    eos_ids: list[int],
+) -> dict[str, Any]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.root), local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(source.root), local_files_only=True, dtype=torch.float32, attn_implementation="eager"
     )
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     graph = og.Model(str(packed))
     eos = set(eos_ids)
     greedy, top1 = [], []

@@ -188,7 +188,8 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     }
     assert "blocks" not in scheme  # the builder's blocks as written (tests/functional/test_pack_lm_int4.py: mse)
     assert "scales" not in precision["builder_options"]  # ours, applied after the builder: never passed to it
-    assert _matmuls(pack) == {(4, 32, 4, False)} and _logits_positions(pack) == 1
+    assert scheme["head_bits"] == 8  # the LM head at 8 bits on the int4 body (tests/functional/test_pack_lm_head.py)
+    assert _matmuls(pack) == {(4, 32, 4, False), (8, 32, 4, False)} and _logits_positions(pack) == 1
 
 
 def _matmuls(pack: Path) -> set[tuple[int, int, int, bool]]:
@@ -229,7 +230,13 @@ def test_each_precision_records_and_builds_its_scheme(tmp_path: Path) -> None:
     assert float32["version"] == default_version(sha, "generate", "float32", scheme) != default_version(sha, "generate")
     int8 = pack_tiny_lm(tmp_path, "qwen3", quantize="int8")
     precision = load_manifest(int8).raw["precision"]
-    assert precision["scheme"] == {"block_size": 128, "accuracy_level": 4, "symmetric": True, "scales": "rtn"}
+    assert precision["scheme"] == {
+        "block_size": 128,
+        "accuracy_level": 4,
+        "symmetric": True,
+        "scales": "rtn",
+        "head_bits": 8,
+    }
     assert precision["builder_options"] == {
         "accuracy_level": 4,
         "block_size": 128,
@@ -303,3 +310,40 @@ def test_calibration_prompts_replace_the_builtin_ones(tmp_path: Path) -> None:
     quality = load_manifest(pack_from(source_dir("mistral"), tmp_path / "out", precision=precision)).raw["precision"]
     assert quality["quality"]["items"] == 2 and quality["quality"]["calibration"] == "file"
     assert quality["quality"]["figure"] == 1.0
+
+
+def test_the_gate_runs_torch_on_one_thread_and_gives_the_callers_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's OpenMP team of 2 hung a SmolLM2 pack's gate (infra.pack.lm_quality.measure): the reference runs on
+    one thread, and the caller's thread count is restored after, also when the gate raises."""
+    import torch
+
+    from infra.pack import lm_quality
+    from infra.pack.lm_source import read_lm_source
+
+    pack = pack_tiny_lm(tmp_path, "qwen3")
+    source = read_lm_source(source_dir("qwen3"))
+    seen: list[int] = []
+    reference = lm_quality.reference_greedy
+
+    def recording(*args: Any) -> list[int]:
+        seen.append(torch.get_num_threads())
+        return reference(*args)
+
+    monkeypatch.setattr(lm_quality, "reference_greedy", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        figures = lm_quality.measure(source, pack, ["hello world", "the sea"], 4, [0])
+        assert seen == [1, 1] and torch.get_num_threads() == 2 and figures["figure"] == 1.0
+
+        def failing(*args: Any) -> list[int]:
+            raise RuntimeError("reference failed")
+
+        monkeypatch.setattr(lm_quality, "reference_greedy", failing)
+        with pytest.raises(RuntimeError, match="reference failed"):
+            lm_quality.measure(source, pack, ["hello world"], 4, [0])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from infra.pack import lm_int4
-from tests.fixtures.lm_pack import pack_tiny_lm, source_dir
+from tests.fixtures.lm_pack import source_dir
 
 FAMILIES = ("qwen3", "llama")
 
@@ -24,14 +24,14 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Pat
 
     out = tmp_path_factory.mktemp("int4-packs")
     found: dict[tuple[str, str], Path] = {}
-    for family in FAMILIES:
-        found[(family, "rtn")] = pack_tiny_lm(out, family, quantize="int4")
-        found[(family, "mse")] = pack_lm(
-            source_dir(family),
-            out / f"{family}-mse",
-            precision=Precision(quantize="int4", min_quality=0.0),
-            builder_options={"scales": "mse"},
-        )
+    for family in FAMILIES:  # the int4 head (head_bits 4): its blocks searched too
+        for scales in ("rtn", "mse"):
+            found[(family, scales)] = pack_lm(
+                source_dir(family),
+                out / f"{family}-{scales}",
+                precision=Precision(quantize="int4", min_quality=0.0),
+                builder_options={"scales": scales, "head_bits": 4},
+            )
     return found
 
 

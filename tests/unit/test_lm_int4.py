@@ -81,3 +81,27 @@ def test_node_names_map_to_the_checkpoints_tensors() -> None:
         ["model.layers.0.mlp.gate_up_proj.weight#1/2"],  # Phi-3's fused rows, split by the builder
     ]
     assert lm_int4.candidates("/model/layers.0/mlp/unknown/MatMul_Q4") == []
+
+
+@pytest.mark.parametrize("k", [96, 80])
+def test_eight_bit_blocks_of_onnxruntime_are_recognised_and_others_are_not(k: int) -> None:
+    """The 8-bit LM head's proof (infra.pack.lm_head): onnxruntime's symmetric 8-bit blocks (the builder's
+    `last_matmul:int8` head) are round-to-nearest of their source at half 128, one code a byte."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    w = _weight(k=k)
+    n, blocks = w.shape[0], -(-k // 32)
+    padded = np.pad(w.T, ((0, blocks * 32 - k), (0, 0)))
+    codes = np.zeros((n, blocks, 32), dtype=np.uint8)
+    scales = np.zeros((n, blocks), dtype=np.float32)
+    zero = np.zeros((n, blocks), dtype=np.uint8)
+    quantize_matmul_8bits(codes, np.ascontiguousarray(padded), scales, zero, 32, n, k, True)
+    built = lm_int4.Blocks(codes, scales, 32, k, 8)
+    assert built.half == 128 and lm_int4.is_rtn_of(built, w)
+    assert np.abs(lm_int4.dequantize(built) - w).max() <= np.abs(scales).max()  # within a step of 8 bits
+    assert not lm_int4.is_rtn_of(built, _weight(k=k, seed=1))
+    as_four = lm_int4.Blocks(codes, scales, 32, k)  # the same bytes read as 4-bit blocks: not the source's
+    assert not lm_int4.is_rtn_of(as_four, w)
+    nudged = w.copy()
+    nudged[3, int(np.abs(w[3, :32]).argmin())] += abs(float(scales[3, 0]))
+    assert not lm_int4.is_rtn_of(built, nudged)
