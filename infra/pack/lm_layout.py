@@ -32,6 +32,7 @@ from typing import Any
 from handler.backends.fingerprint import cpu_fingerprint
 from handler.backends.genai_load import ort_version
 from handler.core.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from infra.pack.opt_layout import LayoutError, copy_range
 from infra.pack.optimize import touched_ranges
 from infra.pack.progress import phase
 
@@ -43,10 +44,6 @@ CONFIG_FILE = "genai_config.json"
 # longer one, so prefill and decode steps of both graphs run.
 PROBE_LENGTHS = (1, 9, 40)
 PROBE_TOKENS = 6
-
-
-class LayoutError(ValueError):
-    """The pack's ONNX graph cannot be laid out (its external data is not what the builder writes)."""
 
 
 def _external(tensor: Any) -> dict[str, str]:
@@ -82,7 +79,7 @@ def align(model_dir: Path, model: str = MODEL_FILE, data: str = MODEL_DATA) -> d
                 if offset + length > size:
                     raise LayoutError(f"{data_path}: {tensor.name!r} ends at {offset + length}, past the file's {size}")
                 at = -(-at // PAGE) * PAGE
-                _copy(src.fileno(), dst.fileno(), offset, at, length)
+                copy_range(src.fileno(), dst.fileno(), offset, at, length)
                 for entry in tensor.external_data:
                     if entry.key == "offset":
                         entry.value = str(at)
@@ -105,22 +102,6 @@ def _no_other_external(graph: Any, path: Path) -> None:
                 if _external(tensor):
                     raise LayoutError(f"{path}: node {node.name!r} has an attribute tensor with external data")
 
-
-def _copy(src: int, dst: int, offset: int, at: int, length: int) -> None:
-    """`length` bytes from `src` at `offset` to `dst` at `at`: copy_file_range (in the kernel, no buffer of ours),
-    a chunked pread/pwrite where the filesystem refuses it."""
-    done = 0
-    while done < length:
-        try:
-            n = os.copy_file_range(src, dst, length - done, offset + done, at + done)
-        except OSError:
-            n = 0
-        if n <= 0:
-            chunk = os.pread(src, min(length - done, 1 << 24), offset + done)
-            if not chunk:
-                raise LayoutError(f"short read at {offset + done}")
-            n = os.pwrite(dst, chunk, at + done)
-        done += n
 
 
 def aligned(model_path: Path) -> list[str]:

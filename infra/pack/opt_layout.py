@@ -39,7 +39,8 @@ LOAD, RUN, TABLE = 0, 1, 2
 
 
 class LayoutError(ValueError):
-    """The optimized model's external data cannot be laid out, or a laid-out file does not match its graph."""
+    """A model's external data cannot be laid out (the optimized copy's here, a generate pack's in
+    infra.pack.lm_layout), or a laid-out file does not match its graph."""
 
 
 @dataclass
@@ -150,7 +151,7 @@ def relayout(model_path: Path, data: str) -> dict[str, Any]:
             at = 0
             for b in _order(graph, found):
                 at = -(-at // PAGE) * PAGE
-                _copy(src.fileno(), dst.fileno(), b.offset, at, b.length)
+                copy_range(src.fileno(), dst.fileno(), b.offset, at, b.length)
                 moved.append((b, at))
                 sizes[b.group] += b.length
                 at += b.length
@@ -209,7 +210,7 @@ def _aligned(found: list[Buffer], model_path: Path) -> list[Buffer]:
     return found
 
 
-def _copy(src: int, dst: int, offset: int, at: int, length: int) -> None:
+def copy_range(src: int, dst: int, offset: int, at: int, length: int) -> None:
     """`length` bytes from `src` at `offset` to `dst` at `at`: copy_file_range (in the kernel), else pread/pwrite."""
     done = 0
     while done < length:
@@ -241,6 +242,7 @@ __all__ = [
     "LayoutError",
     "buffers",
     "check",
+    "copy_range",
     "embedding_tables",
     "packed_buffers",
     "relayout",
