@@ -103,7 +103,6 @@ def _no_other_external(graph: Any, path: Path) -> None:
                     raise LayoutError(f"{path}: node {node.name!r} has an attribute tensor with external data")
 
 
-
 def aligned(model_path: Path) -> list[str]:
     """The external tensors of `model_path` that are not at a PAGE-aligned offset (what the tests check)."""
     import onnx
