@@ -81,7 +81,8 @@ def _generate(args: argparse.Namespace) -> int:
     from handler.core.errors import ModelLoadError
     from infra.cli.progress import Progress
     from infra.pack.bpe_merges import compact_pack
-    from infra.pack.lm_layout import LayoutError, relayout
+    from infra.pack.lm_layout import relayout
+    from infra.pack.opt_layout import LayoutError
 
     try:
         with Progress("warmstart optimize", plain=not args.json):
