@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import runner  # noqa: E402
 from bench.coldstart import run  # noqa: E402
-from handler.runtime.startfiles import PAGE, resident  # noqa: E402
+from handler.runtime.startrecord import PAGE, resident  # noqa: E402
 
 
 def read_mb(files: set[str], under: Path) -> tuple[float, float]:
