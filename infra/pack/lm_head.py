@@ -72,14 +72,10 @@ def head_bits(model_dir: Path) -> int | None:
     """The bits of the head's MatMulNBits in `model_dir`'s graph (None: a float head)."""
     import onnx  # pack time only
 
+    from infra.pack.lm_int4 import node_attrs
+
     node = head_node(onnx.load(str(model_dir / "model.onnx"), load_external_data=False))
-    return None if node is None else int(_attrs(node).get("bits", 4))
-
-
-def _attrs(node: Any) -> dict[str, Any]:
-    import onnx
-
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return None if node is None else int(node_attrs(node).get("bits", 4))
 
 
 def mend_tied(model_dir: Path, read_tensor: Callable[[str], Any]) -> dict[str, Any] | None:
@@ -87,6 +83,8 @@ def mend_tied(model_dir: Path, read_tensor: Callable[[str], Any]) -> dict[str, A
     dangling (module docstring), then prove it. The record for the manifest's scheme, or None where the graph
     needed nothing (an untied model, or a head at the body's bits)."""
     import onnx
+
+    from infra.pack.lm_int4 import node_attrs
 
     path = model_dir / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
@@ -100,7 +98,7 @@ def mend_tied(model_dir: Path, read_tensor: Callable[[str], Any]) -> dict[str, A
     data = reshape.input[0] if reshape is not None else gather.input[0]
     if data in defined and gather.input[2] in defined:
         return None
-    h, g = _attrs(head), _attrs(gather)
+    h, g = node_attrs(head), node_attrs(gather)
     bits, block = int(h.get("bits", 4)), int(h["block_size"])
     want = (f"lm_head.MatMul.weight_Q{bits}G{block}", "lm_head.MatMul.weight_scale")
     if reshape is None or (data, gather.input[2]) != want or len(gather.input) > 3:
@@ -129,17 +127,8 @@ def prove(
 
     from infra.pack import lm_int4
 
-    inits = {t.name: t for t in model.graph.initializer}
-    attrs = _attrs(head)
-    n, bits, block = int(attrs["N"]), int(attrs["bits"]), int(attrs["block_size"])
-    codes = lm_int4._read(inits[head.input[1]], model_dir)
-    blocks = lm_int4.Blocks(
-        codes.reshape(n, -1, block * bits // 8),
-        lm_int4._read(inits[head.input[2]], model_dir).reshape(n, -1),
-        block,
-        int(attrs["K"]),
-        bits,
-    )
+    blocks = lm_int4.node_blocks(head, {t.name: t for t in model.graph.initializer}, model_dir)
+    codes, n, bits, block = blocks.codes, blocks.scales.shape[0], blocks.bits, blocks.block
     tied = None
     for name in HEAD_SOURCES:
         weight = read_tensor(name)
@@ -176,7 +165,7 @@ def _constant(model: Any, model_dir: Path, name: str) -> Any:
             return lm_int4._read(t, model_dir)
     for node in model.graph.node:
         if node.op_type == "Constant" and list(node.output) == [name]:
-            value = _attrs(node).get("value")
+            value = lm_int4.node_attrs(node).get("value")
             return None if value is None else onnx.numpy_helper.to_array(value)
     return None
 

@@ -265,28 +265,38 @@ def _nodes_with_blocks(model: Any, model_dir: Path) -> Iterator[tuple[Any, Block
 
     inits = {t.name: t for t in model.graph.initializer}
     for node in _int4_nodes(model):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         weight_init, scale_init = inits[node.input[1]], inits[node.input[2]]
         if scale_init.data_type != onnx.TensorProto.FLOAT:
             raise RequantizeError(f"{node.name}: scales of ONNX type {scale_init.data_type}; float32 expected")
-        n, block = int(attrs["N"]), int(attrs["block_size"])
-        built = Blocks(
-            _read(weight_init, model_dir).reshape(n, -1, block // 2),
-            _read(scale_init, model_dir).reshape(n, -1),
-            block,
-            int(attrs["K"]),
-        )
-        yield node, built, weight_init, scale_init
+        yield node, node_blocks(node, inits, model_dir), weight_init, scale_init
+
+
+def node_attrs(node: Any) -> dict[str, Any]:
+    """An ONNX node's attributes by name."""
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def node_blocks(node: Any, inits: dict[str, Any], model_dir: Path) -> Blocks:
+    """A MatMulNBits node's weight as its initializers hold it, at the node's bits."""
+    attrs = node_attrs(node)
+    n, block, bits = int(attrs["N"]), int(attrs["block_size"]), int(attrs.get("bits", BITS))
+    return Blocks(
+        _read(inits[node.input[1]], model_dir).reshape(n, -1, block * bits // 8),
+        _read(inits[node.input[2]], model_dir).reshape(n, -1),
+        block,
+        int(attrs["K"]),
+        bits,
+    )
 
 
 def _int4_nodes(model: Any) -> Iterator[Any]:
-    import onnx
 
     for node in model.graph.node:
         if node.op_type != "MatMulNBits":
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if int(attrs.get("bits", 4)) != BITS:
+        if int(node_attrs(node).get("bits", 4)) != BITS:
             continue
         if len(node.input) > 3 and node.input[3]:
             raise RequantizeError(f"{node.name}: asymmetric int4 (zero points); searched scales are symmetric only")
