@@ -183,6 +183,44 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
     }
 
 
+def report(results: Results, variants: list[str], levels: list[int]) -> str:
+    """The markdown: a row per variant and level, then batch's ratio over each other variant that ran."""
+    rows = []
+    for name in variants:
+        one = results.stat("tok_s", variant=name, clients=levels[0]).median
+        for clients in levels:
+            pick = {"variant": name, "clients": clients}
+            per_round = [r["tok_s"] / one for r in results.pick(**pick)] if one else []
+            rows.append(
+                [
+                    name,
+                    clients,
+                    results.stat("tok_s", **pick).fmt(1),
+                    f"{Stat.of(per_round).median:.2f}x" if per_round else "-",
+                    results.stat("tbt_p50_ms", **pick).fmt(0),
+                    results.stat("tbt_p99_ms", **pick).fmt(0),
+                    results.stat("ttft_p50_ms", **pick).fmt(0),
+                    results.stat("cpu_ms_per_token", **pick).fmt(1),
+                    int(sum(r["non_200"] for r in results.pick(**pick))),
+                ]
+            )
+    head = ["variant", "clients", "aggregate tok/s", "vs its 1 client", "TBT p50 ms", "TBT p99 ms", "TTFT p50 ms"]
+    head.append("CPU ms / token")
+    md = table([*head, "non-200"], rows)
+    if "batch" in variants:
+        # One labelled line per peer that ran (the llama line had no label, and "over single" printed empty).
+        for other in ("single", "llama", "baseline"):
+            if other in variants:
+                md += f"\n\nbatch over {other}, aggregate tok/s by clients: " + ", ".join(
+                    f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', other, clients=c))}" for c in levels
+                )
+    if "llama" not in variants:
+        md += "\n\nllama-server: not run (/work/cache/llama-server/READY absent when this ran)."
+    loads = [r["load"] for r in results.rows]
+    md += f"\n\nLoad average during the levels: {Stat.of(loads).fmt(1)}."
+    return md
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__, rounds=3, out="generate-streams")
     ap.add_argument("--pack", type=Path, required=True, help="a packed generate model (genai backend)")
@@ -265,46 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers.values():
                 server.close()
-    rows = []
-    for name in variants:
-        one = results.stat("tok_s", variant=name, clients=levels[0]).median
-        for clients in levels:
-            pick = {"variant": name, "clients": clients}
-            per_round = [r["tok_s"] / one for r in results.pick(**pick)] if one else []
-            rows.append(
-                [
-                    name,
-                    clients,
-                    results.stat("tok_s", **pick).fmt(1),
-                    f"{Stat.of(per_round).median:.2f}x" if per_round else "-",
-                    results.stat("tbt_p50_ms", **pick).fmt(0),
-                    results.stat("tbt_p99_ms", **pick).fmt(0),
-                    results.stat("ttft_p50_ms", **pick).fmt(0),
-                    results.stat("cpu_ms_per_token", **pick).fmt(1),
-                    int(sum(r["non_200"] for r in results.pick(**pick))),
-                ]
-            )
-    head = ["variant", "clients", "aggregate tok/s", "vs its 1 client", "TBT p50 ms", "TBT p99 ms", "TTFT p50 ms"]
-    head.append("CPU ms / token")
-    md = table([*head, "non-200"], rows)
-    if "batch" in variants:
-        md += "\n\nbatch over single, aggregate tok/s by clients: " + ", ".join(
-            f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'single', clients=c))}"
-            for c in levels
-            if "single" in variants
-        )
-        md += "\n" + ", ".join(
-            f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'llama', clients=c))}" for c in levels
-        ) * ("llama" in variants)
-        if "baseline" in variants:
-            md += "\n\nbatch over baseline, aggregate tok/s by clients: " + ", ".join(
-                f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', 'baseline', clients=c))}" for c in levels
-            )
-    if "llama" not in variants:
-        md += "\n\nllama-server: not run (/work/cache/llama-server/READY absent when this ran)."
-    loads = [r["load"] for r in results.rows]
-    md += f"\n\nLoad average during the levels: {Stat.of(loads).fmt(1)}."
-    results.save(args.out, md)
+    results.save(args.out, report(results, variants, levels))
     return 0
 
 
