@@ -334,7 +334,7 @@ class Session:
         )
         return value.value or 0
 
-    def _copy_out(self, value: int) -> Any:
+    def _copy_out(self, value: int | None) -> Any:
         a = self._api
         info = _vp()
         a.check(a.GetTensorTypeAndShape(value, ctypes.byref(info)))
