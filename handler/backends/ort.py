@@ -244,8 +244,13 @@ class OnnxBackend:
                 return dict(zip(self._outputs, session.run(feeds, into), strict=True))
             except ort_capi.OrtError:
                 # A graph whose output dims are named like its inputs' but mean something else: ORT refuses the
-                # preallocated shape. Run it plainly (a real failure fails there too), and so from now on.
+                # preallocated shape. When the plain run works, that was it: plain from now on.
+                result = self._run_plain(session, feeds)
                 self._bound = None
+                return result
+        return self._run_plain(session, feeds)
+
+    def _run_plain(self, session: ort_capi.Session, feeds: Arrays) -> Arrays:
         try:
             return dict(zip(self._outputs, session.run(feeds), strict=True))
         except ort_capi.OrtError as e:
