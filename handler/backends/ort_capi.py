@@ -254,6 +254,7 @@ class Session:
         self.inputs = self._describe(a.SessionGetInputCount, a.SessionGetInputName, a.SessionGetInputTypeInfo)
         self.outputs = self._describe(a.SessionGetOutputCount, a.SessionGetOutputName, a.SessionGetOutputTypeInfo)
         self._output_names = (_str * len(self.outputs))(*(o.name.encode() for o in self.outputs))
+        self._input_names: dict[tuple[str, ...], Any] = {}
 
     def _describe(self, count_of: Any, name_of: Any, type_of: Any) -> list[IOInfo]:
         a = self._api
@@ -298,7 +299,10 @@ class Session:
         C-contiguous array per output, of its exact dtype and shape, that ORT writes into (returned); else ORT
         allocates and each output is copied out. OrtError with ORT's message when the run fails."""
         a = self._api
-        names = list(feeds)
+        names = tuple(feeds)
+        input_names = self._input_names.get(names)
+        if input_names is None:  # the same few name tuples every call: encoded once
+            input_names = self._input_names[names] = (_str * len(names))(*(n.encode() for n in names))
         arrays = [np.ascontiguousarray(feeds[n]) for n in names]  # kept alive until Run returns
         n_out = len(self.outputs)
         inputs = (_vp * len(arrays))()
@@ -309,7 +313,6 @@ class Session:
             if into is not None:
                 for i, array in enumerate(into):
                     outputs[i] = self._value(array)
-            input_names = (_str * len(names))(*(n.encode() for n in names))
             a.check(a.Run(self.ptr, None, input_names, inputs, len(names), self._output_names, n_out, outputs))
             return list(into) if into is not None else [self._copy_out(outputs[i]) for i in range(n_out)]
         finally:
