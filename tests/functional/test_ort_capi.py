@@ -17,7 +17,7 @@ import pytest
 from handler.backends import ort_capi
 from handler.backends.contract import BackendSettings
 from handler.backends.device import CudaProbe
-from handler.backends.ort import OnnxBackend
+from handler.backends.ort import OnnxBackend, runtime
 from handler.backends.ort_spec import OrtSettings
 from handler.core.config import Config
 from handler.core.errors import ModelLoadError, ModelRunError
@@ -253,3 +253,26 @@ def test_inputs_and_outputs_are_described_as_the_binding_describes_them(model_di
     assert [i.dtype for i in session.inputs] == [np.int64, np.int64] and session.outputs[0].dtype == np.float32
     session.close()
     session.close()  # twice is harmless
+
+
+def test_outputs_named_like_the_inputs_dims_but_shaped_otherwise_fall_back_to_ort_allocating(tmp_path: Path) -> None:
+    """A graph that declares its output [batch, seq] and answers [seq, batch]: the preallocated output is refused
+    by ORT, the plain run answers right, and from then on outputs are ORT's (the binding path does the same)."""
+    from onnx import TensorProto, helper, save_model
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])],
+        "mislabelled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    save_model(model, str(tmp_path / "t.onnx"))
+    backend = OnnxBackend()
+    backend.version, backend.api = runtime(settings())
+    backend._create(tmp_path / "t.onnx", settings(), PhaseTimer(), preoptimized=True)
+    assert backend.capi is not None and backend._bound == [("y", np.float32, ["batch", "seq"])]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(backend.run({"x": x})["y"], x.T) and backend._bound is None
+    assert np.array_equal(backend.run({"x": x[:1]})["y"], x[:1].T)
