@@ -2,6 +2,7 @@
 at batch 1 and 32, in one interleaved run (bench/runner.py).
 
     .venv/bin/python bench/hotpath/overhead.py [--ref main] [--rounds 15] [--block 25] [--threads 1]
+        [--before-env NAME=VALUE ...]
 
 Each code version is one long-lived child (two `handler` packages cannot share an interpreter), in a cgroup of
 its own with as many vCPUs as intra-op threads when run as root. Within every round the children are asked in
@@ -95,9 +96,18 @@ def main() -> int:
     ap.add_argument("--ref", default="main", help="git ref measured as 'before' (default %(default)s)")
     ap.add_argument("--block", type=int, default=25, help="batch-1 pairs a block (batch 32: an eighth, >= 3)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads, both versions and the floor")
+    ap.add_argument(
+        "--before-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the 'before' child only (--ref HEAD --before-env WARMSTART_ORT_CAPI=0: one code, two ways)",
+    )
     args = ap.parse_args()
+    before_env = dict(kv.split("=", 1) for kv in args.before_env)
     versions = {"before": runner.ref_checkout(args.ref), "after": ROOT}
-    res = runner.Results("bench/hotpath/overhead.py", meta={"ref": args.ref, "threads": args.threads})
+    meta = {"ref": args.ref, "threads": args.threads, "before_env": args.before_env}
+    res = runner.Results("bench/hotpath/overhead.py", meta=meta)
     cgroups = {v: runner.Quota(v, float(args.threads)) for v in versions} if not runner.need_root() else {}
     children: dict[str, runner.Child] = {}
     try:
@@ -107,6 +117,8 @@ def main() -> int:
                 float(args.threads), WARMSTART_THREADS=str(args.threads), WARMSTART_ORT_OPTIMIZED="0"
             )
             env["PYTHONPATH"] = str(root) if root == ROOT else f"{root}:{ROOT}"
+            if v == "before":
+                env.update(before_env)
             argv = [sys.executable, __file__, "--child"]
             children[v] = runner.Child(cgroups[v].wrap(argv) if cgroups else argv, env, MARK)
         for rnd in range(args.rounds):
@@ -128,7 +140,9 @@ def main() -> int:
     floor = [f"batch {b}: {res.stat('floor_wall', batch=b).fmt(2)} ms" for b in (1, 32)]
     res.save(
         args.out,
-        f"Overhead over the floor per call (ms), {args.threads} intra-op thread(s), before = {args.ref}:\n\n"
+        f"Overhead over the floor per call (ms), {args.threads} intra-op thread(s), before = {args.ref}"
+        + "".join(f" {kv}" for kv in args.before_env)
+        + ":\n\n"
         + runner.table(["batch", "measure", "before", "after", "after / before (medians)"], rows)
         + f"\n\nThe floor's own call (wall): {', '.join(floor)}.",
     )
