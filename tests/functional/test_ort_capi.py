@@ -276,3 +276,18 @@ def test_outputs_named_like_the_inputs_dims_but_shaped_otherwise_fall_back_to_or
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert np.array_equal(backend.run({"x": x})["y"], x.T) and backend._bound is None
     assert np.array_equal(backend.run({"x": x[:1]})["y"], x[:1].T)
+
+
+@pytest.mark.parametrize(
+    "requirements",
+    ["layers/requirements.txt", "infra/deploy/requirements-gpu.txt", "infra/deploy/requirements-pack.txt"],
+)
+def test_every_pinned_onnxruntime_is_a_release_the_table_was_checked_for(requirements: str) -> None:
+    """A bump of onnxruntime would silently turn every CPU start back to the binding: it fails here instead, until
+    the indices and signatures in ort_capi are checked against the new release's onnxruntime_c_api.h."""
+    pins = [
+        line.split("==", 1)[1].strip()
+        for line in (ROOT / requirements).read_text().splitlines()
+        if line.startswith(("onnxruntime==", "onnxruntime-gpu=="))
+    ]
+    assert pins and all(pin.startswith(ort_capi.VERSIONS) for pin in pins), (pins, ort_capi.VERSIONS)
