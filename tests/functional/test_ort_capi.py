@@ -291,3 +291,34 @@ def test_every_pinned_onnxruntime_is_a_release_the_table_was_checked_for(require
         if line.startswith(("onnxruntime==", "onnxruntime-gpu=="))
     ]
     assert pins and all(pin.startswith(ort_capi.VERSIONS) for pin in pins), (pins, ort_capi.VERSIONS)
+
+
+def test_other_threads_run_while_a_session_computes(model_dir: Path) -> None:
+    """ctypes releases the GIL for the foreign call (CFUNCTYPE): the HTTP host's other requests, its loop and
+    the batcher run while ORT computes. This thread notes the time as it loops; held, the GIL would let it note
+    nothing in the middle of the run."""
+    import threading
+    import time
+
+    session = ort_capi.Session(str(model_dir / "model.onnx"), intra_threads=1, optimization=2)
+    ids = np.full((32, 128), 2000, np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    session.run(feeds)  # the first run's one-time work out of the way
+    window: list[float] = []
+    done = threading.Event()
+
+    def compute() -> None:
+        window.append(time.perf_counter())
+        session.run(feeds)
+        window.append(time.perf_counter())
+        done.set()
+
+    worker = threading.Thread(target=compute)
+    stamps: list[float] = []
+    worker.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    worker.join()
+    start, end = window
+    margin = (end - start) / 10  # the Python steps around the foreign call hold the GIL: the middle only
+    assert sum(start + margin < t < end - margin for t in stamps) > 1_000
