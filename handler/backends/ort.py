@@ -1,7 +1,7 @@
 """ONNX Runtime backend (the `onnxruntime-gpu` package; `onnxruntime` on Lambda): on the CPU through ONNX Runtime's C
-API (handler.backends.ort_capi: the wheel's own libonnxruntime, without the Python package's ~117 M instructions of
-import), the Python binding for the CUDA provider and wherever the C library cannot be used (the reason is in the
-init report's `coldstart.onnx_api`)."""
+API (handler.backends.ort_capi: the wheel's own libonnxruntime, the Python package never imported), the Python binding
+for the CUDA provider and wherever the C library cannot be used (the reason is in the init report's
+`coldstart.onnx_api`)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,22 @@
 """ONNX Runtime's C API through ctypes: the CPU sessions of the `onnx` backend (handler.backends.ort).
 
-Why not the Python binding: importing `onnxruntime` runs its pybind11 module's init (hundreds of types registered)
-and its Python modules: +117 M instructions of a start (callgrind, main thread: `import numpy` 394.9 M, `import
-numpy, onnxruntime` 512.3 M), where opening the C library the wheel ships beside it
-(`onnxruntime/capi/libonnxruntime.so.<version>`) and `OrtGetApiBase()` cost +2.7 M. The binding links its own copy of
-the runtime statically, so the two are the same release built from the same tree: the same kernels, the same
-answers (tests/functional/test_ort_capi.py compares them bit for bit). ctypes releases the GIL for every foreign
-call, as the binding does for `run`.
+Why not the Python binding: importing `onnxruntime` runs its Python modules and its pybind11 module's init (hundreds
+of types registered) besides ONNX Runtime's own environment setup (~89 M instructions, the operator schemas, which
+`CreateEnv` here does too): +117 M on a start's main thread (callgrind: `import numpy` 394.9 M, `import numpy,
+onnxruntime` 512.3 M). Through the C library the wheel ships beside it (`onnxruntime/capi/libonnxruntime.so.<version>`)
+a start to the first answer is 829.8 M against 851.5 M through the binding (bench/coldstart/instr.py --at-answer).
+The binding links its own copy of the runtime statically: the same release built from the same tree, the same kernels,
+the same answers (tests/functional/test_ort_capi.py compares them bit for bit). ctypes releases the GIL for every
+foreign call, as the binding does for `run`.
 
 The library is found without importing the package (`find_spec` reads the path; it runs nothing). The OrtApi struct
 is a table of function pointers whose order is fixed per API version and only ever appended to; the indices and
 signatures below are those of onnxruntime_c_api.h at ORT_API_VERSION 8 (microsoft/onnxruntime,
-include/onnxruntime/core/session/onnxruntime_c_api.h; everything used is in versions 1-4, and ORT asserts the
-version 1-3 offsets in its own build). ctypes cannot check a signature, so a library of another release than
-VERSIONS is not called: CapiUnavailable, and the backend takes the binding.
+include/onnxruntime/core/session/onnxruntime_c_api.h). Everything used is in versions 1-5, whose ends ORT's own build
+asserts (onnxruntime_c_api.cc's static_asserts: ReleaseCustomOpDomain at 101, ReleaseModelMetadata at 118,
+AddFreeDimensionOverrideByName at 124, ReleaseAvailableProviders at 126, SetGlobalSpinControl at 149, as counted
+here). ctypes cannot check a signature, so a library of another release than VERSIONS is not called:
+CapiUnavailable, and the backend takes the binding.
 """
 
 from __future__ import annotations
