@@ -45,6 +45,16 @@ def start_runtime() -> Any:
     return Runtime.start(Config(model_dir=MODEL, backend="onnx"), environ={}, emit=None)
 
 
+def first_output(session: Any) -> Any:
+    """`feeds -> the first output` on the backend's session: the C API's (handler.backends.ort_capi, the CPU's) or
+    the Python binding's (CUDA, WARMSTART_ORT_CAPI=0)."""
+    from handler.backends.ort_capi import Session
+
+    if isinstance(session, Session):
+        return lambda feeds: session.run(feeds)[0]
+    return lambda feeds: session.run(None, feeds)[0]
+
+
 def minimal_handler(session: Any) -> Any:
     import numpy as np
     from tokenizers import Tokenizer
@@ -52,12 +62,13 @@ def minimal_handler(session: Any) -> Any:
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     tok.enable_truncation(256)
     tok.enable_padding()
+    run = first_output(session)
 
     def handler(event: Any, context: Any) -> Any:
         enc = tok.encode_batch(event["inputs"])
         ids = np.array([e.ids for e in enc], dtype=np.int64)
         mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
-        return {"embeddings": session.run(None, {"input_ids": ids, "attention_mask": mask})[0].tolist()}
+        return {"embeddings": run({"input_ids": ids, "attention_mask": mask}).tolist()}
 
     return handler
 
@@ -153,7 +164,7 @@ def serve(port: int) -> None:
     rt = start_runtime()
     host = Host(lambda: rt)
     host.start()  # init before serving: a mounted app's lifespan does not run
-    session = rt.backend.session
+    run = first_output(rt.backend.session)
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     tok.enable_truncation(256)
     tok.enable_padding()
@@ -166,7 +177,7 @@ def serve(port: int) -> None:
             enc = tok.encode_batch(body["inputs"])
             ids = np.array([e.ids for e in enc], dtype=np.int64)
             mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
-            out: list[Any] = session.run(None, {"input_ids": ids, "attention_mask": mask})[0].tolist()
+            out: list[Any] = run({"input_ids": ids, "attention_mask": mask}).tolist()
             return out
 
         from starlette.concurrency import run_in_threadpool

@@ -21,6 +21,9 @@ class OrtSettings:
     optimized: bool = True
     # Outputs bound into pooled buffers: None lets the backend decide (on for CUDA, where it saves a copy).
     iobinding: bool | None = None
+    # ONNX Runtime's C API on the CPU (handler.backends.ort_capi), where the start never imports the Python
+    # package (WARMSTART_ORT_CAPI=0: the binding, as CUDA always uses).
+    capi: bool = True
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> OrtSettings:
@@ -30,6 +33,7 @@ class OrtSettings:
             prepack=env_bool(env, "WARMSTART_ORT_PREPACK", True),
             optimized=env_bool(env, "WARMSTART_ORT_OPTIMIZED", True),
             iobinding=env_switch(env, "WARMSTART_ORT_IOBINDING"),
+            capi=env_bool(env, "WARMSTART_ORT_CAPI", True),
         )
 
 
@@ -55,8 +59,9 @@ SPEC = BackendSpec(
     name="onnx",
     module="handler.backends.ort",
     needs="arrays",
-    # The Python module embeds the runtime: libonnxruntime.so (the C API's copy, 28 MB) is never loaded.
-    libraries=(("onnxruntime", ("onnxruntime/capi/*pybind11_state*.so", "onnxruntime/capi/*_shared.so")),),
+    # A CPU start loads the C library (handler.backends.ort_capi), never the Python module (which embeds its own
+    # copy of the runtime and is loaded only for CUDA or where the C API is switched off or unusable).
+    libraries=(("onnxruntime", ("onnxruntime/capi/libonnxruntime.so.*",)),),
     settings=OrtSettings.from_environ,
     start_files=start_files,
 )

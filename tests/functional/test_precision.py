@@ -309,3 +309,21 @@ def test_an_int8_pack_is_pre_optimized_without_saved_prepacked_weights(
     np.testing.assert_array_equal(
         np.asarray(runtime.handle({"inputs": TEXTS}, None)["embeddings"], np.float32), portable
     )
+
+
+def test_the_c_api_and_the_binding_answer_an_int8_pack_bit_identically(packed: Callable[..., Path]) -> None:
+    """The onnx backend runs the CPU session through ONNX Runtime's C API (handler.backends.ort_capi); the
+    int8 graph answers as through the Python binding, bit for bit."""
+    from handler.core.config import Config
+    from handler.runtime.invocation import Runtime
+
+    model = packed("sentence-transformers", quantize="int8", min_quality=0.9)
+    runtimes = {
+        api: Runtime.start(Config(model_dir=model, backend="onnx", warmup=False), environ=env, emit=None)
+        for api, env in (("c", {}), ("python", {"WARMSTART_ORT_CAPI": "0"}))
+    }
+    for api, runtime in runtimes.items():
+        assert runtime.init_report["coldstart"]["onnx_api"]["used"] == api
+    for texts in (TEXTS[3:4], [f"{t} {i}" for i, t in enumerate(TEXTS * 6)][:32]):  # batch 1 and 32, padded
+        c, py = (np.asarray(r.handle({"inputs": texts}, None)["embeddings"], np.float32) for r in runtimes.values())
+        assert c.shape[0] == len(texts) and np.array_equal(c, py)

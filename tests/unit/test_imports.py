@@ -37,7 +37,8 @@ def import_app(model_dir: Path, backend: str) -> tuple[set[str], list[dict[str, 
     ("backend", "loaded", "absent"),
     [
         # orjson: imported by the first answer, or by the init's warm-up (off here, as on an on-demand start)
-        ("onnx", {"onnxruntime", "tokenizers", "numpy"}, {"torch", "safetensors", "orjson"}),
+        # onnxruntime: the CPU session is the C library's (handler.backends.ort_capi), the package never imported
+        ("onnx", {"tokenizers", "numpy"}, {"torch", "safetensors", "orjson", "onnxruntime"}),
         ("torch", {"torch", "tokenizers"}, {"onnxruntime"}),
     ],
 )
