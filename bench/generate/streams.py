@@ -19,6 +19,12 @@ Variants, each one long-lived host started once (rounds interleaved, order rotat
 
 Usage: .venv/bin/python bench/generate/streams.py --pack DIR [--rounds 3] [--vcpus 2] [--levels 1,8,32]
        [--max-tokens 32] [--requests 2] [--rows 32] [--kv-tokens 32768] [--single-up-to 8] [--baseline REF] [--own-cpus]
+       [--perf CLIENTS]
+
+--perf: after the rounds, one more level of CLIENTS clients on each server of ours under `perf record` (software
+sampling, every thread): the share of its CPU samples in ONNX Runtime, the kernel (thread-pool wake-ups, page
+faults), libc, the Python interpreter, numpy and tokenizers (the Python around the model runs: sampling,
+detokenizing, the SSE writes, the scheduler).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -183,7 +191,51 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
     }
 
 
-def report(results: Results, variants: list[str], levels: list[int]) -> str:
+# perf's shared objects, grouped (the first group whose key a name holds: numpy's and tokenizers' extension
+# modules before the interpreter's own): where a server's CPU goes (its kernels, the OS, the Python around them)
+PERF_GROUPS = (
+    ("ONNX Runtime", ("onnxruntime",)),
+    ("kernel", ("[kernel",)),
+    ("numpy", ("_multiarray", "_generator", "numpy", "_pcg64", "_bounded")),
+    ("tokenizers", ("tokenizers",)),
+    ("libc", ("libc.so", "libstdc++", "libgcc", "libm.so", "ld-linux")),
+    ("Python", ("libpython", "python", ".cpython-")),
+)
+
+
+def perf_shares(server: Server, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """One more level with `perf record` (software sampling: no HW counters on a VM) on the server's process,
+    every thread (threads started later are followed): the % of its samples in each PERF_GROUPS group."""
+    data = ROOT / "build" / f"streams-{server.name}.perf.data"
+    argv = ["perf", "record", "-q", "-F", "499", "-p", str(server.proc.pid), "-o", str(data)]
+    rec = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the level's first request
+    level(server, clients, requests, max_tokens)
+    rec.send_signal(signal.SIGINT)
+    rec.wait(60)
+    argv = ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso", "-g", "none", "--stdio"]
+    return perf_groups(subprocess.run(argv, capture_output=True, text=True, check=False).stdout)
+
+
+def perf_groups(by_dso: str) -> dict[str, float]:
+    """`perf report --sort dso --stdio`'s lines ("88.01%  onnxruntime_pybind11_state...so") summed by PERF_GROUPS."""
+    shares = dict.fromkeys([g for g, _ in PERF_GROUPS] + ["other"], 0.0)
+    for line in by_dso.splitlines():
+        parts = line.split()
+        if line.startswith("#") or len(parts) < 2 or not parts[0].endswith("%"):
+            continue
+        group = next((g for g, keys in PERF_GROUPS if any(k in parts[1] for k in keys)), "other")
+        shares[group] += float(parts[0][:-1])
+    return shares
+
+
+def report(
+    results: Results,
+    variants: list[str],
+    levels: list[int],
+    sampled: list[dict[str, Any]] | None = None,
+    llama_missing: bool = False,
+) -> str:
     """The markdown: a row per variant and level, then batch's ratio over each other variant that ran."""
     rows = []
     for name in variants:
@@ -214,10 +266,15 @@ def report(results: Results, variants: list[str], levels: list[int]) -> str:
                 md += f"\n\nbatch over {other}, aggregate tok/s by clients: " + ", ".join(
                     f"{c}: {fmt_ratio(ratios(results.rows, 'tok_s', 'batch', other, clients=c))}" for c in levels
                 )
-    if "llama" not in variants:
+    if llama_missing:  # asked for, and dropped (not a line when llama was not among --variants)
         md += "\n\nllama-server: not run (/work/cache/llama-server/READY absent when this ran)."
     loads = [r["load"] for r in results.rows]
     md += f"\n\nLoad average during the levels: {Stat.of(loads).fmt(1)}."
+    if sampled:
+        groups = [g for g, _ in PERF_GROUPS] + ["other"]
+        rows = [[r["variant"], r["clients"], *(f"{r['perf'][g]:.1f}%" for g in groups)] for r in sampled]
+        md += "\n\nWhere each server's CPU went (perf samples by library, one more level):\n\n"
+        md += table(["variant", "clients", *groups], rows)
     return md
 
 
@@ -244,23 +301,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--own-cpus", action="store_true", help="each server's quota its own CPUs (the host's other jobs yield)"
     )
+    ap.add_argument(
+        "--perf",
+        type=int,
+        default=0,
+        help="after the rounds, one more level of this many clients per server of ours under `perf record`: "
+        "its CPU by library (ONNX Runtime, kernel, Python, ...)",
+    )
     args = ap.parse_args(argv)
     why = need_root()
     if why:
         raise SystemExit(f"bench/generate/streams.py {why}")
     levels = [int(x) for x in args.levels.split(",")]
     variants = [v for v in args.variants.split(",") if v]
+    if args.perf and shutil.which("perf") is None:
+        raise SystemExit("--perf needs the perf tool (linux-tools) on the PATH")
     baseline = ref_checkout(args.baseline) if args.baseline else None
     if baseline is not None:
         variants.append("baseline")
     llama_bin, gguf = LLAMA / "bin" / "llama-server", args.gguf
-    if "llama" in variants and not (LLAMA / "READY").is_file():
+    llama_missing = "llama" in variants and not (LLAMA / "READY").is_file()
+    if llama_missing:
         variants.remove("llama")
         print(f"llama-server: {LLAMA}/READY is absent (bench/generate/build_llama_server.sh): not run", file=sys.stderr)
     if "llama" in variants and (gguf is None or not gguf.is_file()):
         raise SystemExit(f"the llama variant needs --gguf (the GGUF of the same model), got {gguf}")
     (ROOT / "build").mkdir(exist_ok=True)
     results = Results("generate-streams", {"pack": str(args.pack), "vcpus": args.vcpus, "levels": levels})
+    sampled: list[dict[str, Any]] = []  # --perf's levels: in runs.json's meta, not among the timed rows
+    results.meta["perf"] = sampled
     with quotas(*variants) as qs:
         for q in qs.values():
             q.set(args.vcpus)
@@ -300,10 +369,14 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         got = level(servers[name], clients, args.requests, args.max_tokens)
                         results.add(round=rnd, variant=name, clients=clients, load=os.getloadavg()[0], **got)
+            for name, server in servers.items():
+                if args.perf and server.kind == "ours":
+                    shares = perf_shares(server, args.perf, args.requests, args.max_tokens)
+                    sampled.append({"variant": name, "clients": args.perf, "perf": shares})
         finally:
             for server in servers.values():
                 server.close()
-    results.save(args.out, report(results, variants, levels))
+    results.save(args.out, report(results, variants, levels, sampled, llama_missing))
     return 0
 
 

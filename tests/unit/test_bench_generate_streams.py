@@ -45,3 +45,39 @@ def test_single_and_baseline_get_their_own_lines() -> None:
     assert "batch over single, aggregate tok/s by clients: 1: 2.00x" in md
     assert "batch over baseline, aggregate tok/s by clients: 1: 1.25x" in md
     assert "over llama" not in md
+
+
+def test_the_llama_line_only_when_llama_was_asked_for_and_not_run() -> None:
+    md = streams.report(_results(["batch"]), ["batch"], [1, 8])
+    assert "llama-server: not run" not in md  # not among the variants: nothing to say (it said READY was absent)
+    md = streams.report(_results(["batch"]), ["batch"], [1, 8], llama_missing=True)
+    assert "llama-server: not run (/work/cache/llama-server/READY absent" in md
+
+
+PERF_BY_DSO = """# Samples: 12K of event 'cpu-clock:ppp'
+#
+    88.01%  onnxruntime_pybind11_state.cpython-311-x86_64-linux-gnu.so
+     8.25%  [kernel.kallsyms]
+     2.21%  libc.so.6
+     0.93%  libpython3.11.so.1.0
+     0.26%  _multiarray_umath.cpython-311-x86_64-linux-gnu.so
+     0.17%  libstdc++.so.6.0.30
+     0.06%  tokenizers.abi3.so
+     0.02%  _asyncio.cpython-311-x86_64-linux-gnu.so
+     0.01%  libfoo.so
+"""
+
+
+def test_perf_samples_are_summed_by_library_group() -> None:
+    got = streams.perf_groups(PERF_BY_DSO)
+    assert got["ONNX Runtime"] == 88.01
+    assert got["kernel"] == 8.25
+    assert round(got["libc"], 2) == 2.38
+    assert round(got["Python"], 2) == 0.95  # the interpreter and its own extension modules
+    assert got["numpy"] == 0.26  # numpy's _umath module is numpy's, not the interpreter's `math`
+    assert got["tokenizers"] == 0.06
+    assert got["other"] == 0.01
+    sampled = [{"variant": "batch", "clients": 8, "perf": got}]
+    md = streams.report(_results(["batch"]), ["batch"], [1, 8], sampled)
+    assert "| variant | clients | ONNX Runtime | kernel | numpy | tokenizers | libc | Python | other |" in md
+    assert "| batch | 8 | 88.0% | 8.2% | 0.3% | 0.1% | 2.4% | 1.0% | 0.0% |" in md
