@@ -62,4 +62,7 @@ SPEC = BackendSpec(
     # opened, the ranges of its data a session reads): handler.backends.genai_load.
     settings=GenaiSettings.from_environ,
     start_files=start_files,
+    # One generator per request (the only engine on Lambda) computes through onnxruntime-genai's C API and the
+    # tokenizer: no numpy (a JSON constraint's logits and the batching engine import it where they need it).
+    numpy=False,
 )
