@@ -22,6 +22,12 @@ import handler.app
 handler.app.lambda_handler({"prompt": "hello world", "max_tokens": 4, "temperature": 0}, None)
 chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0.7, "seed": 1}
 handler.app.lambda_handler(chat, None)
+# a Function URL's event: the compatible APIs' and the Open Inference Protocol's modules are loaded for it
+compat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+event = {"version": "2.0", "rawPath": "/v1/chat/completions", "body": json.dumps(compat), "isBase64Encoded": False,
+         "requestContext": {"http": {"method": "POST", "path": "/v1/chat/completions"}, "stage": "$default"}}
+answer = json.loads(handler.app.lambda_handler(event, None))
+assert answer["statusCode"] == 200, answer
 plain = "numpy" in sys.modules
 json_row = {"prompt": "x", "max_tokens": 6, "temperature": 0, "response_format": {"type": "json_object"}}
 handler.app.lambda_handler(json_row, None)
