@@ -280,13 +280,6 @@ def test_decode_steps_reuse_their_binding_and_one_logits_buffer(batched: Runtime
     assert buffer.shape == (batch.max_rows, batch.vocab)
 
 
-def test_the_batch_session_plans_no_memory_pattern(batched: Runtime) -> None:
-    # Its runs' shapes change every step (rows join and leave, prompt runs of any width): ORT's memory pattern
-    # would cache a block plan per shape and take a seen shape's whole block from its arena at once, as it did
-    # for the single-stream decoder (handler.backends.genai.overlay).
-    assert engine(batched).session.get_session_options().enable_mem_pattern is False
-
-
 class Runs:
     """The engine's session, each model run noted: rows and width of its ids, and how many runs were in flight
     when it started (a step's prompt run and decode run overlap)."""
