@@ -30,8 +30,10 @@ prefetch.start()
 # CPython 3.11 keeps frames in 16 KiB chunks and frees a chunk as soon as the frame at its base returns, so an
 # import tree that runs across a chunk's end maps and unmaps it for each call there. From that depth numpy's
 # own imports did it ~650 times (a mmap, a munmap and a page fault each: kernel time no instruction count
-# shows); from here, the depth the tuned floor imports it at, none. Every start imports numpy (backends.pool).
-import numpy  # noqa: E402, F401
+# shows); from here, the depth the tuned floor imports it at, none. Every start whose backend computes with
+# numpy imports it (backends.pool, the tasks' arrays); a genai start does not (its spec's `numpy`).
+if prefetch.numpy_at_start():
+    import numpy  # noqa: F401
 
 from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
 from handler.core.types import Event  # noqa: E402

@@ -23,6 +23,7 @@ Usage: .venv/bin/python bench/generate/rss.py --pack DIR [--variant NAME=ENV=VAL
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections import defaultdict
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     round=rnd,
                     first_token_ms=child.ready_ms,
                     ttft_ms=done["ttft_ms"],
+                    ttft_cpu_ms=done.get("ttft_cpu_ms", math.nan),  # a driver from before it: not known
                     decode_tps=done["decode_tps"],
                     tokens=done["tokens"],
                     ready_peak_mb=ready_peak,
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "file / anon after",
         "target",
         "TTFT",
+        "TTFT CPU",
         "decode tok/s",
     ]
     rows = []
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s('file_mb', variant=name).fmt(0)} / {s('anon_mb', variant=name).fmt(0)} MB",
                 s("target_mb", variant=name).fmt(0, " MB"),
                 s("ttft_ms", variant=name).fmt(0, " ms"),
+                s("ttft_cpu_ms", variant=name).fmt(0, " ms"),
                 s("decode_tps", variant=name).fmt(1),
             ]
         )

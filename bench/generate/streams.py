@@ -5,8 +5,8 @@ The real host process (`python -m handler`, HTTP mode) serves a packed Qwen3-sha
 (`/invocations`, `"stream": true`, greedy, --max-tokens tokens, a short distinct prompt each) and time every
 server-sent event. Per level: aggregate generated tokens/s (all tokens over the wall time of the level), p50 and
 p99 time between tokens (the gaps between a stream's events after its first, each shared by the tokens its event
-carries), time to the first token, the server's CPU time per generated token, and the count of answers other
-than 200.
+carries), time to the first token, the server's CPU time per generated token, the count of answers other
+than 200, and the server's peak RSS (VmHWM) after the level (the host's life so far: levels run in order).
 
 Variants, each one long-lived host started once (rounds interleaved, order rotated round by round):
 - `batch`: WARMSTART_GENAI_BATCH=--rows (continuous batching; the queue WARMSTART_GENAI_QUEUE=--rows);
@@ -54,6 +54,7 @@ from bench.runner import (
     need_root,
     order,
     parser,
+    peak_rss_mb,
     quotas,
     ratios,
     ref_checkout,
@@ -188,6 +189,7 @@ def level(server: Server, clients: int, requests: int, max_tokens: int) -> dict[
         "non_200": float(sum(r["status"] != 200 for r in results)),
         "tokens": float(sum(r["tokens"] for r in results)),
         "cpu_ms_per_token": cpu * 1000 / max(1, sum(r["tokens"] for r in results)),
+        "peak_rss_mb": peak_rss_mb(server.proc.pid),
     }
 
 
@@ -253,11 +255,12 @@ def report(
                     results.stat("tbt_p99_ms", **pick).fmt(0),
                     results.stat("ttft_p50_ms", **pick).fmt(0),
                     results.stat("cpu_ms_per_token", **pick).fmt(1),
+                    results.stat("peak_rss_mb", **pick).fmt(0),
                     int(sum(r["non_200"] for r in results.pick(**pick))),
                 ]
             )
     head = ["variant", "clients", "aggregate tok/s", "vs its 1 client", "TBT p50 ms", "TBT p99 ms", "TTFT p50 ms"]
-    head.append("CPU ms / token")
+    head += ["CPU ms / token", "peak RSS MB"]
     md = table([*head, "non-200"], rows)
     if "batch" in variants:
         # One labelled line per peer that ran (the llama line had no label, and "over single" printed empty).

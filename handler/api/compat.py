@@ -41,9 +41,7 @@ import base64
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from handler.api.media import JSON_TYPE, NPY_TYPE, Kind, NotAcceptableError, dump_npy, npy_answer, npy_vectors
 from handler.api.refusals import Items, OneText, Refusal, Refuse, TextParts, TokenIds, validate
@@ -52,6 +50,9 @@ from handler.core.errors import InvalidInputError, UnsupportedRequestError
 from handler.core.types import JSON
 from handler.tasks import catalog
 from handler.tasks.streaming import collect, streams
+
+if TYPE_CHECKING:  # types only: numpy is imported where an embedding answer is shaped (a genai start never)
+    import numpy as np
 
 Find = Callable[[str], str | None]  # a model name → the key this instance serves it under, or None
 LANGCHAIN_HINT = "LangChain's OpenAIEmbeddings sends token ids unless it is made with check_embedding_ctx_length=False"
@@ -231,10 +232,14 @@ def shape_vectors(vectors: list[Any], dimensions: int | None, encoding: str) -> 
         if dimensions is not None and len(vector) < dimensions:
             raise InvalidInputError(f'"dimensions" is {dimensions}; this model\'s vectors have {len(vector)}')
         if dimensions is not None and len(vector) > dimensions:
+            import numpy as np  # deferred: see the TYPE_CHECKING import
+
             cut = np.asarray(vector[:dimensions], dtype=np.float32)
             norm = float(np.linalg.norm(cut))
             vector = (cut / norm if norm > 0 else cut).astype(np.float32)  # float32: the edge writes it
         if encoding == "base64":
+            import numpy as np  # deferred: see the TYPE_CHECKING import
+
             out.append(base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii"))
         else:
             out.append(vector)
@@ -395,6 +400,8 @@ class TeiSimilarity(Base):
 
     @staticmethod
     def scores(body: dict[str, Any]) -> np.ndarray[Any, Any]:
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         vectors = np.asarray(body["embeddings"], dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1)
         norms[norms == 0] = 1.0

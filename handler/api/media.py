@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from handler.core.errors import RequestError
+
+if TYPE_CHECKING:  # types only: numpy is imported where an .npy body is written (a genai start never)
+    import numpy as np
 
 Kind = Literal["json", "npy"]
 JSON_TYPE = "application/json"
@@ -124,10 +125,14 @@ def npy_vectors(vectors: list[Any]) -> bytes:
     """Vectors (lists of floats) as one float32 `[n, dim]` array."""
     if any(isinstance(v, str) for v in vectors):  # `npy_request` refuses base64 first; never a 500 if it did not
         raise NotAcceptableError(f"base64 vectors are a {JSON_TYPE} answer: accept {JSON_TYPE}")
+    import numpy as np  # deferred: see the TYPE_CHECKING import
+
     return dump_npy(np.asarray(vectors, dtype=np.float32))
 
 
 def dump_npy(array: np.ndarray[Any, Any]) -> bytes:
+    import numpy as np  # deferred: see the TYPE_CHECKING import
+
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()

@@ -22,9 +22,8 @@ the one place that reads the paths. A route object (`Infer`) is per request: its
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
-
-import numpy as np
 
 from handler.api.media import JSON_TYPE, Kind, NotAcceptableError
 from handler.core.errors import InvalidInputError, RequestError, UnsupportedRequestError
@@ -173,10 +172,8 @@ def parse(payload: JSON) -> dict[str, Any]:
         if "data" not in tensor:
             raise InvalidInputError(f'{where}: no "data" (the binary tensor extension is not served: send JSON data)')
         data = _flat(tensor["data"], where)
-        if len(data) != int(np.prod(shape, dtype=np.int64)):
-            raise InvalidInputError(
-                f"{where}: shape {shape} holds {int(np.prod(shape))} elements; data has {len(data)}"
-            )
+        if len(data) != math.prod(shape):
+            raise InvalidInputError(f"{where}: shape {shape} holds {math.prod(shape)} elements; data has {len(data)}")
         checked[name] = {"shape": shape, "datatype": datatype, "data": data}
     outputs = payload.get("outputs")
     wanted = None

@@ -153,6 +153,9 @@ class BatchEngine:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
+            # ORT's memory pattern stays on here (off for the single-stream decoder: genai.overlay): a batch's shapes
+            # repeat step after step, and without it 32 streams took 12% more CPU a token and a 20 MB higher peak
+            # (bench/generate/streams.py against the pattern on, docs/benchmarks.md).
             # The head over each row's last token only (handler.backends.lastlogits); the graph as packed if the
             # rewrite does not apply (then every position's logits are computed, and the last ones read).
             source: str | bytes = str(model)

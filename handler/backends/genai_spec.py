@@ -14,9 +14,10 @@ MAX_ROWS = 256  # rows of one decode step: past this a CPU step gets no faster p
 # Prompt tokens given to the decoder per step (WARMSTART_GENAI_PREFILL_CHUNK). ONNX Runtime's CPU attention holds a
 # heads x step x total-length float32 score matrix, and every step's activations grow with the step: on the
 # Qwen3-0.6B-shaped int4 pack a 512-token prompt peaked at 760 MB in one step, 733 in steps of 256, 716 in steps of
-# 128, the same greedy tokens and no more CPU (prefill 4.1-4.4 s CPU at 512, 128 and 64; docs/benchmarks.md,
-# "Where a generate pack's memory goes"). 128: the batching loop's own chunk (genai_batch).
-PREFILL_CHUNK = 128
+# 128, the same greedy tokens. Steps of 64: a first request's peak 11 MB lower again than 128's (ORT's arena holds
+# half the activations) for 2.5% more of the prompt's CPU (1.025x, 0.96-1.05, 8 rounds in one process); 32 took
+# 4 MB more off for ~11% more CPU than 64 (one run; docs/benchmarks.md, "Where a generate pack's memory goes").
+PREFILL_CHUNK = 64
 
 
 class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's path
@@ -34,7 +35,7 @@ class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's pat
         """WARMSTART_GENAI_BATCH (rows, 1..256; 1: one generator per request, as before), WARMSTART_GENAI_KV_TOKENS
         (the KV pool, tokens; 0 or unset: the memory left after the model), WARMSTART_GENAI_QUEUE (requests
         waiting for a row; default: as many as the rows), WARMSTART_GENAI_OPTIMIZED (auto | off: genai_load),
-        WARMSTART_GENAI_PREFILL_CHUNK (prompt tokens per decoder step, 0: the whole prompt in one; default 128).
+        WARMSTART_GENAI_PREFILL_CHUNK (prompt tokens per decoder step, 0: the whole prompt in one; default 64).
         On Lambda one instance serves one request: batch 1."""
         batch = env_int(env, "WARMSTART_GENAI_BATCH", 1, 1, MAX_ROWS)
         if "AWS_LAMBDA_FUNCTION_NAME" in env:
@@ -62,4 +63,7 @@ SPEC = BackendSpec(
     # opened, the ranges of its data a session reads): handler.backends.genai_load.
     settings=GenaiSettings.from_environ,
     start_files=start_files,
+    # One generator per request (the only engine on Lambda) computes through onnxruntime-genai's C API and the
+    # tokenizer: no numpy (a JSON constraint's logits and the batching engine import it where they need it).
+    numpy=False,
 )

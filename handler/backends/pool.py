@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+    import numpy as np
     import numpy.typing as npt
 
     Buffer = npt.NDArray[np.uint8]
@@ -46,6 +45,8 @@ def size_class(nbytes: int) -> int:
 
 
 def plain_allocator(nbytes: int) -> Buffer:
+    import numpy as np  # deferred: a start whose backend takes no buffer (genai) never imports numpy
+
     return np.empty(nbytes, np.uint8)
 
 
@@ -71,6 +72,8 @@ def pinned_allocator() -> Allocator | None:
             continue
 
         def cudart_pinned(nbytes: int, lib: Any = cudart) -> Buffer:
+            import numpy as np  # deferred, as in plain_allocator
+
             ptr = ctypes.c_void_p()
             if lib.cudaHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0) != 0 or not ptr.value:
                 return plain_allocator(nbytes)
@@ -92,6 +95,8 @@ class Arena:
         self._leases: list[Buffer] = []
 
     def take(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+        import numpy as np  # deferred, as in plain_allocator (a lookup in sys.modules once imported)
+
         dt = np.dtype(dtype)
         nbytes = dt.itemsize
         for d in shape:

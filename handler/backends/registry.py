@@ -35,7 +35,7 @@ class BackendSpec:
     """A backend's declaration: what its entry point (or BUILTIN_BACKENDS) names. A plain class, not a dataclass:
     it is built in the prefetch's path, before the start's reads are issued, where a dataclass costs ~1 ms."""
 
-    __slots__ = ("libraries", "module", "name", "needs", "settings", "start_files")
+    __slots__ = ("libraries", "module", "name", "needs", "numpy", "settings", "start_files")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class BackendSpec:
         libraries: Libraries = (),
         settings: Callable[[Mapping[str, str]], Any] | None = None,
         start_files: Callable[[Mapping[str, Any], Mapping[str, str]], tuple[list[str], Ranges]] | None = None,
+        numpy: bool = True,
     ) -> None:
         if needs not in NEEDS:
             raise ConfigError(f"backend {name!r} needs {needs!r}; valid: {', '.join(NEEDS)}")
@@ -59,6 +60,10 @@ class BackendSpec:
         # The files of its manifest entry a start reads, in order, and the ranges read of each (default: the
         # entry's `files`, whole). Runs before numpy is imported: stdlib only.
         self.start_files = start_files
+        # Whether a Lambda start of it imports numpy (handler.app then imports it first, from its own frame); False:
+        # nothing on its path computes with numpy, so the start leaves it out (its import is ~8 MB of the
+        # process's own memory and init's largest import). Its own code imports numpy where a path needs it.
+        self.numpy = numpy
 
     def __repr__(self) -> str:
         return f"BackendSpec(name={self.name!r}, module={self.module!r}, needs={self.needs!r})"

@@ -37,7 +37,6 @@ from handler.observability import logs, report, trace
 from handler.runtime import init
 from handler.runtime.instance import Instance, check_served, usage
 from handler.tasks import catalog
-from handler.tasks.batch import BatchModel, Prepared, run_prepared
 from handler.tasks.streaming import all_pieces, wants_stream
 
 if TYPE_CHECKING:
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from handler.models.origins import ModelSources
     from handler.runtime.streamed import Frame
     from handler.runtime.workers import Batch  # loaded by HTTP hosts only, never on Lambda's init path
+    from handler.tasks.batch import BatchModel, Prepared  # as `Batch`: imported by _run_batch where it runs
 
 log = logging.getLogger("warmstart")
 ADMIN_OVER_HTTP = "model admin events are accepted from direct invokes only"
@@ -302,6 +302,9 @@ class Runtime(Instance):
 
     def _run_batch(self, model_key: str | None, pending: list[_Pending], batch: Batch) -> None:
         """Requests for one model: prepared one by one, run together, each answered when its group is done."""
+        # Deferred: only an HTTP host batches, and the module imports numpy (a genai start never does: its spec)
+        from handler.tasks.batch import run_prepared
+
         max_tokens = self.workers.sizing.batch_tokens if self.workers is not None else 1 << 30
         try:
             with self.registry.lease(model_key) as model:
@@ -320,7 +323,8 @@ class Runtime(Instance):
                 logs.enter(None)
                 if ready:
                     # A task with its own batch runner (image-text: texts and images apart) runs it.
-                    run = getattr(model.task, "run_batch", None) or partial(run_prepared, cast(BatchModel, model.task))
+                    own = getattr(model.task, "run_batch", None)
+                    run = own or partial(run_prepared, cast("BatchModel", model.task))
                     run(
                         [prep for _, prep in ready],
                         max_tokens,

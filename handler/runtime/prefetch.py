@@ -182,6 +182,25 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
     return backend, files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
 
 
+def numpy_at_start(backend: str | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a start of `backend` (None: the one this start plans, from the manifest the prefetch read) imports
+    numpy (its spec's `numpy`); True where that is not known (no model, a broken manifest or spec): as before."""
+    if backend is None:
+        if _started is not None:
+            backend = _started.backend
+        else:
+            try:
+                backend = _plan(os.environ if environ is None else environ)[0]
+            except Exception:  # init reports a broken manifest with its own message
+                return True
+    from handler.backends.registry import spec as backend_spec
+
+    try:
+        return bool(backend_spec(backend).numpy) if backend else True
+    except Exception:  # an unknown backend: init's error to report
+        return True
+
+
 def _model_dir(env: Mapping[str, str]) -> Path | None:
     # The same rule as handler.core.config (a local WARMSTART_MODEL, else the embedded default), without importing
     # it here; an s3:// model is fetched by init, nothing to prefetch before that.
@@ -205,7 +224,7 @@ def _libraries(backend: str) -> list[Path]:
     except Exception:  # an unknown or broken backend is init's error to report; the shim's own libraries still help
         own = ()
     out: list[Path] = []
-    for package, patterns in (_NUMPY, *own, _TOKENIZERS):
+    for package, patterns in ((_NUMPY,) if numpy_at_start(backend) else ()) + (*own, _TOKENIZERS):
         spec = find_spec(package)  # locates the package without importing it
         if spec is None or not spec.submodule_search_locations:
             continue

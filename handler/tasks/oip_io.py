@@ -11,12 +11,13 @@ and runs an inference request's checked inputs on the task. Inputs arrive as `{n
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from handler.core.errors import InvalidInputError
 from handler.core.manifest import Manifest
+
+if TYPE_CHECKING:  # types only: the OIP module (handler.api.oip) is loaded by every Lambda HTTP event, a genai
+    import numpy as np  # start's too, where no numpy is imported: each function below imports it where it runs
 
 Tensor = dict[str, Any]
 Inputs = dict[str, Tensor]  # checked request tensors by name: {"shape", "datatype", "data": flat list}
@@ -40,6 +41,8 @@ def tensor(name: str, datatype: str, shape: list[int]) -> Tensor:
 
 
 def output(name: str, array: Any, datatype: str) -> Tensor:
+    import numpy as np  # deferred: see the TYPE_CHECKING import
+
     array = np.asarray(array)
     flat = array.reshape(-1)
     # FP32 stays a float32 array up to the edge (`handler.api.encode`: shortest float32 text); others as values.
@@ -80,6 +83,8 @@ def numbers(name: str, given: Tensor, dtype: str) -> np.ndarray[Any, Any]:
         ok = all(isinstance(x, int | float) and not isinstance(x, bool) for x in data)
     if not ok:
         raise InvalidInputError(f"input {name!r}: {want} data must be {'booleans' if want == 'BOOL' else 'numbers'}")
+    import numpy as np  # deferred: see the TYPE_CHECKING import
+
     try:
         return np.array(data, dtype=np.dtype(dtype)).reshape(given["shape"])
     except (OverflowError, ValueError) as e:
@@ -93,6 +98,8 @@ class TextsToVectors:
     def run(self, task: Any, inputs: Inputs) -> tuple[dict[str, Any], Outputs]:
         exactly(inputs, ["text"])
         answer = task({"inputs": texts(inputs, "text")})
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         return answer, {"embedding": output("embedding", np.asarray(answer["embeddings"], np.float32), "FP32")}
 
 
@@ -106,6 +113,8 @@ class QueryToScores:
         if len(query) != 1:
             raise InvalidInputError(f"input 'query' holds {len(query)} texts; the model takes one (shape [1])")
         answer = task({"query": query[0], "documents": documents})
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         scores = np.zeros(len(documents), np.float32)
         for result in answer["results"]:  # ranked: back into the documents' order
             scores[result["index"]] = result["relevance_score"]
@@ -120,6 +129,8 @@ class TextsToLabelScores:
         exactly(inputs, ["text"])
         given, labels = texts(inputs, "text"), list(task.labels)
         answer = task({"inputs": given, "top_k": len(labels)})
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         scores = np.zeros((len(given), len(labels)), np.float32)
         for row, predictions in enumerate(answer["predictions"]):  # ranked: back into the labels' order
             for p in predictions:
@@ -142,4 +153,6 @@ class Tensors:
         exactly(inputs, list(task.inputs))
         arrays = {n: numbers(n, inputs[n], spec.dtype).tolist() for n, spec in task.inputs.items()}
         answer = task({"inputs": arrays})
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         return answer, {n: output(n, a, DATATYPES[str(np.asarray(a).dtype)]) for n, a in answer["outputs"].items()}

@@ -68,6 +68,6 @@ def test_a_prompt_in_steps_answers_as_in_one(pack: Path, monkeypatch: pytest.Mon
 
 
 def test_the_default_and_a_bad_value() -> None:
-    assert GenaiSettings.from_environ({}).prefill_chunk == PREFILL_CHUNK == 128
+    assert GenaiSettings.from_environ({}).prefill_chunk == PREFILL_CHUNK == 64
     with pytest.raises(ConfigError, match=r"WARMSTART_GENAI_PREFILL_CHUNK=-1 is outside \[0, "):
         GenaiSettings.from_environ({"WARMSTART_GENAI_PREFILL_CHUNK": "-1"})

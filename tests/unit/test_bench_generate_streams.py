@@ -24,6 +24,7 @@ def _results(variants: list[str]) -> Results:
                         "tbt_p99_ms": 60.0,
                         "ttft_p50_ms": 500.0,
                         "cpu_ms_per_token": 40.0,
+                        "peak_rss_mb": 900.0,
                         "non_200": 0,
                     }
                 )

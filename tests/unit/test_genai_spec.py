@@ -11,7 +11,7 @@ import pytest
 
 from handler.backends.contract import IncompatibleBackendError, check_pairing
 from handler.backends.registry import spec
-from handler.runtime.prefetch import _libraries
+from handler.runtime.prefetch import _libraries, numpy_at_start
 from tests.conftest import ROOT
 
 
@@ -33,8 +33,15 @@ def test_its_spec_imports_nothing_heavy() -> None:
     assert json.loads(out.stdout) == []
 
 
+def test_a_genai_start_leaves_numpy_out_and_any_other_or_unknown_backend_imports_it() -> None:
+    assert spec("genai").numpy is False and numpy_at_start("genai") is False
+    assert numpy_at_start("onnx") is True and numpy_at_start("torch") is True
+    assert numpy_at_start("no-such-backend") is True  # init reports the name; the start imports as before
+
+
 def test_the_prefetch_finds_its_libraries() -> None:
     names = [p.name for p in _libraries("genai")]
+    assert not any(n.startswith("_multiarray_umath") for n in names), names  # no numpy to read ahead
     assert any(n.startswith("onnxruntime_genai.") and n.endswith(".so") for n in names), names
     assert "libonnxruntime-genai.so" in names
     assert any(n.startswith("libonnxruntime.so") for n in names), names
