@@ -36,6 +36,21 @@ def model_dir() -> Path:
     return DEFAULT_MODEL
 
 
+def portable_copy(model_dir: Path, out: Path) -> Path:
+    """`out`: the default pack's portable ONNX model alone (files symlinked; no optimized copy, no tokenizer
+    shortcut, onnx the only backend), for a test to optimize as `make setup` does."""
+    out.mkdir()
+    for name in ("model.onnx", "model.onnx.data", "tokenizer.json"):
+        (out / name).symlink_to((model_dir / name).resolve())
+    raw = json.loads((model_dir / "manifest.json").read_text())
+    raw["backends"] = {"onnx": {k: v for k, v in raw["backends"]["onnx"].items() if k != "optimized"}}
+    raw["default_backend"] = "onnx"
+    raw["tokenizer"].pop("shortcut", None)
+    raw["files"] = {k: v for k, v in raw["files"].items() if k in ("model.onnx", "model.onnx.data", "tokenizer.json")}
+    (out / "manifest.json").write_text(json.dumps(raw))
+    return out
+
+
 def start(model: Path, backend: str | None = None, **settings: Any) -> Runtime:
     """A runtime over `model` with no init report printed and an empty environment."""
     return Runtime.start(Config(model_dir=model, backend=backend, **settings), environ={}, emit=None)

@@ -25,7 +25,7 @@ from handler.core.manifest import load_manifest
 from handler.observability.report import PhaseTimer
 from handler.runtime.invocation import Runtime
 from infra.pack.optimize import optimize
-from tests.conftest import ROOT
+from tests.conftest import ROOT, portable_copy
 
 # Texts of many lengths, so a batch pads most of them; 32 of them for batch 32.
 TEXTS = [
@@ -50,16 +50,7 @@ def embed(model: Path, texts: list[str], **env: str) -> tuple[np.ndarray, dict[s
 @pytest.fixture(scope="module")
 def optimized_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default pack with the optimized, prepacked copy `make setup` builds (`warmstart optimize`), made here."""
-    out = tmp_path_factory.mktemp("capi") / "model"
-    out.mkdir()
-    for name in ("model.onnx", "model.onnx.data", "tokenizer.json"):
-        (out / name).symlink_to((model_dir / name).resolve())
-    raw = json.loads((model_dir / "manifest.json").read_text())
-    raw["backends"] = {"onnx": {k: v for k, v in raw["backends"]["onnx"].items() if k != "optimized"}}
-    raw["default_backend"] = "onnx"
-    raw["tokenizer"].pop("shortcut", None)
-    raw["files"] = {k: v for k, v in raw["files"].items() if k in ("model.onnx", "model.onnx.data", "tokenizer.json")}
-    (out / "manifest.json").write_text(json.dumps(raw))
+    out = portable_copy(model_dir, tmp_path_factory.mktemp("capi") / "model")
     optimize(out)
     return out
 

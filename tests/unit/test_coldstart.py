@@ -20,7 +20,7 @@ from handler.core.config import Config
 from handler.runtime import prefetch
 from handler.runtime.invocation import Runtime
 from infra.pack.optimize import OPT_DATA, OPT_FILE, OptimizeError, optimize, remove
-from tests.conftest import ROOT, write_tiny_onnx
+from tests.conftest import ROOT, portable_copy, write_tiny_onnx
 
 HARD_TEXTS = [
     "A cold start is the time from nothing to the first answer.",
@@ -295,17 +295,7 @@ def copy_model(src: Path, dst: Path, **optimized: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def optimized_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("optimized") / "model"
-    out.mkdir()
-    for name in ("model.onnx", "model.onnx.data", "tokenizer.json"):
-        (out / name).symlink_to((model_dir / name).resolve())
-    raw = json.loads((model_dir / "manifest.json").read_text())
-    raw["backends"]["onnx"].pop("optimized", None)
-    raw["tokenizer"].pop("shortcut", None)
-    raw["files"] = {k: v for k, v in raw["files"].items() if k in ("model.onnx", "model.onnx.data", "tokenizer.json")}
-    raw["backends"] = {"onnx": raw["backends"]["onnx"]}
-    raw["default_backend"] = "onnx"
-    (out / "manifest.json").write_text(json.dumps(raw))
+    out = portable_copy(model_dir, tmp_path_factory.mktemp("optimized") / "model")
     entry = optimize(out)
     assert entry["onnxruntime"] and entry["cpu_features"] == cpu_fingerprint()["cpu_features"]
     return out
