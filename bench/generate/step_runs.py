@@ -3,15 +3,16 @@
 the KV arrays bound as past and present), under a CPU quota of its own, without the HTTP host or the scheduler.
 
     .venv/bin/python bench/generate/step_runs.py --pack DIR [--shapes 1x1x60,8x1x60,32x1x60,1x32x0,4x32x0]
-        [--threads 1,2] [--spin 0,1] [--pairs 8x1x60+1x32x0,32x1x60+1x32x0] [--pair-spin 0] [--vcpus 2]
-        [--repeat 5]
+        [--threads 1,2] [--spin 0,1] [--pairs 8x1x60+1x32x0,32x1x60+1x32x0] [--pair-threads 2]
+        [--pair-spin 0] [--vcpus 2] [--repeat 5]
 
 A shape is ROWSxWIDTHxPAST: ROWS rows of WIDTH new tokens each after PAST cached ones (a prompt run: WIDTH > 1,
 PAST 0; a decode run: WIDTH 1). Per shape, per intra-op thread count and spinning: the median CPU time of this
 process per run (and per token) and the median wall time. A pair A+B: the two runs one after the other and side by
-side (B in a second thread, the engine's prompt run beside its decode run), on one session of --threads' last
-count. Re-executes itself inside a cgroup v1 quota of --vcpus with its cpu.shares raised (root), so the host's
-other jobs yield the quota's CPUs.
+side (B in a second thread, the engine's prompt run beside its decode run), on a session of each --pair-threads
+count (default --threads' last) and --pair-spin setting, all kept open: the RSS after each says what one more
+session of the graph costs (its own prepacked weights). Re-executes itself inside a cgroup v1 quota of --vcpus
+with its cpu.shares raised (root), so the host's other jobs yield the quota's CPUs.
 """
 
 from __future__ import annotations
@@ -117,28 +118,51 @@ def inner(args: argparse.Namespace) -> None:
                 print(f"| {shape} | {t} | {int(spin)} | {cpu:.0f} | {cpu / (rows * width):.1f} | {wall:.0f} |")
     if not pairs:
         return
-    # The pairs as the batch engine runs them: --threads' last count, spinning as --pair-spin (the HTTP host's
-    # engine does not spin; two spinning runs side by side take each other's CPUs)
-    runs = Runs(args.pack, threads[-1], bool(args.pair_spin), slots, capacity)
-    print("\n| pair (A + B) | one after the other: wall ms (CPU) | side by side: wall ms (CPU) |\n|---|---|---|")
-    for a, b in pairs:
-        first, _ha = runs.binding(0, *a)
-        second, _hb = runs.binding(a[0], *b)
+    # The pairs as the batch engine runs them (the HTTP host's engine does not spin; two spinning runs side by
+    # side take each other's CPUs), on a session of each --pair-threads count, the earlier sessions kept open:
+    # the RSS after each is what one more session of the same graph costs (its own prepacked weights).
+    print("\n| pair (A + B) | threads | spin | one after the other: wall ms (CPU) | side by side: wall ms (CPU) |")
+    print("|---|---|---|---|---|")
+    kept, rss = [], [f"before the pairs' sessions {rss_mb():.0f} MB"]
+    for t in [int(x) for x in (args.pair_threads or str(threads[-1])).split(",")]:
+        for spin in [bool(int(x)) for x in str(args.pair_spin).split(",")]:
+            runs = Runs(args.pack, t, spin, slots, capacity)
+            kept.append(runs)
+            rss.append(f"{len(kept)} session(s) {rss_mb():.0f} MB")
+            for a, b in pairs:
+                ws, cs, wo, co = pair(runs, a, b, args.repeat)
+                name = f"{a[0]}x{a[1]} + {b[0]}x{b[1]}"
+                print(f"| {name} | {t} | {int(spin)} | {ws:.0f} ({cs:.0f}) | {wo:.0f} ({co:.0f}) |")
+    print("\nRSS: " + "; ".join(rss))
 
-        def serial(x: Any = first, y: Any = second) -> None:
-            runs.session.run_with_iobinding(y)
-            runs.session.run_with_iobinding(x)
 
-        def overlapped(x: Any = first, y: Any = second) -> None:
-            helper = threading.Thread(target=runs.session.run_with_iobinding, args=(y,))
-            helper.start()
-            runs.session.run_with_iobinding(x)
-            helper.join()
+def pair(runs: Runs, a: tuple[int, int, int], b: tuple[int, int, int], repeat: int) -> tuple[float, ...]:
+    """Median wall and CPU ms of runs A and B one after the other, then side by side (B in a second thread, the
+    engine's prompt run beside its decode run), on disjoint slots of one session."""
+    first, _ha = runs.binding(0, *a)
+    second, _hb = runs.binding(a[0], *b)
 
-        cs, ws = runs.timed(serial, args.repeat)
-        co, wo = runs.timed(overlapped, args.repeat)
-        name = f"{a[0]}x{a[1]} + {b[0]}x{b[1]}"
-        print(f"| {name} | {ws:.0f} ({cs:.0f}) | {wo:.0f} ({co:.0f}) |")
+    def serial() -> None:
+        runs.session.run_with_iobinding(second)
+        runs.session.run_with_iobinding(first)
+
+    def overlapped() -> None:
+        helper = threading.Thread(target=runs.session.run_with_iobinding, args=(second,))
+        helper.start()
+        runs.session.run_with_iobinding(first)
+        helper.join()
+
+    cs, ws = runs.timed(serial, repeat)
+    co, wo = runs.timed(overlapped, repeat)
+    return ws, cs, wo, co
+
+
+def rss_mb() -> float:
+    """This process's resident set now (VmRSS), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts")
     ap.add_argument("--spin", default="0,1", help="intra-op spinning off (0) and on (1)")
     ap.add_argument("--pairs", default="8x1x60+1x32x0,32x1x60+1x32x0", help="A+B: two runs serial and side by side")
-    ap.add_argument("--pair-spin", type=int, default=0, help="spinning (1) or not (0) for the pairs' session")
+    ap.add_argument(
+        "--pair-threads", default="", help="intra-op thread counts of the pairs' sessions (default: --threads' last)"
+    )
+    ap.add_argument("--pair-spin", default="0", help="spinning off (0) and on (1) for the pairs' sessions")
     ap.add_argument("--vcpus", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
