@@ -17,7 +17,9 @@ max tokens), the manifest's `kv` facts) + 150 MB (MB here: MiB, as /proc reports
 
 Usage: .venv/bin/python bench/generate/rss.py --pack DIR [--variant NAME=ENV=VALUE[,ENV=VALUE...]] [--rounds 3]
        [--prompt-tokens 512] [--max-tokens 64] [--vcpus 1.7] [--requests 1]
-(with no --variant: `default`, the pack as the runtime opens it.)
+(with no --variant: `default`, the pack as the runtime opens it.) A variant's `PACK=DIR` serves that pack instead
+of --pack (its target from its own weights): two packs' rounds interleaved, e.g. `--variant
+main=PYTHONPATH=/work/main,PACK=DIR`.
 """
 
 from __future__ import annotations
@@ -112,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             q.set(args.vcpus)
         for rnd in range(args.rounds):
             for name in order(list(variants), rnd):
-                env = lambda_env(args.vcpus, pack, **variants[name])
-                argv_ = [sys.executable, DRIVER, "serve", "ours", "--model", str(pack)]
+                own = dict(variants[name])
+                served = Path(own.pop("PACK")).resolve() if "PACK" in own else pack
+                env = lambda_env(args.vcpus, served, **own)
+                argv_ = [sys.executable, DRIVER, "serve", "ours", "--model", str(served)]
                 child = Child(qs[name].wrap(argv_), env, MARK)
                 try:
                     ready = smaps(child.pid)
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                     anon_mb=after["anon_mb"],
                     top=after["top"],
                     optimized=bool(used.get("used")),
-                    **target_mb(pack, tokens),
+                    pack=str(served),
+                    **target_mb(served, tokens),
                 )
                 print(json.dumps(row), file=sys.stderr)
     lines = [
