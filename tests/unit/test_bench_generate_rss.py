@@ -70,3 +70,17 @@ def test_variants_parse_and_a_malformed_one_is_refused() -> None:
     for bad in ("base", "=X=1", "v=X"):
         with pytest.raises(SystemExit, match="NAME=ENV=VALUE"):
             rss.parse_variant(bad)
+
+
+def _read_bytes() -> int:
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar:")).split()[1]
+    )
+
+
+def test_rewarm_reads_every_file_of_the_pack_whole(tmp_path: Path) -> None:
+    pack = _pack(tmp_path)
+    size = sum(p.stat().st_size for p in pack.iterdir())
+    before = _read_bytes()
+    rss.rewarm(pack)  # evicted from the page cache, then read back: packs compared from one page-cache state
+    assert _read_bytes() - before >= size
