@@ -311,3 +311,24 @@ def test_a_head_reblocked_from_another_source_is_refused_and_a_proved_one_loads(
     blocks = _head_blocks(copy)
     assert blocks.block == 16 and lm_int4.is_rtn_of(blocks, read("model.embed_tokens.weight"))
     og.Model(str(copy))  # the head and the tied gather in blocks of 16 load
+
+
+def test_the_bench_re_blocks_a_published_pack_and_keeps_its_body(
+    packs: dict[tuple[str, int], Path], tmp_path: Path
+) -> None:
+    """bench/generate/reblock.py (the 0.6B figures' packs): a published pack's head re-blocked as the packer does,
+    the body's blocks unchanged, the graph loads; another model's directory is refused."""
+    import onnxruntime_genai as og
+
+    from bench.generate.reblock import reblocked_copy
+
+    pack = packs[("qwen3", 32)]
+    out = reblocked_copy(pack, source_dir("qwen3"), 16, tmp_path / "out")
+    scheme = _precision(out)["scheme"]
+    assert scheme["head_block"] == 16 and scheme["head_reblocked"]["rows_checked"] == 257
+    assert _head_blocks(out).block == 16
+    body, theirs = lm_int4.read_blocks(out), lm_int4.read_blocks(pack)
+    assert set(body) == set(theirs) and all(np.array_equal(body[n].codes, theirs[n].codes) for n in body)
+    og.Model(str(out))
+    with pytest.raises(SystemExit, match="not the directory"):
+        reblocked_copy(pack, source_dir("qwen3", seed=1), 16, tmp_path / "other")
