@@ -92,16 +92,17 @@ def target_mb(pack: Path, tokens: int) -> dict[str, float]:
 
 
 def rewarm(pack: Path) -> None:
-    """Every file of `pack` evicted from the page cache and read back whole, before any round: the pages a fault
-    maps depend on how the file came into the cache (a fault on a large folio maps all of it: a pack just written
-    held the tied embedding's rows in folios that put 13 MB of them in the RSS at ready, one read by an earlier
-    start in small ones 0.8 MB), so packs are compared from the same state."""
+    """Every file of `pack` evicted from the page cache before any round, so the first start fills it as an
+    instance's start does (its prefetch, the load's reads and faults) and the later rounds find what that start
+    left. The pages a fault maps depend on how the file came into the cache: a fault on a large folio maps all of
+    it, so the tied embedding's rows cost ~2 MiB after a start filled the cache and 18-20 MiB after a `cat` or a
+    fresh write of the file (docs/benchmarks.md, "The 8-bit head in blocks of 128"). The first round's times
+    include the disk."""
     for path in sorted(p for p in pack.iterdir() if p.is_file()):
         fd = os.open(path, os.O_RDONLY)
         try:
+            os.fsync(fd)  # a pack just written: its dirty pages cannot be evicted
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            while os.read(fd, 1 << 24):
-                pass
         finally:
             os.close(fd)
 
