@@ -91,7 +91,7 @@ def target_mb(pack: Path, tokens: int) -> dict[str, float]:
     return {"weights_mb": weights / MB, "kv_mb": kv_bytes / MB, "target_mb": (weights + kv_bytes) / MB + SLACK_MB}
 
 
-def rewarm(pack: Path) -> None:
+def evict(pack: Path) -> None:
     """Every file of `pack` evicted from the page cache before any round, so the first start fills it as an
     instance's start does (its prefetch, the load's reads and faults) and the later rounds find what that start
     left. The pages a fault maps depend on how the file came into the cache: a fault on a large folio maps all of
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.prompt_tokens + args.max_tokens
     served_packs = {Path(env["PACK"]).resolve() if "PACK" in env else pack for env in variants.values()}
     for each in sorted(served_packs):
-        rewarm(each)
+        evict(each)
     with quotas(*variants) as qs:
         for q in qs.values():
             q.set(args.vcpus)

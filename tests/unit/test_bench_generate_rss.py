@@ -72,7 +72,9 @@ def test_variants_parse_and_a_malformed_one_is_refused() -> None:
             rss.parse_variant(bad)
 
 
-def test_rewarm_evicts_every_file_of_the_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_evict_drops_every_file_of_the_pack_from_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pack = _pack(tmp_path)
     advised: list[tuple[str, int]] = []
     real = rss.os.posix_fadvise
@@ -82,6 +84,6 @@ def test_rewarm_evicts_every_file_of_the_pack(tmp_path: Path, monkeypatch: pytes
         real(fd, offset, length, advice)
 
     monkeypatch.setattr(rss.os, "posix_fadvise", fadvise)
-    rss.rewarm(pack)  # the first start of each pack fills the cache as an instance's start does
+    rss.evict(pack)  # the first start of each pack fills the cache as an instance's start does
     names = sorted(p.name for p in pack.iterdir())
     assert advised == [(name, rss.os.POSIX_FADV_DONTNEED) for name in names]
