@@ -543,6 +543,7 @@ SCHEME_KEYS: dict[str, type] = {
     "is_symmetric": bool,
     "scales": str,
     "head_bits": int,
+    "head_block": int,
 }
 
 

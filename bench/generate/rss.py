@@ -17,13 +17,16 @@ max tokens), the manifest's `kv` facts) + 150 MB (MB here: MiB, as /proc reports
 
 Usage: .venv/bin/python bench/generate/rss.py --pack DIR [--variant NAME=ENV=VALUE[,ENV=VALUE...]] [--rounds 3]
        [--prompt-tokens 512] [--max-tokens 64] [--vcpus 1.7] [--requests 1]
-(with no --variant: `default`, the pack as the runtime opens it.)
+(with no --variant: `default`, the pack as the runtime opens it.) A variant's `PACK=DIR` serves that pack instead
+of --pack (its target from its own weights): two packs' rounds interleaved, e.g. `--variant
+main=PYTHONPATH=/work/main,PACK=DIR`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from collections import defaultdict
@@ -88,6 +91,22 @@ def target_mb(pack: Path, tokens: int) -> dict[str, float]:
     return {"weights_mb": weights / MB, "kv_mb": kv_bytes / MB, "target_mb": (weights + kv_bytes) / MB + SLACK_MB}
 
 
+def evict(pack: Path) -> None:
+    """Every file of `pack` evicted from the page cache before any round, so the first start fills it as an
+    instance's start does (its prefetch, the load's reads and faults) and the later rounds find what that start
+    left. The pages a fault maps depend on how the file came into the cache: a fault on a large folio maps all of
+    it, so the tied embedding's rows cost ~2 MiB after a start filled the cache and 18-20 MiB after a `cat` or a
+    fresh write of the file (docs/benchmarks.md, "The 8-bit head in blocks of 128"). The first round's times
+    include the disk."""
+    for path in sorted(p for p in pack.iterdir() if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # a pack just written: its dirty pages cannot be evicted
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__, rounds=3, out="generate-rss")
     ap.add_argument("--pack", required=True, type=Path, help="a packed generate model")
@@ -107,13 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     pack = args.pack.resolve()
     results = Results("generate-rss", {k: str(v) for k, v in vars(args).items()})
     tokens = args.prompt_tokens + args.max_tokens
+    served_packs = {Path(env["PACK"]).resolve() if "PACK" in env else pack for env in variants.values()}
+    for each in sorted(served_packs):
+        evict(each)
     with quotas(*variants) as qs:
         for q in qs.values():
             q.set(args.vcpus)
         for rnd in range(args.rounds):
             for name in order(list(variants), rnd):
-                env = lambda_env(args.vcpus, pack, **variants[name])
-                argv_ = [sys.executable, DRIVER, "serve", "ours", "--model", str(pack)]
+                own = dict(variants[name])
+                served = Path(own.pop("PACK")).resolve() if "PACK" in own else pack
+                env = lambda_env(args.vcpus, served, **own)
+                argv_ = [sys.executable, DRIVER, "serve", "ours", "--model", str(served)]
                 child = Child(qs[name].wrap(argv_), env, MARK)
                 try:
                     ready = smaps(child.pid)
@@ -144,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     anon_mb=after["anon_mb"],
                     top=after["top"],
                     optimized=bool(used.get("used")),
-                    **target_mb(pack, tokens),
+                    pack=str(served),
+                    **target_mb(served, tokens),
                 )
                 print(json.dumps(row), file=sys.stderr)
     lines = [

@@ -15,10 +15,20 @@ the gather at the head's own initializers, only where the dangling names are exa
 head's bits and block size, and proves the result before the pack goes on: the head's blocks are the 8-bit
 round-to-nearest of the source's tied tensor (infra.pack.lm_int4.is_rtn_of), and ONNX Runtime's gather of sampled
 rows returns exactly those blocks dequantized as MatMulNBits reads them ((q - 128) * scale). Else HeadError.
+
+The 8-bit head's block size (`head_block`, ours): the builder writes every MatMulNBits at the body's block size
+(32). `reblock` quantizes the head again from the source's tensor in blocks of `head_block` (MLAS' symmetric
+round-to-nearest at 8 bits, what the builder writes), after proving the builder's blocks are that tensor's; a tied
+gather reads the same new blocks, proved as above. Why larger blocks: MLAS' prepacked layout for int8 compute
+(accuracy_level 4) keeps a float scale and a float block sum per block resident beside the codes, 37 MB at blocks of
+32 on a 0.6B Qwen3's head (151,936 x 1,024); blocks of 128 are a quarter of that (docs/benchmarks.md, "The 8-bit
+head in blocks of 128"). The block must divide the hidden size: a padded last block would widen the tied gather's
+rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +37,10 @@ from infra.pack.hf_checks import SourceError
 from infra.pack.precision import PrecisionError
 
 HEAD_BITS = (4, 8)
+# The 8-bit head's block sizes (MatMulNBits and GatherBlockQuantized take powers of 2 from 16 to 256) and the
+# default: the largest of them up to HEAD_BLOCK that divides the model's hidden size (SmolLM2's 576: 64).
+HEAD_BLOCKS = (16, 32, 64, 128, 256)
+HEAD_BLOCK = 128
 # The builder option that puts the head at 8 bits on an int4 body (onnxruntime-genai 0.18's
 # `matmul_mixed_precision` selector and quant type).
 BUILDER_EIGHT = {"matmul_mixed_precision": "last_matmul:int8"}
@@ -52,6 +66,35 @@ def check(target: str, options: dict[str, str | int | bool]) -> int:
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in valid:
         raise PrecisionError(f"head_bits={raw!r} for {target}; valid: {', '.join(map(str, valid))}")
     return bits
+
+
+def check_block(target: str, options: dict[str, str | int | bool], hidden: int) -> int:
+    """The `head_block` option (ours), refused before anything is built where it does not apply: an int4 pack's
+    8-bit head takes HEAD_BLOCKS' sizes that divide `hidden` (default: the largest up to HEAD_BLOCK); a head at the
+    body's bits has the body's block (int8: 128, int4 with `head_bits: 4`: `block_size`), float32 none."""
+    raw = options.get("head_block")
+    bits = check(target, options)
+    body = int(options.get("block_size", 32))
+    if target == "fp32":
+        if raw is not None:
+            raise PrecisionError(f"head_block={raw!r} for float32; the head's block applies to --quantize int4 / int8")
+        return 0
+    if target != "int4" or bits != 8:
+        if raw is not None and raw != body:
+            raise PrecisionError(
+                f"head_block={raw!r} for {target} with head_bits={bits}; its head has the body's block_size: "
+                f"valid: {body} (the head's own block applies to an int4 pack's 8-bit head)"
+            )
+        return body
+    valid = [b for b in HEAD_BLOCKS if hidden % b == 0]
+    if raw is None:
+        return max((b for b in valid if b <= HEAD_BLOCK), default=body)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in valid:
+        raise PrecisionError(
+            f"head_block={raw!r} for an 8-bit head over hidden size {hidden}; valid: {', '.join(map(str, valid))} "
+            f"(of {', '.join(map(str, HEAD_BLOCKS))}: the block must divide the hidden size)"
+        )
+    return raw
 
 
 def builder_extra(target: str, bits: int) -> dict[str, str]:
@@ -116,6 +159,127 @@ def mend_tied(model_dir: Path, read_tensor: Callable[[str], Any]) -> dict[str, A
     record = prove(model, model_dir, head, reshape, gather, read_tensor)
     onnx.save(model, str(path))  # the weights stay where they are: only the graph's names changed
     return record
+
+
+def reblock(model_dir: Path, read_tensor: Callable[[str], Any], block: int) -> dict[str, Any] | None:
+    """The 8-bit head's blocks (and a tied gather's, the same initializers) quantized again in blocks of `block`
+    from the source's tensor (module docstring), after the builder's are proved its round-to-nearest; then proved
+    as mend_tied's (the gather's sampled rows through ONNX Runtime). Run after mend_tied. The new bytes are
+    appended to the data file and the graph saved last, so a refusal leaves the graph as it was (the pack's
+    align drops the old bytes). The record for the manifest's scheme, or None where the head already has
+    `block` (or there is no quantized head)."""
+    import onnx
+
+    from infra.pack import lm_int4
+
+    path = model_dir / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    head = head_node(model)
+    if head is None:
+        return None
+    attrs = lm_int4.node_attrs(head)
+    bits, was, k = int(attrs.get("bits", 4)), int(attrs["block_size"]), int(attrs["K"])
+    if block == was:
+        return None
+    if bits != 8 or (len(head.input) > 3 and head.input[3]):
+        raise HeadError(
+            f"{head.name}: bits={bits}{' with zero points' if len(head.input) > 3 else ''}; only a "
+            "symmetric 8-bit head is re-blocked"
+        )
+    if block not in HEAD_BLOCKS or k % block:
+        raise HeadError(f"{head.name}: block {block} for K={k}; valid: sizes of {HEAD_BLOCKS} that divide K")
+    inits = {t.name: t for t in model.graph.initializer}
+    built = lm_int4.node_blocks(head, inits, model_dir)
+    name, weight = _head_source(head, built, read_tensor)
+    gather = next(
+        (g for g in model.graph.node if g.op_type == "GatherBlockQuantized" and g.input[2] == head.input[2]), None
+    )
+    reshape = None
+    if gather is not None:
+        reshape = next((r for r in model.graph.node if gather.input[0] in r.output and r.op_type == "Reshape"), None)
+        if reshape is None or reshape.input[0] != head.input[1]:
+            raise HeadError(f"{gather.name}: reads the head's scales but not its blocks through a Reshape; refused")
+    codes, scales = rtn8(weight, block)
+    _append(inits[head.input[1]], model_dir, codes.reshape(_dims(inits[head.input[1]], codes.shape)))
+    _append(inits[head.input[2]], model_dir, scales.reshape(_dims(inits[head.input[2]], scales.shape)))
+    for node in (head, gather):
+        for attr in node.attribute if node is not None else ():
+            if attr.name == "block_size":
+                attr.i = block
+    record: dict[str, Any] = {"from": was, "block": block, "source": name}
+    if gather is not None:
+        record["rows_checked"] = prove(model, model_dir, head, reshape, gather, read_tensor)["rows_checked"]
+    elif not _is_rtn_of(lm_int4.node_blocks(head, inits, model_dir), weight):
+        raise HeadError(f"{head.name}: its {block}-blocks are not the round-to-nearest of {name}")
+    onnx.save(model, str(path))  # the graph last: the new offsets, dims and block sizes
+    return record
+
+
+def rtn8(weight: Any, block: int) -> tuple[Any, Any]:
+    """MLAS' symmetric 8-bit round-to-nearest of `weight` [N, K] in blocks of `block` along K (K a multiple):
+    codes [N, K / block, block] (uint8, q + 128) and scales [N, K / block] (float32; the codes rounded with the
+    float32 scale MatMulNBits multiplies by). Row chunks: float64 work arrays of a 0.6B model's head are ~1.2 GB."""
+    import numpy as np
+
+    from infra.pack import lm_int4
+
+    n, k = weight.shape
+    codes = np.empty((n, k // block, block), dtype=np.uint8)
+    scales = np.empty((n, k // block), dtype=np.float32)
+    step = max(1, CHUNK_VALUES // max(k, 1))
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))
+        x = lm_int4.blocks_of(np.asarray(weight[rows], dtype=np.float32), block)
+        _, d = lm_int4.rtn_blocks(x, 128)
+        d32 = d.astype(np.float32)
+        q = np.clip(np.round(x * lm_int4._inverse(d32.astype(np.float64))[:, None]), -128, 127)
+        codes[rows] = (q + 128).astype(np.uint8).reshape(-1, k // block, block)
+        scales[rows] = d32.reshape(-1, k // block)
+    return codes, scales
+
+
+def _head_source(head: Any, blocks: Any, read_tensor: Callable[[str], Any]) -> tuple[str, Any]:
+    for name in HEAD_SOURCES:
+        weight = read_tensor(name)
+        if weight is not None and _is_rtn_of(blocks, weight):
+            return name, weight
+    raise HeadError(
+        f"{head.name}: its {blocks.bits}-bit blocks are not the round-to-nearest of the source's "
+        f"{' or '.join(HEAD_SOURCES)}; not re-blocked"
+    )
+
+
+def _dims(tensor: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` at the rank the builder gave `tensor` (its leading N kept, the rest flattened or as given)."""
+    if len(tensor.dims) == len(shape):
+        return shape
+    if len(tensor.dims) == 1:
+        return (int(math.prod(shape)),)
+    return (shape[0], int(math.prod(shape[1:])))
+
+
+def _append(tensor: Any, model_dir: Path, array: Any) -> None:
+    """`tensor` set to `array` (new dims): appended at the end of its data file (a page-aligned offset), or in the
+    proto for an inline tensor. The old bytes stay until the pack's align copies only what the graph names."""
+    import numpy as np
+    import onnx
+
+    array = np.ascontiguousarray(array)
+    info = {e.key: e.value for e in tensor.external_data} if tensor.data_location == 1 else None
+    if info is None:
+        tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))
+        return
+    with open(model_dir / info["location"], "r+b") as f:
+        at = -(-f.seek(0, 2) // 4096) * 4096
+        f.seek(at)
+        f.write(array.tobytes())
+    del tensor.dims[:]
+    tensor.dims.extend(array.shape)
+    for entry in tensor.external_data:
+        if entry.key == "offset":
+            entry.value = str(at)
+        elif entry.key == "length":
+            entry.value = str(array.nbytes)
 
 
 def prove(

@@ -64,6 +64,10 @@ DEFAULT_KEYS = ("temperature", "top_p", "top_k", "do_sample", "repetition_penalt
 #   the gate's greedy / top-1 agreement 0.210 / 0.774 -> 0.398 / 0.826 and perplexity 67.92 -> 63.77 (Q4_0, its
 #   head at Q6_K: 0.34 and 63.37); on the 0.6B Qwen3-shaped pack decode CPU per step 1.03x (1.00-1.08), peak RSS
 #   +90 MB (the head's +78 MB of weights), docs/benchmarks.md "An 8-bit LM head". `head_bits: 4`: the int4 head.
+# - head_block (ours, the 8-bit head only): the head's blocks quantized again from the source in blocks of 128 (the
+#   largest of 16..256 up to 128 that divides the hidden size; infra.pack.lm_head.reblock) where the builder writes
+#   the body's 32: MLAS' prepacked head keeps a float scale and block sum per block resident, a quarter of them at
+#   128 (docs/benchmarks.md "The 8-bit head in blocks of 128"). Resolved per model before the version is hashed.
 BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
     "fp32": {"prune_lm_head": True},
     "int8": {"prune_lm_head": True, "block_size": 128, "accuracy_level": 4, "is_symmetric": True},
@@ -76,7 +80,7 @@ BUILDER_OPTIONS: dict[str, dict[str, str | int | bool]] = {
         "head_bits": 8,
     },
 }
-OUR_OPTIONS = ("scales", "head_bits")  # ours: never passed to the builder as such
+OUR_OPTIONS = ("scales", "head_bits", "head_block")  # ours: never passed to the builder as such
 _CHILD = Path(__file__).with_name("lm_build_child.py")
 
 
@@ -120,12 +124,17 @@ def pack_lm(
     options = {**BUILDER_OPTIONS[target], **(builder_options or {})}
     check_scales(target, options)
     lm_head.check(target, options)
+    head_block = lm_head.check_block(target, options, int(source.config["hidden_size"]))
+    if target == "int4" and lm_head.check(target, options) == 8:  # resolved for this model: the version names it
+        options["head_block"] = head_block
     version = version or default_version(source.content_sha256, "generate", label, json.dumps(options, sort_keys=True))
     with tempfile.TemporaryDirectory(prefix="warmstart-pack-lm-") as staging:
         staged = stage(source, Path(staging) / "source")
         built = Path(staging) / "built"
         run_builder(staged, built, Path(staging) / "cache", target, options)
-        head = lm_head.mend_tied(built, lm_int4.source_reader(source.weights))
+        read = lm_int4.source_reader(source.weights)
+        head = lm_head.mend_tied(built, read)
+        reblocked = lm_head.reblock(built, read, int(options["head_block"])) if "head_block" in options else None
         blocks = requantize(source, built, target, options)
         edit_genai_config(built / GENAI_CONFIG, generation)
         generation["kv"]["dtype"] = kv_dtype(built / MODEL_FILE)
@@ -153,6 +162,8 @@ def pack_lm(
                 manifest["precision"]["scheme"]["blocks"] = blocks
             if head is not None:
                 manifest["precision"]["scheme"]["tied_head"] = head
+            if reblocked is not None:
+                manifest["precision"]["scheme"]["head_reblocked"] = reblocked
             manifest["source"].update(source_info or {})
             if more is not None:
                 manifest["backends"].update(more(source, tmp))
@@ -260,6 +271,7 @@ def scheme_entry(target: str, options: dict[str, str | int | bool]) -> dict[str,
             "symmetric": symmetric(options),
             "scales": str(options.get("scales", "rtn")),
             "head_bits": lm_head.check(target, options),
+            "head_block": int(options.get("head_block", options.get("block_size", 32))),
         }
     return out
 

@@ -189,7 +189,8 @@ def test_int4_records_its_quality(tmp_path: Path) -> None:
     assert "blocks" not in scheme  # the builder's blocks as written (tests/functional/test_pack_lm_int4.py: mse)
     assert "scales" not in precision["builder_options"]  # ours, applied after the builder: never passed to it
     assert scheme["head_bits"] == 8  # the LM head at 8 bits on the int4 body (tests/functional/test_pack_lm_head.py)
-    assert _matmuls(pack) == {(4, 32, 4, False), (8, 32, 4, False)} and _logits_positions(pack) == 1
+    assert scheme["head_block"] == 64  # in blocks of 128 or the largest that divides the hidden size (64 here)
+    assert _matmuls(pack) == {(4, 32, 4, False), (8, 64, 4, False)} and _logits_positions(pack) == 1
 
 
 def _matmuls(pack: Path) -> set[tuple[int, int, int, bool]]:
@@ -236,6 +237,7 @@ def test_each_precision_records_and_builds_its_scheme(tmp_path: Path) -> None:
         "symmetric": True,
         "scales": "rtn",
         "head_bits": 8,
+        "head_block": 128,  # int8's head is the body's: no re-blocking (infra.pack.lm_head.check_block)
     }
     assert precision["builder_options"] == {
         "accuracy_level": 4,

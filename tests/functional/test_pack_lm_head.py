@@ -14,6 +14,7 @@ import pytest
 
 from infra.pack import lm_head, lm_int4
 from tests.fixtures.lm_pack import source_dir
+from tests.lm_models import HIDDEN
 
 FAMILIES = ("qwen3", "llama")
 
@@ -24,16 +25,18 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Pat
     from infra.pack.precision import Precision
 
     out = tmp_path_factory.mktemp("head-packs")
-    return {
-        (family, bits): pack_lm(
-            source_dir(family),
-            out / f"{family}-{bits}",
-            precision=Precision(quantize="int4", min_quality=0.0),
-            builder_options={"head_bits": bits},
-        )
-        for family in FAMILIES
-        for bits in (4, 8)
-    }
+    packs: dict[tuple[str, int], Path] = {}
+    for family in FAMILIES:
+        # (family, 4), (family, 8): the int4 head and the default 8-bit head (blocks of 64: the tiny models' hidden
+        # size); (family, 32): the 8-bit head in the builder's blocks of 32 (`head_block: 32`)
+        for key, options in ((4, {"head_bits": 4}), (8, {"head_bits": 8}), (32, {"head_bits": 8, "head_block": 32})):
+            packs[(family, key)] = pack_lm(
+                source_dir(family),
+                out / f"{family}-{key}",
+                precision=Precision(quantize="int4", min_quality=0.0),
+                builder_options=dict(options),
+            )
+    return packs
 
 
 def _model(pack: Path) -> Any:
@@ -71,6 +74,7 @@ def test_the_heads_bits_are_recorded_and_built(packs: dict[tuple[str, int], Path
             continue
         (gather,) = gathers
         assert _attrs(gather)["bits"] == bits and gather.input[2] == head.input[2]
+        assert _attrs(gather)["block_size"] == _attrs(head)["block_size"]  # one set of blocks, read by both
         if bits == 8:  # the builder's dangling names mended, then proved (infra.pack.lm_head)
             assert precision["scheme"]["tied_head"] == {"tied": "model.embed_tokens.weight", "rows_checked": 257}
         else:
@@ -79,6 +83,8 @@ def test_the_heads_bits_are_recorded_and_built(packs: dict[tuple[str, int], Path
     four, eight = lm_int4.read_blocks(packs[(family, 4)]), lm_int4.read_blocks(packs[(family, 8)])
     assert set(four) == {*eight, "/lm_head/MatMul_Q4"}  # read_blocks: the 4-bit nodes
     for name, blocks in eight.items():
+        assert np.array_equal(blocks.codes, four[name].codes) and np.array_equal(blocks.scales, four[name].scales)
+    for name, blocks in lm_int4.read_blocks(packs[(family, 32)]).items():  # the head's block leaves the body alone
         assert np.array_equal(blocks.codes, four[name].codes) and np.array_equal(blocks.scales, four[name].scales)
 
 
@@ -114,6 +120,38 @@ def test_the_8_bit_head_is_closer_to_the_source_and_the_gate_agrees_at_least_as_
     assert q[8]["top1_agreement"] >= q[4]["top1_agreement"], q
 
 
+def _head_blocks(pack: Path) -> lm_int4.Blocks:
+    model = _model(pack)
+    head = lm_head.head_node(model)
+    assert head is not None
+    return lm_int4.node_blocks(head, {t.name: t for t in model.graph.initializer}, pack)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_8_bit_head_is_in_blocks_of_head_block_proved_from_the_source(
+    packs: dict[tuple[str, int], Path], family: str
+) -> None:
+    read = lm_int4.source_reader(tuple(sorted(source_dir(family).glob("*.safetensors"))))
+    name = "lm_head.weight" if read("lm_head.weight") is not None else "model.embed_tokens.weight"
+    source = read(name)
+    default, builders = packs[(family, 8)], packs[(family, 32)]
+    scheme, theirs = _precision(default)["scheme"], _precision(builders)["scheme"]
+    assert (scheme["head_block"], theirs["head_block"]) == (HIDDEN, 32)  # the default: 128 or less, dividing 64
+    record = scheme["head_reblocked"]
+    assert {k: record[k] for k in ("from", "block", "source")} == {"from": 32, "block": HIDDEN, "source": name}
+    assert record.get("rows_checked") == (257 if family == "qwen3" else None)  # the tied gather's rows proved
+    assert "head_reblocked" not in theirs
+    ours, built = _head_blocks(default), _head_blocks(builders)
+    assert (ours.block, built.block) == (HIDDEN, 32)
+    assert ours.scales.shape == (source.shape[0], 1) and built.scales.shape == (source.shape[0], 2)
+    assert lm_int4.is_rtn_of(ours, source) and lm_int4.is_rtn_of(built, source)
+    assert not np.array_equal(ours.scales, built.scales[:, :1])  # re-quantized, not the builder's first half
+    assert (
+        json.loads((default / "manifest.json").read_text())["version"]
+        != (json.loads((builders / "manifest.json").read_text())["version"])
+    )
+
+
 def test_the_served_8_bit_pack_decodes_the_gates_tokens(packs: dict[tuple[str, int], Path]) -> None:
     """The tied 8-bit-head pack as published (page-aligned weights, the mended graph) decodes greedily what
     onnxruntime-genai decodes from it, and a prompt's first tokens are the float32 source's where the gate says
@@ -138,6 +176,36 @@ def test_the_served_8_bit_pack_decodes_the_gates_tokens(packs: dict[tuple[str, i
         want = reference_greedy(model, ids, NEW_TOKENS, eos)
         fractions.append(prefix_fraction(want, graph_greedy(og, graph, ids, NEW_TOKENS)))
     assert sum(fractions) / len(fractions) == pytest.approx(_precision(pack)["quality"]["greedy_agreement"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("quantize", "options", "match"),
+    [
+        ("int4", {"head_block": 128}, r"head_block=128 for an 8-bit head over hidden size 64; valid: 16, 32, 64 \(of"),
+        ("int4", {"head_block": 48}, r"head_block=48 for an 8-bit head over hidden size 64; valid: 16, 32, 64 \(of"),
+        ("int4", {"head_block": "64"}, r"head_block='64' for an 8-bit head over hidden size 64; valid: 16, 32, 64"),
+        ("int4", {"head_bits": 4, "head_block": 64}, r"head_block=64 for int4 with head_bits=4; .* valid: 32 "),
+        ("int8", {"head_block": 64}, r"head_block=64 for int8 with head_bits=8; .* valid: 128 "),
+        (None, {"head_block": 64}, r"head_block=64 for float32; the head's block applies to --quantize int4 / int8"),
+    ],
+)
+def test_head_blocks_that_do_not_apply_are_refused_before_building(
+    tmp_path: Path, quantize: str | None, options: dict[str, Any], match: str
+) -> None:
+    from infra.pack.lm_pack import pack_lm
+    from infra.pack.precision import Precision, PrecisionError
+
+    with pytest.raises(PrecisionError, match=match):
+        pack_lm(source_dir("llama"), tmp_path / "out", precision=Precision(quantize=quantize), builder_options=options)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("hidden", "block"), [(1024, 128), (896, 128), (576, 64), (64, 64), (48, 16), (40, 32)])
+def test_the_default_head_block_is_the_largest_up_to_128_that_divides_the_hidden_size(hidden: int, block: int) -> None:
+    # 1024: Qwen3-0.6B; 576: SmolLM2-135M; 40: none of 16..256 divides it, the body's 32 (no re-blocking)
+    assert lm_head.check_block("int4", {"block_size": 32, "head_bits": 8}, hidden) == block
+    assert lm_head.check_block("int8", {"block_size": 128}, hidden) == 128
+    assert lm_head.check_block("int4", {"block_size": 32, "head_bits": 4}, hidden) == 32
 
 
 @pytest.mark.parametrize(
@@ -222,3 +290,45 @@ def test_dangling_names_that_are_not_the_builders_are_refused(built: Path, tmp_p
     onnx.save(model, str(copy / "model.onnx"))
     with pytest.raises(lm_head.HeadError, match=r"bits=8 block_size=64 where the head has bits=8 block_size=32"):
         lm_head.mend_tied(copy, read)
+
+
+def test_a_head_reblocked_from_another_source_is_refused_and_a_proved_one_loads(built: Path, tmp_path: Path) -> None:
+    import onnxruntime_genai as og
+
+    copy = _copy(built, tmp_path)
+    read = lm_int4.source_reader(tuple(sorted(source_dir("qwen3").glob("*.safetensors"))))
+    lm_head.mend_tied(copy, read)
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
+    other = lm_int4.source_reader(tuple(sorted(source_dir("qwen3", seed=1).glob("*.safetensors"))))
+    with pytest.raises(lm_head.HeadError, match=r"8-bit blocks are not the round-to-nearest .*; not re-blocked"):
+        lm_head.reblock(copy, other, 64)
+    with pytest.raises(lm_head.HeadError, match=r"block 128 for K=64"):
+        lm_head.reblock(copy, read, 128)
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before  # refused: nothing written
+    assert lm_head.reblock(copy, read, 32) is None  # already in blocks of 32
+    record = lm_head.reblock(copy, read, 16)
+    assert record == {"from": 32, "block": 16, "source": "model.embed_tokens.weight", "rows_checked": 257}
+    blocks = _head_blocks(copy)
+    assert blocks.block == 16 and lm_int4.is_rtn_of(blocks, read("model.embed_tokens.weight"))
+    og.Model(str(copy))  # the head and the tied gather in blocks of 16 load
+
+
+def test_the_bench_re_blocks_a_published_pack_and_keeps_its_body(
+    packs: dict[tuple[str, int], Path], tmp_path: Path
+) -> None:
+    """bench/generate/reblock.py (the 0.6B figures' packs): a published pack's head re-blocked as the packer does,
+    the body's blocks unchanged, the graph loads; another model's directory is refused."""
+    import onnxruntime_genai as og
+
+    from bench.generate.reblock import reblocked_copy
+
+    pack = packs[("qwen3", 32)]
+    out = reblocked_copy(pack, source_dir("qwen3"), 16, tmp_path / "out")
+    scheme = _precision(out)["scheme"]
+    assert scheme["head_block"] == 16 and scheme["head_reblocked"]["rows_checked"] == 257
+    assert _head_blocks(out).block == 16
+    body, theirs = lm_int4.read_blocks(out), lm_int4.read_blocks(pack)
+    assert set(body) == set(theirs) and all(np.array_equal(body[n].codes, theirs[n].codes) for n in body)
+    og.Model(str(out))
+    with pytest.raises(SystemExit, match="not the directory"):
+        reblocked_copy(pack, source_dir("qwen3", seed=1), 16, tmp_path / "other")

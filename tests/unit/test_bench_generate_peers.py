@@ -202,9 +202,12 @@ def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> N
         {"scales": "mse"},
         {"block_size": 64, "scales": "rtn"},
     ]  # a bad value is the packer's to refuse (infra.pack.lm_pack.check_scales), before it builds anything
-    with pytest.raises(SystemExit, match="keys block_size, accuracy_level, is_symmetric, scales, head_bits"):
+    with pytest.raises(
+        SystemExit, match="keys block_size, accuracy_level, is_symmetric, scales, head_bits, head_block"
+    ):
         gp.parse_schemes("scale=mse")
     assert gp.parse_schemes("head_bits=8+scales=mse") == [{"head_bits": 8, "scales": "mse"}]
+    assert gp.parse_schemes("head_block=32") == [{"head_block": 32}]
     assert gp.scheme_name({"head_bits": 8}) == "ours-int4 (head_bits=8)"
 
 

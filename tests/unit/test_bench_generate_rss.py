@@ -70,3 +70,20 @@ def test_variants_parse_and_a_malformed_one_is_refused() -> None:
     for bad in ("base", "=X=1", "v=X"):
         with pytest.raises(SystemExit, match="NAME=ENV=VALUE"):
             rss.parse_variant(bad)
+
+
+def test_evict_drops_every_file_of_the_pack_from_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pack = _pack(tmp_path)
+    advised: list[tuple[str, int]] = []
+    real = rss.os.posix_fadvise
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((Path(f"/proc/self/fd/{fd}").resolve().name, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(rss.os, "posix_fadvise", fadvise)
+    rss.evict(pack)  # the first start of each pack fills the cache as an instance's start does
+    names = sorted(p.name for p in pack.iterdir())
+    assert advised == [(name, rss.os.POSIX_FADV_DONTNEED) for name in names]
