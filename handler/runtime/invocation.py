@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from handler.api.encode import dumps
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
-from handler.core import deadline
+from handler.core import deadline, numpy_gate
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.records import record
@@ -152,6 +152,7 @@ class Runtime(Instance):
                 from handler.api import compat, oip
             oip_route = oip.match(source.path(event)) if source.http else None  # type: ignore[attr-defined]
             if oip_route is not None:  # the Open Inference Protocol (KServe v2): its own paths, answers, errors
+                numpy_gate.need()  # its tensors are numpy arrays (a lean start: imported here, not lean after)
                 if oip_route[0] != "infer":  # answered without a model run, as a status request is
                     inv.kind = "status"
                     self.count("status")
@@ -188,6 +189,7 @@ class Runtime(Instance):
             else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
                 path = source.path(event)  # type: ignore[attr-defined]
                 if path in compat.LAMBDA_PATHS:
+                    numpy_gate.need()  # its answers are shaped with numpy (a lean start: imported here)
                     route = compat.ROUTES[path]
                     native = route.request(payload, self.find)
                     if wants_stream(payload) and hasattr(route, "pieces"):  # buffered: one body of events
