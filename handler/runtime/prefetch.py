@@ -10,7 +10,8 @@ for its own small read while the CPU idles; here the reads run ahead of them. Me
 
 Stdlib only, and of handler only `startfiles`, the manifest reader (handler.core.manifest) and the backend's spec
 (handler.backends.registry: spec modules import nothing heavy): it runs before numpy is imported. Switch:
-WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
+WARMSTART_PREFETCH = all (default) | model (the model's files only) | off. `numpy_at_start` and `lean_start` say
+whether handler.app imports numpy first, or leaves it until the first answer (the latter reads the task's spec).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class Prefetch:
             self.code_source = f"recorded ({len(recorded)} files)"
             return recorded
         self.code_source = f"libraries (start list: {why})"
-        return [(p, None) for p in _libraries(self.backend, numpy_at_start())]
+        # numpy's by the backend's spec alone (a lean start's decision imports the task's module: not on this thread)
+        return [(p, None) for p in _libraries(self.backend)]
 
     def _run(self) -> None:
         from handler.runtime.startfiles import issue
@@ -224,9 +226,7 @@ def _planned(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
-    if task != "embedding" or not backend:
-        return False
-    if (env.get("WARMSTART_LEAN_START") or "1").strip().lower() in _OFF:
+    if not backend or (env.get("WARMSTART_LEAN_START") or "1").strip().lower() in _OFF:
         return False
     kind = env.get("AWS_LAMBDA_INITIALIZATION_TYPE")
     # WARMSTART_WARMUP as handler.core.config reads it (default: on, except on demand); a value it refuses counts as
@@ -238,8 +238,17 @@ def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
     from handler.backends.registry import spec as backend_spec
 
     try:
-        return bool(backend_spec(backend).lean)
+        if not backend_spec(backend).lean:
+            return False
     except Exception:  # an unknown backend: init's error to report
+        return False
+    # The task's spec: its module is imported here rather than by init's manifest load just after (the same
+    # modules, none of them numpy's). A plugin's task (entry points read: slow) is never lean.
+    from handler.tasks import catalog
+
+    try:
+        return task in catalog.BUILTIN_TASKS and catalog.spec(task).lean
+    except Exception:  # a broken task module: init's error to report
         return False
 
 

@@ -194,6 +194,7 @@ SPEC = TaskSpec(
     fields=manifest_fields,
     routes=("/v1/embeddings", "/v2/embed", "/embed", "/similarity", *TEXT_ROUTES),
     batches=True,
+    lean=True,
     tei_kind="embedding",
     tei_info=lambda manifest: {"pooling": manifest.pooling.get("mode", "mean")},
     tei_info_schema={"type": "object", "required": ["pooling"], "properties": {"pooling": STRING}},
