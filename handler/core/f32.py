@@ -21,7 +21,6 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
-from math import copysign
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: `fractions` imports `decimal` (~1 ms), and only rare values need it
@@ -87,32 +86,37 @@ def _exact(v: float) -> tuple[str, int]:
 def texts(values: Sequence[float]) -> list[str]:
     """Each float32 value (held exactly as a Python float; finite: callers refuse NaN and infinities first) as
     orjson writes it. The common range goes in passes over all values at once: 8 digits, then 9 for those 8 does
-    not hold, and 7, 6, ... for those that held, while the shorter length still round-trips."""
-    out: list[str] = [""] * len(values)
-    sizes = [abs(v) for v in values]
-    bulk: list[int] = []
-    for i, a in enumerate(sizes):
-        if _LOW <= a < _HIGH and _BITS.unpack(_F32.pack(a))[0] & 0x7FFFFF:
-            bulk.append(i)
+    not hold, and 7, 6, ... for those that held, while the shorter length still round-trips. ~0.5 ms for 384
+    values, ~17 ms for 32 x 384 (orjson from numpy: 0.007 / 0.21 ms): a lean start's first answers only."""
+    f32 = values if isinstance(values, array) and values.typecode == "f" else array("f", values)
+    bits = array("I")
+    bits.frombytes(f32.tobytes())
+    sizes = list(map(abs, f32))
+    out: list[str] = [""] * len(sizes)
+    best: list[str] = [""] * len(sizes)
+    pending = []
+    for i, a, b in zip(range(len(sizes)), sizes, bits, strict=True):
+        if _LOW <= a < _HIGH and b & 0x7FFFFF:
+            pending.append(i)
         elif a == 0:
-            out[i] = "-0.0" if copysign(1.0, values[i]) < 0 else "0.0"
+            out[i] = "-0.0" if b else "0.0"
         else:
-            out[i] = _text("-" if values[i] < 0 else "", *_exact(a))
-    best: dict[int, str] = {}
-    pending, p = bulk, 8
+            out[i] = _text("-" if b >> 31 else "", *_exact(a))
+    bulk, p = pending, 8
     while pending:
-        candidates = [_FORMATS[p] % sizes[i] for i in pending]
-        back = array("f", map(float, candidates))
+        form = _FORMATS[p]
+        candidates = [form % sizes[i] for i in pending]
         held = []
-        for i, c, b in zip(pending, candidates, back, strict=True):
-            if b == sizes[i]:
+        for i, c, back in zip(pending, candidates, array("f", map(float, candidates)), strict=True):
+            if back == sizes[i]:
                 best[i] = c
                 held.append(i)
             elif p == 8:
                 best[i] = _FORMATS[9] % sizes[i]
         pending, p = (held, p - 1) if p > 1 else ([], 0)
     for i in bulk:
-        out[i] = _text("-" if values[i] < 0 else "", *_parts(best[i]))
+        mantissa, _, exp = best[i].partition("e")
+        out[i] = _text("-" if bits[i] >> 31 else "", mantissa.replace(".", "").rstrip("0") or "0", int(exp))
     return out
 
 
