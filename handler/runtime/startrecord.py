@@ -33,7 +33,7 @@ try:
 except ImportError:
     pass
 from handler.core import numpy_gate
-numpy_gate.load_later = lambda: None  # the list is of the start to its answer: a lean start's later numpy is not
+numpy_gate.load_later = lambda: False  # the list is of the start to its answer: a lean start's later numpy is not
 import handler.app
 try:
     handler.app.lambda_handler(json.loads(sys.argv[2]), None)
