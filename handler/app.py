@@ -7,7 +7,6 @@ model is loaded and warmed here, once per instance.
 from __future__ import annotations
 
 import gc
-from types import ModuleType
 from typing import Any
 
 # The cyclic GC paused while init runs: the imports and the model load allocate hundreds of thousands of
@@ -33,16 +32,14 @@ prefetch.start()
 # own imports did it ~650 times (a mmap, a munmap and a page fault each: kernel time no instruction count
 # shows); from here, the depth the tuned floor imports it at, none. Every start whose backend computes with
 # numpy imports it (backends.pool, the tasks' arrays); a genai start does not (its spec's `numpy`), and a lean start
-# (an embedding model on the C API, no warm-up, no snapshot: prefetch.lean_start) imports it after its first answer,
-# on a thread of its own (handler.core.numpy_gate), from that thread's base frame.
-_lean: ModuleType | None = None  # handler.core.numpy_gate, at a lean start
+# (an embedding model on the C API, no warm-up, no snapshot: prefetch.lean_start) imports it once its first answer is
+# written (Runtime.lambda_reply), on a thread of its own (handler.core.numpy_gate), from that thread's base frame.
 if prefetch.numpy_at_start():
     import numpy  # noqa: F401
 elif prefetch.lean_start():
     from handler.core import numpy_gate
 
     numpy_gate.begin()
-    _lean = numpy_gate
 
 from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
 from handler.core.types import Event  # noqa: E402
@@ -65,7 +62,4 @@ finally:
 
 def lambda_handler(event: Event, context: Any) -> bytes:
     # JSON bytes, which awslambdaric posts as they are: the answer is encoded once, here (not again by it).
-    reply = runtime.lambda_reply(event, context)
-    if _lean is not None and _lean.lean():  # numpy now, on its own thread, behind the answer (numpy_gate)
-        _lean.load_later()
-    return reply
+    return runtime.lambda_reply(event, context)

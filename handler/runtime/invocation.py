@@ -114,8 +114,12 @@ class Runtime(Instance):
     def lambda_reply(self, event: Event, context: Any = None) -> bytes:
         """One Lambda invocation's answer as the JSON bytes awslambdaric posts: its marshaller passes `bytes`
         through as they are (any other value it encodes again, with simplejson: 3.97 ms for 32 x 384 floats
-        against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report."""
-        return dumps(self.handle(event, context))
+        against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report. At a lean start,
+        numpy's import begins once the answer is written (handler.core.numpy_gate), on a thread of its own."""
+        reply = dumps(self.handle(event, context))
+        if numpy_gate.lean():
+            numpy_gate.load_later()
+        return reply
 
     @staticmethod
     @contextmanager
