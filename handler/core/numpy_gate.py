@@ -5,11 +5,11 @@ numpy's import is ~1/3 of such a start (callgrind: 305 M of ~830 M instructions 
 to ONNX Runtime's C API as `array('q')` buffers, the float32 output comes back as bytes and is written as JSON by
 `handler.core.f32`, byte for byte what the numpy path writes. So `handler.app` starts lean (`begin`) where the
 start qualifies, the embedding task takes its numpy-free path while `lean()` holds, and once the first answer is
-made numpy is imported on a thread of its own (`load_later`); when that import has finished (a flag, not
-`sys.modules`, which holds a half-imported module meanwhile) `lean()` is False and every later request takes the
-numpy path, whose warm calls are faster (orjson writes float32 arrays ~100x faster than `f32`). A request the
-numpy-free path does not serve (`dimensions`, base64, a compatible API's route) calls `need()`: numpy is imported
-there, on the calling thread, and the process is no longer lean. Stdlib only: read before anything else.
+written numpy is imported on a thread of its own (`load_later`, from `Runtime.lambda_reply`); when that import has
+finished (a flag, not `sys.modules`, which holds a half-imported module meanwhile) `lean()` is False and every
+later request takes the numpy path, whose warm calls are faster (orjson writes 384 float32s in 0.0076 ms, `f32`
+in ~0.55). A request the numpy-free path does not serve (`dimensions`, base64, a compatible API's route) calls
+`need()`: numpy is imported there, on the calling thread, and the process is no longer lean. Stdlib only.
 """
 
 from __future__ import annotations
