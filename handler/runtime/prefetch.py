@@ -226,14 +226,12 @@ def _planned(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
-    if not backend or (env.get("WARMSTART_LEAN_START") or "1").strip().lower() in _OFF:
-        return False
-    kind = env.get("AWS_LAMBDA_INITIALIZATION_TYPE")
-    # WARMSTART_WARMUP as handler.core.config reads it (default: on, except on demand); a value it refuses counts as
-    # on here, and init reports it.
-    warmup = (env.get("WARMSTART_WARMUP") or "").strip().lower()
-    warms = warmup not in _OFF if warmup else kind != "on-demand"
-    if kind == "snap-start" or warms:
+    from handler.core.config import lean_start_on, snapshot_mode, warmup_at_init
+
+    try:
+        if not backend or not lean_start_on(env) or snapshot_mode(env) is not None or warmup_at_init(env):
+            return False  # a warm-up or a snapshot runs the numpy path at init
+    except Exception:  # a value config refuses: init reports it (ConfigError, with the valid values)
         return False
     from handler.backends.registry import spec as backend_spec
 

@@ -157,6 +157,7 @@ ENV = {"AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand"}
         ({"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start", "WARMSTART_WARMUP": "0"}, False),
         ({**ENV, "WARMSTART_LEAN_START": "0"}, False),
         ({**ENV, "WARMSTART_BACKEND": "torch"}, False),
+        ({**ENV, "WARMSTART_LEAN_START": "maybe"}, False),  # and init refuses it (below)
     ],
 )
 def test_which_starts_are_lean(
@@ -168,6 +169,15 @@ def test_which_starts_are_lean(
     assert prefetch.numpy_at_start(environ=environ) is (not lean)
     libraries = [p.name for p, _ in prefetch.plan(environ) if p.suffix != ".onnx"]
     assert any("multiarray" in name for name in libraries) is (not lean)
+
+
+def test_a_lean_start_setting_init_cannot_read_is_refused() -> None:
+    from handler.core.config import Config
+    from handler.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"WARMSTART_LEAN_START='maybe'; valid values: 1, 0"):
+        Config.from_environ({"WARMSTART_LEAN_START": "maybe"})
+    assert not Config.from_environ({"WARMSTART_LEAN_START": "off"}).lean_start
 
 
 CODE = """
