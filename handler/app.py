@@ -31,9 +31,15 @@ prefetch.start()
 # import tree that runs across a chunk's end maps and unmaps it for each call there. From that depth numpy's
 # own imports did it ~650 times (a mmap, a munmap and a page fault each: kernel time no instruction count
 # shows); from here, the depth the tuned floor imports it at, none. Every start whose backend computes with
-# numpy imports it (backends.pool, the tasks' arrays); a genai start does not (its spec's `numpy`).
+# numpy imports it (backends.pool, the tasks' arrays); a genai start does not (its spec's `numpy`), and a lean start
+# (an embedding model on the C API, no warm-up, no snapshot: prefetch.lean_start) imports it once its first answer is
+# written (Runtime.lambda_reply), on a thread of its own (handler.core.numpy_gate), from that thread's base frame.
 if prefetch.numpy_at_start():
     import numpy  # noqa: F401
+elif prefetch.lean_start():
+    from handler.core import numpy_gate
+
+    numpy_gate.begin()
 
 from handler.core.config import snapshot_mode  # noqa: E402 (after the prefetch starts, on purpose)
 from handler.core.types import Event  # noqa: E402

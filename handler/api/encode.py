@@ -12,6 +12,10 @@ orjson writes NaN and infinities as `null` (valid JSON, but a silent hole in a v
 outputs before they get here (`handler.tasks.arrays.finite`: a 500 `ModelOutputError`), so a `null` in an
 answer is never a float.
 
+A lean start (`handler.core.numpy_gate`) answers before numpy is imported: its vectors are a
+`handler.core.f32.F32Rows`, written by `f32` with the same bytes, and while numpy is not in `sys.modules` orjson
+runs without its numpy option (with it, meeting a type it does not know, orjson imports numpy to check it).
+
 orjson is imported by the first call, not with this module: a Lambda init that encodes nothing (on demand,
 no warm-up) does not pay its ~0.6 ms of import; an init that warms up calls `load()`, so neither does the
 first request there (SnapStart, provisioned concurrency, the HTTP host).
@@ -19,8 +23,11 @@ first request there (SnapStart, provisioned concurrency, the HTTP host).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
+
+from handler.core.f32 import F32Rows
 
 _encode: Callable[[Any], bytes] | None = None
 
@@ -28,7 +35,11 @@ _encode: Callable[[Any], bytes] | None = None
 def _default(obj: Any) -> Any:
     """What orjson does not take as it is: a numpy array that is not C-contiguous (a transposed or strided
     view) is copied contiguous; one of a dtype orjson does not write (strings, objects) and another numpy
-    scalar (np.str_ ...) become Python values."""
+    scalar (np.str_ ...) become Python values. A lean answer's `F32Rows` is written by `handler.core.f32`."""
+    if isinstance(obj, F32Rows):
+        import orjson  # imported by load() already
+
+        return orjson.Fragment(obj.json())
     import numpy as np
 
     if isinstance(obj, np.ndarray):
@@ -62,10 +73,13 @@ def load() -> Callable[[Any], bytes]:
     if _encode is None:
         import orjson  # deferred: see the module's docstring
 
-        option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS  # int keys as strings, as json.dumps does
-        dumps_ = orjson.dumps
+        plain = orjson.OPT_NON_STR_KEYS  # int keys as strings, as json.dumps does
+        arrays = orjson.OPT_SERIALIZE_NUMPY | plain
+        dumps_, modules = orjson.dumps, sys.modules
 
         def encode(obj: Any) -> bytes:
+            # No numpy imported, no numpy values: the option would only make orjson import numpy (module's doc).
+            option = arrays if "numpy" in modules else plain
             try:
                 return dumps_(obj, default=_default, option=option)
             except orjson.JSONEncodeError:

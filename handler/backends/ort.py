@@ -9,8 +9,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from handler.backends import ort_capi
 from handler.backends.contract import BackendSettings
 from handler.backends.fingerprint import cpu_fingerprint, int8_refusal
@@ -28,15 +26,16 @@ _CUDA_OPTIONS = {
     "cudnn_conv_algo_search": "DEFAULT",
     "arena_extend_strategy": "kSameAsRequested",
 }
+# The binding's type names -> numpy dtype names (names, as ort_capi.DTYPES: no numpy at a lean start's init).
 _DTYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
 }
 # GraphOptimizationLevel's values (the same in the C API and the binding).
 _DISABLE_ALL, _ENABLE_EXTENDED = 0, 2
@@ -190,6 +189,7 @@ class OnnxBackend:
             return {"cuda": False, "reason": self.device_reason}
         # The warm-up inference that follows runs real kernels on the device; here we only make sure the
         # context and the arena exist before it, so its time is inference, not setup.
+        import numpy as np
         import onnxruntime as ort  # already imported: CUDA is served by the binding
 
         value = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, 8), np.float32), "cuda", 0)
@@ -237,6 +237,8 @@ class OnnxBackend:
         a request's arena when binding is on), else it allocates and the outputs are copied out."""
         plan = self._bound
         if plan is not None:
+            import numpy as np  # deferred: a lean start runs `run_buffers` (handler.core.numpy_gate)
+
             arena = current_arena() if self.bind_outputs else None
             shapes = self._shapes(feeds, plan)
             into = [arena.take(s, d) if arena is not None else np.empty(s, d) for _, d, s in shapes]
@@ -249,6 +251,18 @@ class OnnxBackend:
                 self._bound = None
                 return result
         return self._run_plain(session, feeds)
+
+    def run_buffers(
+        self, feeds: dict[str, tuple[Any, tuple[int, ...]]]
+    ) -> dict[str, tuple[str, list[int], bytes]] | None:
+        """`run` without numpy (handler.core.numpy_gate): `array.array` feeds and their shapes → each output's dtype
+        name, shape and bytes; None when the C API does not serve (the binding needs numpy: take `run`)."""
+        if self.capi is None:
+            return None
+        try:
+            return dict(zip(self._outputs, self.capi.run_buffers(feeds), strict=True))
+        except ort_capi.OrtError as e:
+            raise ModelRunError(f"{self.path}: ONNX Runtime failed running it: {e}") from None
 
     def _run_plain(self, session: ort_capi.Session, feeds: Arrays) -> Arrays:
         try:

@@ -25,9 +25,10 @@ import ctypes
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy where the arrays are: a lean start runs the model without it (`Session.run_buffers`)
+    from array import array as TypedBuffer
 
 VERSIONS = ("1.31.",)  # the onnxruntime releases this module was checked against (layers/requirements.txt pins)
 API_VERSION = 8  # the header version whose table the indices below are read from (GetApi returns the same table)
@@ -84,22 +85,29 @@ _FUNCTIONS: dict[str, tuple[int, Any, list[Any]]] = {
     "ReleaseSessionOptions": (100, None, [_vp]),
     "AddSessionConfigEntry": (130, _vp, [_vp, _str, _str]),
 }
-# ONNXTensorElementDataType -> numpy dtype (the types a tensor of ours can have; string tensors are not).
-DTYPES: dict[int, Any] = {
-    1: np.float32,
-    2: np.uint8,
-    3: np.int8,
-    4: np.uint16,
-    5: np.int16,
-    6: np.int32,
-    7: np.int64,
-    9: np.bool_,
-    10: np.float16,
-    11: np.float64,
-    12: np.uint32,
-    13: np.uint64,
+# ONNXTensorElementDataType -> numpy dtype name (the types a tensor of ours can have; string tensors are not). Names,
+# not numpy types: a session is described at init, and a lean start (handler.core.numpy_gate) has no numpy then.
+DTYPES: dict[int, str] = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
 }
-_ELEMENT_TYPES = {np.dtype(d): t for t, d in DTYPES.items()}
+_ELEMENT_TYPES = {d: t for t, d in DTYPES.items()}
+# numpy dtype -> element type, filled as arrays of each native dtype come: a dtype's `name` is built in Python by
+# numpy (~3.4 us, three times a run), its hash is not.
+_BY_DTYPE: dict[Any, int] = {}
+_ITEM_SIZES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8}
+# array.array typecodes `run_buffers` takes (their sizes fixed on every platform a wheel is built for).
+_TYPECODES = {"q": 7, "f": 1, "d": 11, "b": 3, "B": 2}
 
 
 class CapiUnavailable(RuntimeError):
@@ -210,7 +218,7 @@ def version() -> str:
 
 
 class IOInfo:
-    """An input's or output's name, numpy dtype (None: a type this module does not handle) and dims (an int, a
+    """An input's or output's name, numpy dtype name (None: a type this module does not handle) and dims (an int, a
     symbolic dim's name, or None where the graph names neither), as the binding's NodeArg gives them."""
 
     __slots__ = ("dims", "dtype", "name")
@@ -301,11 +309,9 @@ class Session:
         """Every output for `feeds` (numpy arrays by input name, read in place: no copy). `into`: one preallocated
         C-contiguous array per output, of its exact dtype and shape, that ORT writes into (returned); else ORT
         allocates and each output is copied out. OrtError with ORT's message when the run fails."""
-        a = self._api
+        import numpy as np  # deferred: a lean start runs `run_buffers` (handler.core.numpy_gate)
+
         names = tuple(feeds)
-        input_names = self._input_names.get(names)
-        if input_names is None:  # the same few name tuples every call: encoded once
-            input_names = self._input_names[names] = (_str * len(names))(*(n.encode() for n in names))
         arrays = [np.ascontiguousarray(feeds[n]) for n in names]  # kept alive until Run returns
         n_out = len(self.outputs)
         inputs = (_vp * len(arrays))()
@@ -316,31 +322,84 @@ class Session:
             if into is not None:
                 for i, array in enumerate(into):
                     outputs[i] = self._value(array)
-            a.check(a.Run(self.ptr, None, input_names, inputs, len(names), self._output_names, n_out, outputs))
+            self._run(names, inputs, outputs)
             return list(into) if into is not None else [self._copy_out(outputs[i]) for i in range(n_out)]
         finally:
-            for value in (*inputs, *outputs):
-                if value:
-                    a.ReleaseValue(value)
+            self._release(inputs, outputs)
+
+    def run_buffers(
+        self, feeds: Mapping[str, tuple[TypedBuffer[Any], tuple[int, ...]]]
+    ) -> list[tuple[str, list[int], bytes]]:
+        """`run` without numpy: each feed a typed buffer (`array.array`: 'q' int64, 'f' float32, ...) in C order and
+        its shape; each output as (its dtype name, its shape, a copy of its bytes in C order)."""
+        a = self._api
+        names = tuple(feeds)
+        inputs = (_vp * len(names))()
+        outputs = (_vp * len(self.outputs))()
+        try:
+            for i, name in enumerate(names):
+                buffer, shape = feeds[name]
+                element = _TYPECODES.get(buffer.typecode)
+                if element is None:
+                    raise OrtError(f"buffers of typecode {buffer.typecode!r} are not tensors this backend passes", 2)
+                count = 1
+                for d in shape:
+                    count *= d
+                if count != len(buffer):
+                    raise OrtError(f"{name}: {len(buffer)} values for the shape {list(shape)}", 2)
+                inputs[i] = self._tensor(buffer.buffer_info()[0], len(buffer) * buffer.itemsize, shape, element)
+            self._run(names, inputs, outputs)
+            out = []
+            for value in outputs:
+                element, dims = self._output_type(value)
+                nbytes = _ITEM_SIZES[element]
+                for d in dims:
+                    nbytes *= d
+                data = _vp()
+                if nbytes:
+                    a.check(a.GetTensorMutableData(value, ctypes.byref(data)))
+                out.append((DTYPES[element], dims, ctypes.string_at(data.value or 0, nbytes) if nbytes else b""))
+            return out
+        finally:
+            self._release(inputs, outputs)
+
+    def _run(self, names: tuple[str, ...], inputs: Any, outputs: Any) -> None:
+        a = self._api
+        input_names = self._input_names.get(names)
+        if input_names is None:  # the same few name tuples every call: encoded once
+            input_names = self._input_names[names] = (_str * len(names))(*(n.encode() for n in names))
+        n_out = len(self.outputs)
+        a.check(a.Run(self.ptr, None, input_names, inputs, len(names), self._output_names, n_out, outputs))
+
+    def _release(self, inputs: Any, outputs: Any) -> None:
+        for value in (*inputs, *outputs):
+            if value:
+                self._api.ReleaseValue(value)
 
     def _value(self, array: Any) -> int:
         """An OrtValue over `array`'s memory (the caller keeps the array alive and releases the value)."""
-        a = self._api
-        element = _ELEMENT_TYPES.get(array.dtype)
+        element = _BY_DTYPE.get(array.dtype)
         if element is None:
-            raise OrtError(f"arrays of {array.dtype} are not ONNX tensors this backend passes", 2)
+            element = _ELEMENT_TYPES.get(array.dtype.name) if array.dtype.isnative else None
+            if element is None:
+                raise OrtError(f"arrays of {array.dtype} are not ONNX tensors this backend passes", 2)
+            _BY_DTYPE[array.dtype] = element
         if not array.flags.c_contiguous:
             raise OrtError("an output buffer must be C-contiguous", 2)
-        shape = (ctypes.c_int64 * array.ndim)(*array.shape)
+        return self._tensor(array.ctypes.data, array.nbytes, array.shape, element)
+
+    def _tensor(self, address: int, nbytes: int, dims: Sequence[int], element: int) -> int:
+        """An OrtValue over the memory at `address` (the caller keeps it alive and releases the value)."""
+        a = self._api
+        shape = (ctypes.c_int64 * len(dims))(*dims)
         value = _vp()
         a.check(
-            a.CreateTensorWithDataAsOrtValue(
-                a.cpu, array.ctypes.data, array.nbytes, shape, array.ndim, element, ctypes.byref(value)
-            )
+            a.CreateTensorWithDataAsOrtValue(a.cpu, address, nbytes, shape, len(dims), element, ctypes.byref(value))
         )
         return value.value or 0
 
-    def _copy_out(self, value: int | None) -> Any:
+    def _output_type(self, value: int | None) -> tuple[int, list[int]]:
+        """An output's element type (one this module handles, else OrtError) and dims."""
         a = self._api
         info = _vp()
         a.check(a.GetTensorTypeAndShape(value, ctypes.byref(info)))
@@ -353,13 +412,18 @@ class Session:
             a.check(a.GetDimensions(info, dims, rank.value))
         finally:
             a.ReleaseTensorTypeAndShapeInfo(info)
-        dtype = DTYPES.get(element.value)
-        if dtype is None:
+        if element.value not in DTYPES:
             raise OrtError(f"an output of ONNX element type {element.value} is not one this backend returns", 2)
-        out = np.empty(tuple(dims), dtype)
+        return element.value, list(dims)
+
+    def _copy_out(self, value: int | None) -> Any:
+        import numpy as np  # deferred, as in run
+
+        element, dims = self._output_type(value)
+        out = np.empty(tuple(dims), DTYPES[element])
         if out.nbytes:
             data = _vp()
-            a.check(a.GetTensorMutableData(value, ctypes.byref(data)))
+            self._api.check(self._api.GetTensorMutableData(value, ctypes.byref(data)))
             ctypes.memmove(out.ctypes.data, data, out.nbytes)
         return out
 

@@ -64,4 +64,5 @@ SPEC = BackendSpec(
     libraries=(("onnxruntime", ("onnxruntime/capi/libonnxruntime.so.*",)),),
     settings=OrtSettings.from_environ,
     start_files=start_files,
+    lean=True,  # the C API's Session.run_buffers (a CUDA or binding start takes the numpy path at its first request)
 )

@@ -35,7 +35,7 @@ class BackendSpec:
     """A backend's declaration: what its entry point (or BUILTIN_BACKENDS) names. A plain class, not a dataclass:
     it is built in the prefetch's path, before the start's reads are issued, where a dataclass costs ~1 ms."""
 
-    __slots__ = ("libraries", "module", "name", "needs", "numpy", "settings", "start_files")
+    __slots__ = ("lean", "libraries", "module", "name", "needs", "numpy", "settings", "start_files")
 
     def __init__(
         self,
@@ -47,6 +47,7 @@ class BackendSpec:
         settings: Callable[[Mapping[str, str]], Any] | None = None,
         start_files: Callable[[Mapping[str, Any], Mapping[str, str]], tuple[list[str], Ranges]] | None = None,
         numpy: bool = True,
+        lean: bool = False,
     ) -> None:
         if needs not in NEEDS:
             raise ConfigError(f"backend {name!r} needs {needs!r}; valid: {', '.join(NEEDS)}")
@@ -64,6 +65,10 @@ class BackendSpec:
         # nothing on its path computes with numpy, so the start leaves it out (its import is ~8 MB of the
         # process's own memory and init's largest import). Its own code imports numpy where a path needs it.
         self.numpy = numpy
+        # Whether its backend serves a plain embedding request without numpy (`run_buffers`: typed buffers in, bytes
+        # out), so a Lambda start of an embedding model on it imports numpy only after its first answer
+        # (handler.runtime.prefetch.lean_start, handler.core.numpy_gate).
+        self.lean = lean
 
     def __repr__(self) -> str:
         return f"BackendSpec(name={self.name!r}, module={self.module!r}, needs={self.needs!r})"

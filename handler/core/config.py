@@ -53,6 +53,18 @@ def snapshot_mode(environ: Mapping[str, str] | None = None) -> SnapshotMode | No
     raise ConfigError(f"WARMSTART_SNAPSHOT={raw!r}; valid values: {', '.join(SNAPSHOT_MODES)}")
 
 
+def warmup_at_init(env: Mapping[str, str]) -> bool:
+    """`WARMSTART_WARMUP`. An on-demand Lambda init sits on the first request's path: a warm-up inference there
+    costs more init than it saves that request (docs/coldstart.md). Provisioned concurrency and SnapStart init ahead
+    of traffic, and other hosts gate traffic on readiness: those warm up."""
+    return env_bool(env, "WARMSTART_WARMUP", env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand")
+
+
+def lean_start_on(env: Mapping[str, str]) -> bool:
+    """`WARMSTART_LEAN_START` (handler.runtime.prefetch.lean_start)."""
+    return env_bool(env, "WARMSTART_LEAN_START", True)
+
+
 def env_int(env: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
     """An integer setting in [lo, hi]; unset or blank means `default`."""
     raw = (env.get(key) or "").strip()
@@ -120,6 +132,9 @@ class Config:
     verify_sha256: bool = False
     threads: int | None = None  # None: from the CPU quota really available
     warmup: bool = True
+    # WARMSTART_LEAN_START: read by handler.runtime.prefetch.lean_start before this is built; here so that init
+    # refuses a value it cannot read (the prefetch's reading then took it as off).
+    lean_start: bool = True
     device: str = "auto"  # auto | cpu | cuda
     # Several models, hot reload (handler.models.registry, handler.models.reloader).
     model_uri: str | None = None  # WARMSTART_MODEL as s3://...: fetched at init into a local dir
@@ -168,10 +183,8 @@ class Config:
             max_hold_ms=env_int(env, "WARMSTART_MAX_HOLD_MS", cls.max_hold_ms, 0, 900_000),
             verify_sha256=env_bool(env, "WARMSTART_VERIFY_SHA256", cls.verify_sha256),
             threads=threads or None,
-            # An on-demand Lambda init sits on the first request's path: a warm-up inference there costs more
-            # init than it saves that request (docs/coldstart.md). Provisioned concurrency and SnapStart init
-            # ahead of traffic, and other hosts gate traffic on readiness: those warm up.
-            warmup=env_bool(env, "WARMSTART_WARMUP", env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand"),
+            warmup=warmup_at_init(env),
+            lean_start=lean_start_on(env),
             device=device,
             model_uri=model_uri,
             models=models,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from handler.api.encode import dumps
 from handler.api.ping import is_ping
 from handler.api.sources import decode_body, infer_source
-from handler.core import deadline
+from handler.core import deadline, numpy_gate
 from handler.core.config import LAMBDA_PAYLOAD_LIMIT, Config
 from handler.core.errors import Abandoned, RequestError, internal_error_body
 from handler.core.records import record
@@ -114,8 +114,12 @@ class Runtime(Instance):
     def lambda_reply(self, event: Event, context: Any = None) -> bytes:
         """One Lambda invocation's answer as the JSON bytes awslambdaric posts: its marshaller passes `bytes`
         through as they are (any other value it encodes again, with simplejson: 3.97 ms for 32 x 384 floats
-        against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report."""
-        return dumps(self.handle(event, context))
+        against 0.25 ms here). An error is raised, as from `handle`, for awslambdaric to report. At a lean start,
+        numpy's import begins once the answer is written (handler.core.numpy_gate), on a thread of its own."""
+        reply = dumps(self.handle(event, context))
+        if numpy_gate.lean():
+            numpy_gate.load_later()
+        return reply
 
     @staticmethod
     @contextmanager
@@ -152,6 +156,7 @@ class Runtime(Instance):
                 from handler.api import compat, oip
             oip_route = oip.match(source.path(event)) if source.http else None  # type: ignore[attr-defined]
             if oip_route is not None:  # the Open Inference Protocol (KServe v2): its own paths, answers, errors
+                numpy_gate.need()  # its tensors are numpy arrays (a lean start: imported here, not lean after)
                 if oip_route[0] != "infer":  # answered without a model run, as a status request is
                     inv.kind = "status"
                     self.count("status")
@@ -188,6 +193,7 @@ class Runtime(Instance):
             else:  # a Function URL or API Gateway path naming a compatible API (any other path: native)
                 path = source.path(event)  # type: ignore[attr-defined]
                 if path in compat.LAMBDA_PATHS:
+                    numpy_gate.need()  # its answers are shaped with numpy (a lean start: imported here)
                     route = compat.ROUTES[path]
                     native = route.request(payload, self.find)
                     if wants_stream(payload) and hasattr(route, "pieces"):  # buffered: one body of events

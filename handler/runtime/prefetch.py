@@ -10,7 +10,8 @@ for its own small read while the CPU idles; here the reads run ahead of them. Me
 
 Stdlib only, and of handler only `startfiles`, the manifest reader (handler.core.manifest) and the backend's spec
 (handler.backends.registry: spec modules import nothing heavy): it runs before numpy is imported. Switch:
-WARMSTART_PREFETCH = all (default) | model (the model's files only) | off.
+WARMSTART_PREFETCH = all (default) | model (the model's files only) | off. `numpy_at_start` and `lean_start` say
+whether handler.app imports numpy first, or leaves it until the first answer (the latter reads the task's spec).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ Item = tuple[Path, "list[list[int]] | None"]
 
 
 class Prefetch:
-    def __init__(self, files: list[Item], mode: str, backend: str = "") -> None:
+    def __init__(self, files: list[Item], mode: str, backend: str = "", task: str = "") -> None:
         self.files = files  # the model's
         self.mode = mode
         self.backend = backend
+        self.task = task  # the manifest's
         self.code: list[Item] = []  # the libraries, or the start's recorded code files (startfiles)
         self.code_source = "off"
         self.bytes = 0
@@ -72,6 +74,7 @@ class Prefetch:
             self.code_source = f"recorded ({len(recorded)} files)"
             return recorded
         self.code_source = f"libraries (start list: {why})"
+        # numpy's by the backend's spec alone (a lean start's decision imports the task's module: not on this thread)
         return [(p, None) for p in _libraries(self.backend)]
 
     def _run(self) -> None:
@@ -106,13 +109,13 @@ def start(environ: Mapping[str, str] | None = None) -> Prefetch | None:
     if mode == "off" or not hasattr(os, "posix_fadvise"):
         return None
     try:
-        backend, files = _plan(env)
+        backend, task, files = _plan(env)
     except Exception:  # a missing or broken manifest is init's error to report, with its own message
         return None
     if not files:
         return None
     # The code files (libraries or the recorded start list) are found on the thread: see Prefetch._code.
-    _started = Prefetch(files, mode, backend)
+    _started = Prefetch(files, mode, backend, task)
     if _warm(files, mode, backend):
         # Nothing to read ahead, and no thread: on a warm cache its Python work (~2 ms of CPU) contended with
         # the imports for the GIL and cost ~13 ms of a 1 vCPU start (measured: docs/coldstart.md).
@@ -146,15 +149,15 @@ def plan(env: Mapping[str, str], libs: bool = True) -> list[Item]:
     """The files (and for the pre-optimized data, the ranges the session reads), in the order init touches
     them: the libraries (whole; the thread reads the recorded start list instead when there is one), then the
     model's."""
-    backend, files = _plan(env)
-    return [(p, None) for p in _libraries(backend)] + files if libs and files else files
+    backend, _, files = _plan(env)
+    return [(p, None) for p in _libraries(backend, numpy_at_start(environ=env))] + files if libs and files else files
 
 
-def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
-    """The backend and the model's files, in the order init touches them."""
+def _plan(env: Mapping[str, str]) -> tuple[str, str, list[Item]]:
+    """The backend, the manifest's task and the model's files, in the order init touches them."""
     model_dir = _model_dir(env)
     if model_dir is None:
-        return "", []
+        return "", "", []
     from handler.core.errors import ModelLoadError
     from handler.core.manifest import read_early
 
@@ -165,9 +168,10 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
     except ModelLoadError as e:  # absent, or not a regular file: as before, init's error to report
         raise FileNotFoundError(str(e)) from None
     backend = env.get("WARMSTART_BACKEND") or raw["default_backend"]
+    task = raw.get("task") if isinstance(raw.get("task"), str) else ""
     entry = raw["backends"].get(backend)
     if entry is None:
-        return backend, []
+        return backend, task, []
     from handler.backends.registry import spec as backend_spec
 
     files: list[Item] = []
@@ -179,26 +183,71 @@ def _plan(env: Mapping[str, str]) -> tuple[str, list[Item]]:
         names.append(shortcut["vocab"])  # init builds the tokenizer from the vocabulary (if the proof holds)
     elif tokenizer.get("file"):
         names.append(tokenizer["file"])
-    return backend, files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
+    return backend, task, files + [(model_dir / n, ranges.get(n)) for n in names if n in raw.get("files", {})]
 
 
 def numpy_at_start(backend: str | None = None, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether a start of `backend` (None: the one this start plans, from the manifest the prefetch read) imports
-    numpy (its spec's `numpy`); True where that is not known (no model, a broken manifest or spec): as before."""
+    """Whether a start of `backend` (None: the one this start plans, from the manifest the prefetch read, and not a
+    lean start: `lean_start`) imports numpy first (its spec's `numpy`); True where that is not known (no model, a
+    broken manifest or spec): as before."""
     if backend is None:
-        if _started is not None:
-            backend = _started.backend
-        else:
-            try:
-                backend = _plan(os.environ if environ is None else environ)[0]
-            except Exception:  # init reports a broken manifest with its own message
-                return True
+        try:
+            backend, task = _planned(os.environ if environ is None else environ)
+        except Exception:  # init reports a broken manifest with its own message
+            return True
+        if _lean(backend, task, os.environ if environ is None else environ):
+            return False
     from handler.backends.registry import spec as backend_spec
 
     try:
         return bool(backend_spec(backend).numpy) if backend else True
     except Exception:  # an unknown backend: init's error to report
         return True
+
+
+def lean_start(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this start answers its first requests without numpy and imports it after (handler.core.numpy_gate):
+    an embedding model on a backend that serves one without numpy (its spec's `lean`), where init neither warms up
+    nor is snapshotted (both run the numpy path at init: they import it first, as before). WARMSTART_LEAN_START=0
+    turns it off. False where any of it is not known."""
+    env = os.environ if environ is None else environ
+    try:
+        return _lean(*_planned(env), env)
+    except Exception:  # init reports a broken manifest with its own message
+        return False
+
+
+def _planned(env: Mapping[str, str]) -> tuple[str, str]:
+    """This start's backend and task: the prefetch's, else read now."""
+    if _started is not None:
+        return _started.backend, _started.task
+    backend, task, _ = _plan(env)
+    return backend, task
+
+
+def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
+    from handler.core.config import lean_start_on, snapshot_mode, warmup_at_init
+
+    try:
+        if not backend or not lean_start_on(env) or snapshot_mode(env) is not None or warmup_at_init(env):
+            return False  # a warm-up or a snapshot runs the numpy path at init
+    except Exception:  # a value config refuses: init reports it (ConfigError, with the valid values)
+        return False
+    from handler.backends.registry import spec as backend_spec
+
+    try:
+        if not backend_spec(backend).lean:
+            return False
+    except Exception:  # an unknown backend: init's error to report
+        return False
+    # The task's spec: its module is imported here rather than by init's manifest load just after (the same
+    # modules, none of them numpy's). A plugin's task (entry points read: slow) is never lean.
+    from handler.tasks import catalog
+
+    try:
+        return task in catalog.BUILTIN_TASKS and catalog.spec(task).lean
+    except Exception:  # a broken task module: init's error to report
+        return False
 
 
 def _model_dir(env: Mapping[str, str]) -> Path | None:
@@ -216,7 +265,8 @@ def _model_dir(env: Mapping[str, str]) -> Path | None:
     return None
 
 
-def _libraries(backend: str) -> list[Path]:
+def _libraries(backend: str, numpy: bool | None = None) -> list[Path]:
+    """The shared libraries a start of `backend` loads; numpy's where `numpy` (None: where `backend` imports it)."""
     from handler.backends.registry import spec as backend_spec
 
     try:
@@ -224,7 +274,8 @@ def _libraries(backend: str) -> list[Path]:
     except Exception:  # an unknown or broken backend is init's error to report; the shim's own libraries still help
         own = ()
     out: list[Path] = []
-    for package, patterns in ((_NUMPY,) if numpy_at_start(backend) else ()) + (*own, _TOKENIZERS):
+    numpy = numpy_at_start(backend) if numpy is None else numpy
+    for package, patterns in ((_NUMPY,) if numpy else ()) + (*own, _TOKENIZERS):
         spec = find_spec(package)  # locates the package without importing it
         if spec is None or not spec.submodule_search_locations:
             continue

@@ -32,6 +32,8 @@ try:
     import awslambdaric.bootstrap  # what Lambda mode imports before handler.app: the interpreter-start hook's
 except ImportError:
     pass
+from handler.core import numpy_gate
+numpy_gate.load_later = lambda: False  # the list is of the start to its answer: a lean start's later numpy is not
 import handler.app
 try:
     handler.app.lambda_handler(json.loads(sys.argv[2]), None)
@@ -164,7 +166,11 @@ def record(out: Path | None = None, model: Path | None = None, cwd: Path | None 
     """Run a start twice (the second from a cold page cache) and write the list; returns its summary."""
     out = out or LIST
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSTART_", "AWS_LAMBDA_RUNTIME_API"))}
-    env.update({"WARMSTART_PREFETCH": "off", "PYTHONDONTWRITEBYTECODE": "1"})
+    # An on-demand start, the one whose first answer waits on the reads (no warm-up: a lean one, without numpy,
+    # for an embedding model on the C API: handler.runtime.prefetch.lean_start)
+    env.update(
+        {"WARMSTART_PREFETCH": "off", "PYTHONDONTWRITEBYTECODE": "1", "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand"}
+    )
     if model is not None:
         env["WARMSTART_MODEL"] = str(model.resolve())
     code_root = str(Path(__file__).resolve().parents[2])

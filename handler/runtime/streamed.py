@@ -27,6 +27,7 @@ from handler.api.compat import LAMBDA_PATHS, NATIVE, ROUTES, chunks
 from handler.api.encode import dumps
 from handler.api.ping import is_ping
 from handler.api.sources import EventSource, infer_source
+from handler.core import numpy_gate
 from handler.core.errors import Abandoned, RequestError
 from handler.core.records import record
 from handler.core.types import Event
@@ -94,6 +95,8 @@ def frames(rt: Runtime, event: Event, context: Any) -> Generator[Frame, None, No
                 yield prelude.buffered(answer)
             else:
                 yield Buffered(dumps(answer))
+            if numpy_gate.lean():  # a lean start: numpy's import once the answer is out (handler.core.numpy_gate)
+                numpy_gate.load_later()
             return
         if isinstance(opened, bytes):  # refused before the first piece, on an HTTP source
             yield Streamed(prelude.CONTENT_TYPE)

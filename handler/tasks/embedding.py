@@ -1,21 +1,25 @@
 """`embedding`: {"inputs": ["text", ...], "prompt_name"?, "prompt"?, "dimensions"?, "encoding_format"?}
 → {"embeddings": [[...]] | ["<base64>"], "model": "id@version", "usage": {"tokens": n}}. The vectors are a
-float32 array in the answer, written as JSON once, at the edge (`handler.api.encode`)."""
+float32 array in the answer, written as JSON once, at the edge (`handler.api.encode`).
+
+A lean start (`handler.core.numpy_gate`: a Lambda start that leaves numpy out) answers a plain request (no
+`dimensions`, float format) without numpy: the tokenizer's ids go to the backend as `array('q')` buffers and the
+vectors come back as float32 bytes (`TextModel.run_lean`), written by `handler.core.f32` with the numpy path's
+bytes. Any other request, or a backend that cannot run without numpy, imports numpy first (`numpy_gate.need`)."""
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool
+from handler.core import numpy_gate
 from handler.core.config import Config
 from handler.core.errors import InvalidInputError
+from handler.core.f32 import F32Rows
 from handler.core.manifest import Manifest
 from handler.core.types import JSON
-from handler.tasks.arrays import finite
-from handler.tasks.batch import Prepared
 from handler.tasks.spec import MODEL, POSITIVE, STRING, TEXTS, USAGE, VECTOR_OR_BASE64, TaskSpec, nullable
 from handler.tasks.text import (
     TEXT_ROUTES,
@@ -29,8 +33,12 @@ from handler.tasks.text import (
     require_object,
 )
 
-if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init; numpy, tasks.arrays
+    # and tasks.batch (which import numpy) are imported where they run: a lean start has no numpy
+    import numpy as np
     import numpy.typing as npt
+
+    from handler.tasks.batch import Prepared
 
 
 class EmbeddingTask(TextModel):
@@ -60,6 +68,8 @@ class EmbeddingTask(TextModel):
         cut = vectors[:, :dimensions]
         if not self.normalize:
             return cut
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         norms = np.linalg.norm(cut, axis=1, keepdims=True)
         return (cut / np.where(norms > 0, norms, 1)).astype(np.float32)
 
@@ -78,6 +88,10 @@ class EmbeddingTask(TextModel):
     def _answer(
         self, vectors: npt.NDArray[np.float32], tokens: int, dimensions: int | None, fmt: str
     ) -> dict[str, Any]:
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
+        from handler.tasks.arrays import finite
+
         if dimensions is not None:
             vectors = self._shorten(vectors, dimensions)
         finite(vectors, "vectors")
@@ -87,13 +101,38 @@ class EmbeddingTask(TextModel):
 
     def __call__(self, payload: JSON) -> dict[str, Any]:
         texts, dimensions, fmt = self._options(payload)
+        if numpy_gate.lean():
+            if dimensions is None and fmt == "float":
+                answer = self._answer_lean(texts)
+                if answer is not None:
+                    return answer
+            numpy_gate.need()  # a request the numpy-free path does not serve: numpy from here on
         with self.pool.request():
             vectors, tokens = self._run(texts)
             return self._answer(vectors, tokens, dimensions, fmt)
 
+    def _answer_lean(self, texts: list[str]) -> dict[str, Any] | None:
+        """The answer without numpy (the module's docstring); None where the backend cannot serve it so."""
+        got = self.run_lean(texts)
+        if got is None:
+            return None
+        values, width, tokens = got
+        if not all(map(isfinite, values)):  # refused with the numpy path's own message (a rare, failing request)
+            numpy_gate.need()
+            import numpy as np
+
+            from handler.tasks.arrays import finite
+
+            finite(np.frombuffer(values, np.float32).reshape(-1, width), "vectors")
+        return {"embeddings": F32Rows(values, width), "model": self.model, "usage": {"tokens": tokens}}
+
     def prepare(self, payload: JSON) -> Prepared:
         """The request checked and tokenized on its own, for a batch of several (`handler.tasks.batch`);
         its `dimensions` and format are applied to its own rows only."""
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
+        from handler.tasks.batch import Prepared
+
         texts, dimensions, fmt = self._options(payload)
         if dimensions is not None and self.dimension is not None and dimensions > self.dimension:
             self._shorten(np.zeros((0, self.dimension), np.float32), dimensions)  # its error, before the run
@@ -155,6 +194,7 @@ SPEC = TaskSpec(
     fields=manifest_fields,
     routes=("/v1/embeddings", "/v2/embed", "/embed", "/similarity", *TEXT_ROUTES),
     batches=True,
+    lean=True,
     tei_kind="embedding",
     tei_info=lambda manifest: {"pooling": manifest.pooling.get("mode", "mean")},
     tei_info_schema={"type": "object", "required": ["pooling"], "properties": {"pooling": STRING}},

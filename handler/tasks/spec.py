@@ -105,6 +105,9 @@ class TaskSpec:
     tei_info_schema: Schema | None = None  # their schema (None: any object)
     npy_input: bool = False  # an `application/x-npy` body is its one input (`handler.api.media`)
     warmup_may_fail: bool = False  # a failed warm-up is reported, not fatal (generic inputs it cannot know)
+    # It answers plain requests without numpy on a backend whose spec is `lean` (handler.core.numpy_gate), so a
+    # Lambda start of it leaves numpy out until its first answer is made (handler.runtime.prefetch.lean_start).
+    lean: bool = False
     # Its Open Inference Protocol tensors: the name of its adapter class in `handler.tasks.oip_io`, made by the
     # first such request (the module is not on a direct invoke's path), or an adapter; None: not served there.
     oip: Any = None

@@ -3,10 +3,10 @@ rows. Float answers stay float32 arrays: `handler.api.encode` writes them, at th
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from handler.backends.contract import Backend
 from handler.backends.pool import BufferPool, current_arena
@@ -16,7 +16,9 @@ from handler.core.manifest import Manifest
 from handler.core.types import JSON
 from handler.tasks.tokens import TextEncoder, shared_encoder, usable_shortcut
 
-if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init; numpy itself is
+    # imported where arrays are made (a lean start, handler.core.numpy_gate, has none)
+    import numpy as np
     import numpy.typing as npt
 
 ENCODING_FORMATS = ("float", "base64")
@@ -148,6 +150,8 @@ def base64_rows(array: npt.NDArray[np.float32]) -> list[str]:
     """Each row as base64 of its little-endian float32 bytes (OpenAI's `encoding_format: "base64"`)."""
     import base64  # deferred: asked for by a request only, never on the init path
 
+    import numpy as np  # deferred: see the TYPE_CHECKING import
+
     rows = np.ascontiguousarray(array, dtype="<f4")
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
 
@@ -198,7 +202,40 @@ class TextModel:
             out, mask = self._run_rows(encodings[start:stop])
             outs.append(out)
             tokens += int(mask.sum())
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         return np.concatenate(outs), tokens
+
+    def run_lean(self, texts: Sequence[Text]) -> tuple[array[float], int, int] | None:
+        """`_run` without numpy (handler.core.numpy_gate): the output's float32 values row-major, its width and the
+        real tokens, in the same model runs as `_run`; None where the backend cannot run without numpy
+        (`run_buffers`) or the output is not one float32 row per text."""
+        run = getattr(self.backend, "run_buffers", None)
+        if run is None:
+            return None
+        encodings = self.tokenize(texts)
+        values: array[float] = array("f")
+        width = tokens = 0
+        for start, stop in chunks([len(encodings[0].ids)] * len(encodings), self.batch_tokens):
+            rows = encodings[start:stop]
+            shape = (len(rows), len(rows[0].ids))
+            mask = array("q", chain.from_iterable(e.attention_mask for e in rows))
+            feeds = {
+                "input_ids": (array("q", chain.from_iterable(e.ids for e in rows)), shape),
+                "attention_mask": (mask, shape),
+            }
+            if self.type_ids:
+                feeds["token_type_ids"] = (array("q", chain.from_iterable(e.type_ids for e in rows)), shape)
+            outputs = run(feeds)
+            if outputs is None:
+                return None
+            dtype, dims, raw = outputs[self.output]
+            if dtype != "float32" or len(dims) != 2 or dims[0] != shape[0] or width not in (0, dims[1]) or not dims[1]:
+                return None
+            width = dims[1]
+            values.frombytes(raw)
+            tokens += sum(mask)
+        return values, width, tokens
 
     def tokenize(self, texts: Sequence[Text]) -> list[Any]:
         """The texts' encodings, padded to the longest (a task that formats its inputs first overrides)."""
@@ -209,11 +246,11 @@ class TextModel:
         arena = current_arena()
         assert arena is not None
         shape = (len(encodings), len(encodings[0].ids))
-        ids, mask = arena.take(shape, np.int64), arena.take(shape, np.int64)
+        ids, mask = arena.take(shape, "int64"), arena.take(shape, "int64")
         self.encoder.fill(encodings, ids, mask)
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.type_ids:
-            feeds["token_type_ids"] = types = arena.take(shape, np.int64)
+            feeds["token_type_ids"] = types = arena.take(shape, "int64")
             self.encoder.fill_type_ids(encodings, types)
         return self.backend.run(feeds)[self.output], mask
 

@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from handler.core.manifest import read_regular, regular_path
 
-if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init
+if TYPE_CHECKING:  # types only: numpy.typing's import dedents docstrings with regexes, at init; numpy itself is
+    # imported where arrays are made (a lean start, handler.core.numpy_gate, has none)
+    import numpy as np
     import numpy.typing as npt
 
 
@@ -91,6 +92,8 @@ class TextEncoder:
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
 
     def encode(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        import numpy as np  # deferred: see the TYPE_CHECKING import
+
         encodings = self.tokenize(texts)
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)

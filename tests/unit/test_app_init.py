@@ -60,11 +60,12 @@ def _init_env(model_dir: Path) -> dict[str, str]:
 
 def test_numpy_is_imported_by_the_entry_module_itself(model_dir: Path) -> None:
     # From the depth the chain below would reach it at, numpy's import tree ran across the end of CPython's
-    # 16 KiB frame chunks hundreds of times (a mmap + munmap + page fault each); handler.app imports it first.
+    # 16 KiB frame chunks hundreds of times (a mmap + munmap + page fault each); handler.app imports it first
+    # (at a start that is not lean: a lean one imports it on its own thread, tests/functional/test_lean_start.py).
     proc = subprocess.run(
         [sys.executable, "-c", IMPORTER],
         cwd=ROOT,
-        env=_init_env(model_dir),
+        env={**_init_env(model_dir), "WARMSTART_LEAN_START": "0"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -38,7 +38,8 @@ def import_app(model_dir: Path, backend: str) -> tuple[set[str], list[dict[str, 
     [
         # orjson: imported by the first answer, or by the init's warm-up (off here, as on an on-demand start)
         # onnxruntime: the CPU session is the C library's (handler.backends.ort_capi), the package never imported
-        ("onnx", {"tokenizers", "numpy"}, {"torch", "safetensors", "orjson", "onnxruntime"}),
+        # numpy: a lean start (no warm-up, an embedding model on the C API) imports it after its first answer
+        ("onnx", {"tokenizers"}, {"torch", "safetensors", "orjson", "onnxruntime", "numpy"}),
         ("torch", {"torch", "tokenizers"}, {"onnxruntime"}),
     ],
 )

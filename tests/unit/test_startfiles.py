@@ -130,8 +130,10 @@ def test_a_recorded_start_lists_the_pages_it_read_and_the_prefetch_replays_them(
     names = [rel for rel, _ in doc["files"]]
     # in import order: Lambda mode's runtime client first (what the .pth hook gets ahead of), then ours
     tops = [n.split("/", 1)[0] for n in names]
-    assert tops[0] == "awslambdaric" and tops.index("awslambdaric") < tops.index("handler") < tops.index("numpy")
-    assert any(n.startswith("numpy/") for n in names) and any(n.startswith("onnxruntime/") for n in names)
+    assert tops[0] == "awslambdaric" and tops.index("awslambdaric") < tops.index("handler") < tops.index("tokenizers")
+    assert any(n.startswith("onnxruntime/") for n in names)
+    # an on-demand start of the default model is lean (handler.core.numpy_gate): numpy is read after its answer
+    assert not [n for n in names if n.split("/", 1)[0] in ("numpy", "numpy.libs")]
     assert not [n for n in names if n.startswith("models/")]  # the model's files are the manifest's to plan
     items, why = startfiles.load("onnx", out)
     assert why == "recorded" and items is not None and len(items) == len(names)
