@@ -7,7 +7,9 @@ minor page faults, the first step's wall and CPU, and the child's VmHWM. Rounds 
         [--variants opt,opt-2threads,portable] [--no-prepack DIR]
 
 variants: opt (the pack's prepacked decoder, model.opt.onnx, 1 intra-op thread: what a 1.7 vCPU start loads),
-opt-2threads (the same on 2 intra-op threads: does the load's prepack run on the session's pool?), portable
+opt-2threads (the same on 2 intra-op threads: does the load's prepack run on the session's pool?), opt-parallel and
+opt-parallel-2threads (opt and opt-2threads with ONNX Runtime's `session.prepack.enable_parallel` = 1, passed as a
+string key through onnxruntime-genai's session_options: the nodes' prepacks dispatched in parallel), portable
 (model.onnx, ORT's graph passes and the prepack at load), no-prepack (with --no-prepack DIR: a copy of the pack
 whose model.opt.onnx was saved optimized without prepacked weights, session option
 `session.save_external_prepacked_constant_initializers` 0: `infra.pack.lm_layout.prepack` with that option off).
@@ -27,14 +29,17 @@ from bench.runner import ROOT, Child, Results, Stat, base_env, csv, need_root, o
 
 MARK = "load-options:"
 PACK = ROOT / "build" / "bench" / "peers-gen" / "qwen3-0.6b" / "ours-int4-opt"
-VARIANTS = ("opt", "opt-2threads", "portable", "no-prepack")
+VARIANTS = ("opt", "opt-2threads", "opt-parallel", "opt-parallel-2threads", "portable", "no-prepack")
 # The child: the load timed with its rusage, then a 16-token step and one token, VmHWM; one JSON line.
 CHILD = """
 import json, resource, sys, time
-root, decoder, threads = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
+root, decoder, threads, parallel = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4] == "1"
 from handler.backends import genai, genai_capi
+overlay = json.loads(genai.overlay(threads, decoder))
+if parallel:
+    overlay["model"]["decoder"]["session_options"]["session.prepack.enable_parallel"] = "1"
 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-model = genai_capi.Model(root, genai.overlay(threads, decoder))
+model = genai_capi.Model(root, json.dumps(overlay))
 r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 generator = genai_capi.Generator(model, {"max_length": 64, "do_sample": False})
 generator.append_tokens(list(range(1000, 1016)))
@@ -52,7 +57,7 @@ KEYS = ("load_ms", "load_cpu_ms", "load_user_ms", "load_sys_ms", "load_minflt", 
 
 def child(variant: str, pack: Path, no_prepack: Path | None) -> list[str]:
     root, decoder, threads = pack, "model.opt.onnx", 1
-    if variant == "opt-2threads":
+    if variant in ("opt-2threads", "opt-parallel-2threads"):
         threads = 2
     elif variant == "portable":
         decoder = ""
@@ -60,7 +65,8 @@ def child(variant: str, pack: Path, no_prepack: Path | None) -> list[str]:
         if no_prepack is None:
             raise SystemExit("variant no-prepack needs --no-prepack DIR")
         root = no_prepack
-    return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, str(root), decoder, str(threads)]
+    parallel = "1" if variant.startswith("opt-parallel") else "0"
+    return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, str(root), decoder, str(threads), parallel]
 
 
 def main(argv: list[str] | None = None) -> int:
