@@ -18,6 +18,7 @@ import _thread
 import threading
 
 _lean = False
+_refused = False  # refuse(): never lean
 _loading = False  # the background import was started
 _loaded = threading.Event()  # ... and has finished
 _lock = threading.Lock()
@@ -29,9 +30,17 @@ def lean() -> bool:
 
 
 def begin() -> None:
-    """This start leaves numpy out (handler.app, before init)."""
+    """This start leaves numpy out (handler.app, before init), unless `refuse` was called."""
     global _lean
-    _lean = True
+    if not _refused:
+        _lean = True
+
+
+def refuse() -> None:
+    """No start of this process is lean (the HTTP host: it serves batches and the compatible APIs through numpy,
+    whatever the environment says, a Lambda runtime API included)."""
+    global _refused
+    _refused = True
 
 
 def need() -> None:
@@ -76,8 +85,8 @@ def wait(timeout: float | None = None) -> bool:
 
 def reset() -> None:
     """Back to the state of a process that never started lean (tests)."""
-    global _lean, _loading
+    global _lean, _loading, _refused
     wait()
     with _lock:
-        _lean, _loading = False, False
+        _lean, _loading, _refused = False, False, False
         _loaded.clear()

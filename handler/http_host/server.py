@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from handler.core import numpy_gate
 from handler.core.cpu import cpu_budget
 from handler.core.errors import WarmstartError
 from handler.http_host.access import AccessLog, PlainStartupFailure
@@ -96,6 +97,7 @@ def server(
 ) -> DrainingServer:
     """uvicorn serving the host's app; `start` builds the runtime (the entry point's: importing handler.app)."""
     env = os.environ if environ is None else environ
+    numpy_gate.refuse()  # before init (handler.app's import): no start of the host is lean (numpy_gate)
     settings = HostSettings.from_environ(env, serve=sagemaker)
     cpus = cpu_budget(env).cpus
     workers = WorkerPool(sizing_from_environ(env, cpus), cpus, name="warmstart-http")

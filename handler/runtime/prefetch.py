@@ -226,11 +226,15 @@ def _planned(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
-    from handler.core.config import lean_start_on, snapshot_mode, warmup_at_init
+    from handler.core.config import init_type, lean_start_on, snapshot_mode, warmup_at_init
 
+    # A Lambda runtime's on-demand start only: the HTTP host serves batches and the compatible APIs through numpy
+    # (warm-up off or not), and a warm-up or a snapshot runs the numpy path at init.
+    if init_type(env) != "on-demand":
+        return False
     try:
         if not backend or not lean_start_on(env) or snapshot_mode(env) is not None or warmup_at_init(env):
-            return False  # a warm-up or a snapshot runs the numpy path at init
+            return False
     except Exception:  # a value config refuses: init reports it (ConfigError, with the valid values)
         return False
     from handler.backends.registry import spec as backend_spec

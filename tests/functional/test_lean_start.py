@@ -153,7 +153,8 @@ ENV = {"AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand"}
         (ENV, True),
         ({}, False),  # no type: init warms up (the numpy path)
         ({**ENV, "WARMSTART_WARMUP": "1"}, False),
-        ({"WARMSTART_WARMUP": "0"}, True),
+        ({"WARMSTART_WARMUP": "0"}, False),  # no Lambda runtime: the HTTP host, numpy's path
+        ({"AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001", "WARMSTART_WARMUP": "0"}, True),
         ({"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start", "WARMSTART_WARMUP": "0"}, False),
         ({**ENV, "WARMSTART_LEAN_START": "0"}, False),
         ({**ENV, "WARMSTART_BACKEND": "torch"}, False),
@@ -204,3 +205,20 @@ def test_a_lambda_start_answers_without_numpy_then_imports_it(model_dir: Path) -
     assert proc.returncode == 0, proc.stderr
     # numpy not imported when the first answer was made; imported after it; the numpy path's answer is the same
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[False], False, True, True]
+
+
+def test_a_refused_process_never_starts_lean() -> None:
+    # The HTTP host refuses before init (handler.http_host.server): under a Lambda runtime API too, its compatible
+    # routes once got the lean answer's rows (`'F32Rows' object is not iterable`, a 500 on /v1/embeddings).
+    numpy_gate.reset()
+    try:
+        numpy_gate.refuse()
+        numpy_gate.begin()
+        assert not numpy_gate.lean()
+    finally:
+        numpy_gate.reset()
+    numpy_gate.begin()
+    try:
+        assert numpy_gate.lean()  # reset: a later start may be lean again
+    finally:
+        numpy_gate.reset()

@@ -24,7 +24,8 @@ NEVER |= {"prometheus_client", "opentelemetry", "starlette"}
 
 def import_app(model_dir: Path, backend: str) -> tuple[set[str], list[dict[str, object]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMSTART_")}
-    env.update(WARMSTART_MODEL=str(model_dir), WARMSTART_BACKEND=backend, WARMSTART_WARMUP="0")
+    # A Lambda on-demand start (init's type is what a lean start needs: handler.runtime.prefetch.lean_start)
+    env.update(WARMSTART_MODEL=str(model_dir), WARMSTART_BACKEND=backend, AWS_LAMBDA_INITIALIZATION_TYPE="on-demand")
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
