@@ -30,17 +30,21 @@ def lean() -> bool:
 
 
 def begin() -> None:
-    """This start leaves numpy out (handler.app, before init), unless `refuse` was called."""
+    """This start leaves numpy out (handler.app, before init, where handler.runtime.prefetch.lean_start says so)."""
     global _lean
-    if not _refused:
-        _lean = True
+    _lean = True
 
 
 def refuse() -> None:
     """No start of this process is lean (the HTTP host: it serves batches and the compatible APIs through numpy,
-    whatever the environment says, a Lambda runtime API included)."""
+    whatever the environment says, a Lambda runtime API included): prefetch.lean_start reads it."""
     global _refused
     _refused = True
+
+
+def refused() -> bool:
+    """Whether `refuse` was called."""
+    return _refused
 
 
 def need() -> None:

@@ -9,7 +9,8 @@ image's chunks lazily from the network) every page fault of an import or of the 
 for its own small read while the CPU idles; here the reads run ahead of them. Measured in docs/coldstart.md.
 
 Stdlib only, and of handler only `startfiles`, the manifest reader (handler.core.manifest) and the backend's spec
-(handler.backends.registry: spec modules import nothing heavy): it runs before numpy is imported. Switch:
+(handler.backends.registry: spec modules import nothing heavy; handler.core.numpy_gate for `lean_start`): it
+runs before numpy is imported. Switch:
 WARMSTART_PREFETCH = all (default) | model (the model's files only) | off. `numpy_at_start` and `lean_start` say
 whether handler.app imports numpy first, or leaves it until the first answer (the latter reads the task's spec).
 """
@@ -226,11 +227,13 @@ def _planned(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _lean(backend: str, task: str, env: Mapping[str, str]) -> bool:
+    from handler.core import numpy_gate
     from handler.core.config import init_type, lean_start_on, snapshot_mode, warmup_at_init
 
     # A Lambda runtime's on-demand start only: the HTTP host serves batches and the compatible APIs through numpy
-    # (warm-up off or not), and a warm-up or a snapshot runs the numpy path at init.
-    if init_type(env) != "on-demand":
+    # (warm-up off or not; it refuses before init, under a Lambda runtime API too), and a warm-up or a snapshot runs
+    # the numpy path at init.
+    if init_type(env) != "on-demand" or numpy_gate.refused():
         return False
     try:
         if not backend or not lean_start_on(env) or snapshot_mode(env) is not None or warmup_at_init(env):

@@ -165,6 +165,7 @@ def test_which_starts_are_lean(
     model_dir: Path, env: dict[str, str], lean: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prefetch, "_started", None)  # planned from `env`, not from this process's own start
+    monkeypatch.setattr(numpy_gate, "_refused", False)  # nor from an HTTP host an earlier test built here
     environ = {"WARMSTART_MODEL": str(model_dir), **env}
     assert prefetch.lean_start(environ) is lean
     assert prefetch.numpy_at_start(environ=environ) is (not lean)
@@ -207,18 +208,16 @@ def test_a_lambda_start_answers_without_numpy_then_imports_it(model_dir: Path) -
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[False], False, True, True]
 
 
-def test_a_refused_process_never_starts_lean() -> None:
+def test_a_refused_process_never_starts_lean(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The HTTP host refuses before init (handler.http_host.server): under a Lambda runtime API too, its compatible
     # routes once got the lean answer's rows (`'F32Rows' object is not iterable`, a 500 on /v1/embeddings).
+    monkeypatch.setattr(prefetch, "_started", None)
+    environ = {"WARMSTART_MODEL": str(model_dir), **ENV}
     numpy_gate.reset()
     try:
         numpy_gate.refuse()
-        numpy_gate.begin()
-        assert not numpy_gate.lean()
+        assert not prefetch.lean_start(environ)
+        assert prefetch.numpy_at_start(environ=environ)  # handler.app imports numpy first, as before
     finally:
         numpy_gate.reset()
-    numpy_gate.begin()
-    try:
-        assert numpy_gate.lean()  # reset: a later start may be lean again
-    finally:
-        numpy_gate.reset()
+    assert prefetch.lean_start(environ)  # reset: a later start may be lean again
