@@ -115,8 +115,7 @@ def texts(values: Sequence[float]) -> list[str]:
                 best[i] = _FORMATS[9] % sizes[i]
         pending, p = (held, p - 1) if p > 1 else ([], 0)
     for i in bulk:
-        mantissa, _, exp = best[i].partition("e")
-        out[i] = _text("-" if bits[i] >> 31 else "", mantissa.replace(".", "").rstrip("0") or "0", int(exp))
+        out[i] = _text("-" if bits[i] >> 31 else "", *_parts(best[i]))
     return out
 
 
