@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import math
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol
 
 # Error types the platform (not the function) puts in an invocation's answer.
@@ -90,6 +90,11 @@ class Outcome:
         return cls(body, str(parsed.get("errorType") or error_type or "Unhandled"))
 
 
+def _hundredths(ms: float) -> int:
+    """A duration as REPORT prints it (`{ms:.2f}`), in integer hundredths of a millisecond."""
+    return int(Decimal(f"{ms:.2f}").scaleb(2))
+
+
 @dataclass(eq=False, slots=True)
 class Invocation:
     request_id: str
@@ -149,10 +154,12 @@ class Invocation:
 
     @property
     def billed_ms(self) -> int:
-        billed = self.duration_ms
+        # Billed from the figures REPORT prints (hundredths of a ms), so that a reader of the log gets the same
+        # total: the unrounded sum could round up a millisecond the printed ones do not add up to.
+        billed = _hundredths(self.duration_ms)
         if self.bill_init and self.init_duration_ms is not None:
-            billed += self.init_duration_ms
-        return max(1, math.ceil(billed))
+            billed += _hundredths(self.init_duration_ms)
+        return max(1, -(-billed // 100))
 
     def report_lines(self, *, memory_mb: int, status: str | None, error_type: str | None) -> str:
         duration = self.duration_ms
@@ -167,7 +174,7 @@ class Invocation:
             parts.append(f"Init Duration: {self.init_duration_ms:.2f} ms")
         if self.restore_duration_ms is not None:
             parts.append(f"Restore Duration: {self.restore_duration_ms:.2f} ms")
-            parts.append(f"Billed Restore Duration: {max(1, math.ceil(self.restore_duration_ms))} ms")
+            parts.append(f"Billed Restore Duration: {max(1, -(-_hundredths(self.restore_duration_ms) // 100))} ms")
         if status is not None:
             parts.append(f"Status: {status}")
             if error_type and status == "error":

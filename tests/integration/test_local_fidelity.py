@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,9 @@ def test_init_is_billed_in_report_for_on_demand_only(init_type: str, billed_init
     with running(init_type=init_type) as (_local, client):
         _, _, log = invoke(client, {"sleep_ms": 20})
         fields = report(log)
-        duration = float(fields["Duration"].split()[0])
-        init = float(fields["Init Duration"].split()[0])
+        # Exact decimals: the printed figures are what a reader of the log adds up.
+        duration = Decimal(fields["Duration"].split()[0])
+        init = Decimal(fields["Init Duration"].split()[0])
         billed = int(fields["Billed Duration"].split()[0])
         assert billed == math.ceil(duration + init if billed_init else duration)
         _, _, log = invoke(client, {})  # warm: only the duration
