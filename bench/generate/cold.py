@@ -3,7 +3,7 @@ own loop on the same pack (the engine without warmstart around it), under one CP
 Needs no llama.cpp (bench/generate/peers.py speed adds it); the pack is peers.py's (`prepare`).
 
     .venv/bin/python bench/generate/cold.py [--vcpus 1.7] [--rounds 5] [--variants ours,ours-lambda,genai]
-        [--ref main] [--model DIR] [--before-model DIR] [--own-cpus]
+        [--ref main] [--model DIR] [--before-model DIR] [--own-cpus] [--cache warm|cold]
 
 variants: ours (handler.app's runtime as an HTTP host or a provisioned Lambda starts it: the warm-up generation at
 init), ours-lambda (as Lambda starts it on demand: AWS_LAMBDA_INITIALIZATION_TYPE=on-demand, no init warm-up, the
@@ -11,7 +11,8 @@ first request pays the first run), genai (the engine's own loop), and with --ref
 git ref REF (`before-ours`, `before-ours-lambda`: handler/ extracted from REF, bench/runner.py's ref_checkout),
 on --before-model where the pack changed too.
 Each start is a fresh child (bench/generate/driver.py) in a cgroup of its own with the quota; the figure is spawn →
-its first generated token (a 16-token prompt, 1 token), the page cache warm. Ours' init phases (the init report's
+its first generated token (a 16-token prompt, 1 token), the page cache warm (`--cache cold`: every file of the
+start's pack evicted before it, posix_fadvise DONTNEED; the code stays cached). Ours' init phases (the init report's
 phases_ms) are kept per start. Ratios are taken within a round against genai, and against before-* with --ref.
 --own-cpus raises the groups' cpu.shares (bench.runner.Quota.own): on a host saturated by other jobs a group
 otherwise gets about one task's share, so a start whose threads overlap (the engine's load beside the tokenizer's
@@ -36,6 +37,7 @@ from bench.runner import (
     base_env,
     compile_bytecode,
     csv,
+    evict,
     fmt_ratio,
     need_root,
     order,
@@ -83,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each child's quota its own (cpu.shares raised: the host's other jobs yield, as on a Lambda)",
     )
+    ap.add_argument(
+        "--cache",
+        default="warm",
+        choices=("warm", "cold"),
+        help="cold: the start's pack evicted from the page cache before each start (the code stays cached)",
+    )
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -105,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 load = os.getloadavg()[0]
                 model = args.before_model if name.startswith("before-") and args.before_model else args.model
                 argv_, env = child(name, model, args.vcpus, args.threads, before)
+                if args.cache == "cold":
+                    evict(str(f) for f in model.iterdir() if f.is_file())
                 c = Child(qs[name].wrap(argv_), env, MARK)
                 try:
                     rss = peak_rss_mb(c.pid)
@@ -128,6 +138,7 @@ def markdown(rows: list[dict[str, Any]], args: Any, names: list[str]) -> str:
     loads = Stat.of(r["load"] for r in rows)
     out = [
         f"**{args.vcpus:g} vCPU**{' (each quota its own: cpu.shares raised)' if args.own_cpus else ''}, "
+        f"page cache {args.cache}, "
         f"{max(r['round'] for r in rows) + 1} rounds, 1-min load average {loads.fmt(1)}:",
         "",
     ]

@@ -115,10 +115,21 @@ def buffers(graph: Any, data: str, size: int, where: str = "") -> list[Buffer]:
     return found
 
 
+# Lookups that read a few rows of their table input(s): op type -> the inputs that are tables.
+_LOOKUPS = {"Gather": (0,), "GatherBlockQuantized": (0,), "EmbedLayerNormalization": (2, 3, 4)}
+
+
 def embedding_tables(graph: Any) -> set[str]:
-    """A Gather's table, a fused EmbedLayerNormalization's word, position and segment tables: read a few rows."""
-    tables = {n.input[0] for n in graph.graph.node if n.op_type == "Gather" and n.input}
-    return tables | {t for n in graph.graph.node if n.op_type == "EmbedLayerNormalization" for t in n.input[2:5] if t}
+    """The tables that only lookups take (a Gather's, a GatherBlockQuantized's, such as the table ONNX Runtime
+    folds out of an 8-bit tied head, and a fused EmbedLayerNormalization's word, position and segment tables):
+    read a few rows at a time. A table another node also takes (a tied head's MatMulNBits) is read whole."""
+    tables: set[str] = set()
+    other: set[str] = set()
+    for n in graph.graph.node:
+        looked_up = {n.input[i] for i in _LOOKUPS.get(n.op_type, ()) if i < len(n.input) and n.input[i]}
+        tables |= looked_up
+        other |= {t for t in n.input if t and t not in looked_up}
+    return tables - other
 
 
 def _order(graph: Any, found: list[Buffer]) -> list[Buffer]:

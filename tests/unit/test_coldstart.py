@@ -540,3 +540,60 @@ def test_prefetch_ranges_leave_out_every_embedding_table(tmp_path: Path) -> None
     }
     read = {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
     assert read == set(weights)
+
+
+def test_prefetch_ranges_leave_out_a_block_quantized_table_unless_a_matmul_reads_it(tmp_path: Path) -> None:
+    """An 8-bit tied head's pack: the optimized graph's GatherBlockQuantized looks up rows of a table ONNX
+    Runtime folded out of the head (155.6 MB on the 0.6B model), so the start does not read it; its scales, and a
+    table a MatMulNBits also takes (read whole at load to prepack), are read."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from infra.pack.optimize import touched_ranges
+
+    arrays = {
+        "folded": np.zeros((64, 256), np.uint8),  # GatherBlockQuantized's data only: left out
+        "scales": np.ones((64, 2), np.float32),
+        "shared": np.zeros((64, 256), np.uint8),  # also a MatMulNBits' weight: read
+        "shared_scales": np.ones((64, 2), np.float32),
+        "w": np.ones((256, 256), np.float32),
+    }
+    attrs = {"bits": 8, "block_size": 128, "gather_axis": 0, "quantize_axis": 1}
+    nodes = [
+        helper.make_node("GatherBlockQuantized", ["folded", "ids", "scales"], ["g"], domain="com.microsoft", **attrs),
+        helper.make_node(
+            "GatherBlockQuantized", ["shared", "ids", "shared_scales"], ["h"], domain="com.microsoft", **attrs
+        ),
+        helper.make_node(
+            "MatMulNBits",
+            ["x", "shared", "shared_scales"],
+            ["logits"],
+            domain="com.microsoft",
+            K=256,
+            N=64,
+            bits=8,
+            block_size=128,
+        ),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tables",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 256]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("g", "h", "logits", "y")],
+        [numpy_helper.from_array(v, k) for k, v in arrays.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    spans = touched_ranges(tmp_path / "m.onnx", merge_gap=0)
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    where = {
+        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"} for t in loaded.graph.initializer
+    }
+    read = {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
+    assert read == set(arrays) - {"folded"}
