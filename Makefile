@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 MODEL := models/default/manifest.json
+Q4LIB := handler/backends/native/libws_q4.so
 
 .PHONY: setup run test test-fast lint bench bench-quota gpu-check clean
 
@@ -38,7 +39,12 @@ $(MODEL): $(BIN)/.installed $(wildcard infra/pack/*.py)
 	$(BIN)/python -m handler.runtime.codebundle || echo "make setup: no code bundle; init imports each .pyc"
 	$(BIN)/python -m handler.runtime.startrecord || echo "make setup: no start list; prefetch reads whole libraries"
 
-setup: $(MODEL)
+# The int4 MatMul without prepack (handler/backends/q4lib.py): ONNX Runtime's custom op for generate packs' int4
+# weights, gcc in ~2 s. Without it (no compiler) the engine opens the MatMulNBits graph: slower to load, same answers.
+$(Q4LIB): $(BIN)/.installed $(wildcard handler/backends/native/*.c handler/backends/native/*.h)
+	$(BIN)/python -m handler.backends.q4lib build || echo "make setup: no Q4MatMul library; MatMulNBits serves"
+
+setup: $(Q4LIB) $(MODEL)
 
 run: setup
 	$(BIN)/warmstart demo
