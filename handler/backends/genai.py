@@ -25,7 +25,7 @@ import onnxruntime_genai as og  # type: ignore[import-untyped]  # no stubs; impo
 
 from handler.backends import genai_capi
 from handler.backends.contract import BackendSettings
-from handler.backends.genai_load import choose
+from handler.backends.genai_load import Q4, open_first, overlay
 from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError
 from handler.core.manifest import Manifest, regular_path
@@ -55,6 +55,8 @@ class GenaiEngine:
         self.kv: dict[str, Any] = {}
         # Whether the pre-optimized decoder was opened, or why not: describe() and the init report's "coldstart".
         self.optimized: dict[str, Any] = {"used": False, "reason": "not packed (warmstart optimize)"}
+        # Whether the Q4MatMul decoder (no prepack at load: handler.backends.q4lib) was opened, or why not.
+        self.q4: dict[str, Any] = {"used": False, "reason": "not packed (infra/pack/lm_q4.py)"}
         self._tokenizer_json: Path | None = None
         self._eos: list[int] = []
         self._ll_tokenizer: Any = None
@@ -113,16 +115,10 @@ class GenaiEngine:
                 )
                 self._parsing.start()
             try:
-                # The pack's pre-optimized, prepacked decoder where made for this ORT and CPU (genai_load.choose);
-                # never a failed start over a speed-up: the portable model follows.
-                optimized, self.optimized = choose(entry, getattr(settings.own, "optimized", "auto"), cuda)
-                if optimized is not None:
-                    try:
-                        self.model = _model(manifest, settings.threads, cuda, optimized, entered)
-                    except ModelLoadError as e:
-                        self.optimized = {"used": False, "reason": f"load failed: {e}"}
-                if self.model is None:
-                    self.model = _model(manifest, settings.threads, cuda, None, entered)
+                threads = settings.threads
+                self.model, self.q4, self.optimized = open_first(
+                    entry, settings.own, cuda, lambda d, q4: _model(manifest, threads, cuda, d, entered, q4)
+                )
             finally:
                 entered.set()  # a load that failed before its C call must not leave the parse waiting
         keep_freed_memory()  # after the load: what loading freed goes back to the OS, the KV budget counts the rest
@@ -189,7 +185,7 @@ class GenaiEngine:
     @property
     def coldstart(self) -> dict[str, Any]:
         """The init report's `coldstart` facts of this backend (handler.models.loader reads them)."""
-        out: dict[str, Any] = {"genai_optimized": self.optimized}
+        out: dict[str, Any] = {"genai_optimized": self.optimized, "genai_q4": self.q4}
         if self.beside_load:
             out["genai_tokenizer"] = self.beside_load
         return out
@@ -212,6 +208,7 @@ class GenaiEngine:
             "threads": self.threads,
             "onnxruntime_genai": og.__version__,
             "optimized": self.optimized,
+            "q4": self.q4,
             "prefill_chunk": self.prefill_chunk,
         }
         if self.released is not None:
@@ -342,34 +339,26 @@ class GenaiEngine:
 
 
 def _model(
-    manifest: Manifest, threads: int, cuda: bool, decoder: str | None, entered: threading.Event | None = None
+    manifest: Manifest,
+    threads: int,
+    cuda: bool,
+    decoder: str | None,
+    entered: threading.Event | None = None,
+    q4: Q4 | None = None,
 ) -> genai_capi.Model:
     """onnxruntime-genai's model over the pack (see overlay); the library's errors a ModelLoadError. `entered`:
     genai_capi.Model's."""
     try:
-        return genai_capi.Model(str(manifest.root), overlay(threads, decoder), ["cuda"] if cuda else [], entered)
+        config = overlay(threads, decoder, q4)
+        return genai_capi.Model(str(manifest.root), config, ["cuda"] if cuda else [], entered)
     except genai_capi.GenaiError as e:  # the library's own error (a missing or bad file): the model's fault
         raise ModelLoadError(f"{manifest.root}: onnxruntime-genai cannot load the model: {e}") from None
 
 
-def overlay(threads: int, decoder: str | None) -> str:
-    """The JSON the engine overlays on the pack's genai_config.json; `decoder`: the pre-optimized graph instead of
-    the config's, opened with ORT's graph passes off (they ran when it was saved: running them again finds
-    nothing, costs time)."""
-    # No memory pattern: ORT's plan per input shape takes a seen shape's whole block from its arena at once, which a
-    # warm request's freed chunks did not hold (+10 MB peak RSS on the 0.6B int4 pack's second request).
-    session: dict[str, Any] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1, "enable_mem_pattern": False}
-    decoder_overlay: dict[str, Any] = {"session_options": session}
-    if decoder is not None:
-        decoder_overlay["filename"] = decoder
-        session["graph_optimization_level"] = "ORT_DISABLE_ALL"
-    return json.dumps({"model": {"decoder": decoder_overlay}})
-
-
-def genai_config(root: Path, threads: int, cuda: bool, decoder: str | None) -> Any:
+def genai_config(root: Path, threads: int, cuda: bool, decoder: str | None, q4: Q4 | None = None) -> Any:
     """The pack's og.Config as the engine opens it (infra.pack.lm_layout's check, through the binding)."""
     config = og.Config(str(root))
-    config.overlay(overlay(threads, decoder))
+    config.overlay(overlay(threads, decoder, q4))
     config.clear_providers()  # the CPU, unless a usable GPU and a CUDA build of the library
     if cuda:
         config.append_provider("cuda")

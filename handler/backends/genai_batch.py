@@ -36,12 +36,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from handler.backends.contract import BackendSettings
+from handler.backends.genai_load import Q4, choose_q4
 from handler.backends.lastlogits import ROWS, last_logits_model
 from handler.core.cpu import cpu_budget
 from handler.core.errors import InvalidInputError, ModelLoadError, ServiceBusyError
@@ -145,7 +147,22 @@ class BatchEngine:
     # -- init --
 
     def initialize(self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer) -> None:
-        model = manifest.path(manifest.backends["genai"].get("model", "model.onnx"))
+        entry = manifest.backends["genai"]
+        own = settings.own
+        # The Q4MatMul decoder where its library loads (genai_load.choose_q4; no prepack at load), as the
+        # single-stream engine opens it; a session that cannot open it falls back to the portable graph.
+        q4, self.outer.q4 = choose_q4(entry, getattr(own, "q4", "auto"), getattr(own, "q4_library", ""))
+        if q4 is not None:
+            try:
+                self._initialize(manifest, settings, timer, manifest.path(q4.model), q4)
+                return
+            except ModelLoadError as e:
+                self.outer.q4 = {"used": False, "reason": f"load failed: {e}"}
+        self._initialize(manifest, settings, timer, manifest.path(entry.get("model", "model.onnx")), None)
+
+    def _initialize(
+        self, manifest: Manifest, settings: BackendSettings[Any], timer: PhaseTimer, model: Path, q4: Q4 | None
+    ) -> None:
         # One run at a time owns every CPU (the rows share it), not a worker's share of them.
         self.threads = max(settings.threads, cpu_budget().cpus)
         with timer.phase("load"):
@@ -153,6 +170,13 @@ class BatchEngine:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
+            if q4 is not None:
+                try:
+                    options.register_custom_ops_library(q4.library)
+                except Exception as e:  # the library's own error (not loadable here)
+                    raise ModelLoadError(f"{q4.library}: ONNX Runtime cannot load the Q4MatMul library: {e}") from None
+                if q4.graph_optimization_level == "ORT_DISABLE_ALL":
+                    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             # ORT's memory pattern stays on here (off for the single-stream decoder: genai.overlay): a batch's shapes
             # repeat step after step, and without it 32 streams took 12% more CPU a token and a 20 MB higher peak
             # (bench/generate/streams.py against the pattern on, docs/benchmarks.md).

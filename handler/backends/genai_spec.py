@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from handler.backends import q4lib
 from handler.backends.genai_load import optimized_mode, start_files
 from handler.backends.registry import BackendSpec
 from handler.core.config import env_int
@@ -29,21 +30,26 @@ class GenaiSettings(NamedTuple):  # not a dataclass: built in the prefetch's pat
     queue: int = 0
     optimized: str = "auto"  # WARMSTART_GENAI_OPTIMIZED: the pack's prepacked decoder where it fits (genai_load)
     prefill_chunk: int = PREFILL_CHUNK  # WARMSTART_GENAI_PREFILL_CHUNK: prompt tokens per decoder step (0: all)
+    q4: str = "auto"  # WARMSTART_GENAI_Q4: the pack's Q4MatMul decoder where its library loads (genai_load)
+    q4_library: str = ""  # WARMSTART_Q4_LIBRARY: another build of that library (q4lib.library)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> GenaiSettings:
         """WARMSTART_GENAI_BATCH (rows, 1..256; 1: one generator per request, as before), WARMSTART_GENAI_KV_TOKENS
         (the KV pool, tokens; 0 or unset: the memory left after the model), WARMSTART_GENAI_QUEUE (requests
         waiting for a row; default: as many as the rows), WARMSTART_GENAI_OPTIMIZED (auto | off: genai_load),
-        WARMSTART_GENAI_PREFILL_CHUNK (prompt tokens per decoder step, 0: the whole prompt in one; default 64).
-        On Lambda one instance serves one request: batch 1."""
+        WARMSTART_GENAI_PREFILL_CHUNK (prompt tokens per decoder step, 0: the whole prompt in one; default 64),
+        WARMSTART_GENAI_Q4 (auto | off) and WARMSTART_Q4_LIBRARY (q4lib). On Lambda one instance serves one
+        request: batch 1."""
         batch = env_int(env, "WARMSTART_GENAI_BATCH", 1, 1, MAX_ROWS)
         if "AWS_LAMBDA_FUNCTION_NAME" in env:
             batch = 1
         kv_tokens = env_int(env, "WARMSTART_GENAI_KV_TOKENS", 0, 0, 1 << 24)
         queue = env_int(env, "WARMSTART_GENAI_QUEUE", batch, 0, 100_000)
         chunk = env_int(env, "WARMSTART_GENAI_PREFILL_CHUNK", PREFILL_CHUNK, 0, 1 << 24)
-        return cls(batch, kv_tokens, queue, optimized_mode(env), chunk)
+        library = (env.get(q4lib.ENV_LIBRARY) or "").strip()
+        q4lib.library({q4lib.ENV_LIBRARY: library} if library else {})  # a named file must exist: ConfigError
+        return cls(batch, kv_tokens, queue, optimized_mode(env), chunk, q4lib.mode(env), library)
 
 
 SPEC = BackendSpec(
