@@ -202,15 +202,20 @@ static void matmul_scalar(const ws_q4_header* h, size_t M, const uint8_t* B, con
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma")))
 
-T512 static inline void expand512(const uint8_t* bg, const float* sg, size_t nvalid, __m512i out[8], __m512* sb) {
+T512 static inline __attribute__((always_inline)) void expand512(const uint8_t* bg, const float* sg, size_t nvalid,
+                                                                  __m512i out[8], __m512* sb) {
     const __m512i lo = _mm512_set1_epi8(0x0F);
     __m512i r[4];
-    for (int p = 0; p < 4; p++) {
-        /* Piece p = blocks 4p..4p+3; only the file's blocks are read (the masked words are not touched). */
-        __mmask16 mk = 0;
-        for (int i = 0; i < 4; i++)
-            if ((size_t)(4 * p + i) < nvalid) mk |= (__mmask16)(0xF << (4 * i));
-        r[p] = _mm512_maskz_loadu_epi32(mk, bg + 64 * p);
+    if (nvalid >= 16) {
+        for (int p = 0; p < 4; p++) r[p] = _mm512_loadu_si512(bg + 64 * p);
+    } else {
+        for (int p = 0; p < 4; p++) {
+            /* Piece p = blocks 4p..4p+3; only the file's blocks are read (the masked words are not touched). */
+            __mmask16 mk = 0;
+            for (int i = 0; i < 4; i++)
+                if ((size_t)(4 * p + i) < nvalid) mk |= (__mmask16)(0xF << (4 * i));
+            r[p] = _mm512_maskz_loadu_epi32(mk, bg + 64 * p);
+        }
     }
     __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
     __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
@@ -281,9 +286,60 @@ T512 static inline __attribute__((always_inline)) void tile512(const ws_q4_heade
     }
 }
 
+#ifndef SMALL_M
+#define SMALL_M 2
+#endif
+/* A few rows of A (decode steps): B is expanded in registers and used at once, no buffer. */
+T512 static inline __attribute__((always_inline)) void small512(const ws_q4_header* h, size_t mr, const uint8_t* B,
+                                                                 const float* scales, size_t N, float* C,
+                                                                 size_t n_begin, size_t n_end) {
+    size_t nb = h->nb, nbp = h->nbp, ng = (nb + 15) / 16;
+    const char* rows[4];
+    for (size_t i = 0; i < mr; i++) rows[i] = (const char*)h + HEADER + i * h->row_bytes;
+    for (size_t n0 = n_begin; n0 < n_end; n0 += NR5) {
+        size_t nr = n_end - n0 < NR5 ? n_end - n0 : NR5;
+        __m512 acc[4][NR5];
+        for (size_t r = 0; r < NR5; r++) {
+            for (size_t i = 0; i < mr; i++) acc[i][r] = _mm512_setzero_ps();
+            if (r >= nr) continue;
+            for (size_t g = 0; g < ng; g++) {
+                size_t b0 = g * 16, nvalid = nb - b0 < 16 ? nb - b0 : 16;
+                __m512i bx[8];
+                __m512 sb;
+                expand512(B + ((n0 + r) * nb + b0) * 16, scales + (n0 + r) * nb + b0, nvalid, bx, &sb);
+                for (size_t i = 0; i < mr; i++) {
+                    __m512i d = _mm512_load_si512(ROW_NSUM(rows[i], nbp) + g * 16);
+                    const int8_t* qa = ROW_QA(rows[i]) + g * 512;
+                    for (int s = 0; s < 8; s++) d = _mm512_dpbusd_epi32(d, bx[s], _mm512_load_si512(qa + s * 64));
+                    __m512 sc = _mm512_mul_ps(_mm512_load_ps(ROW_SA(rows[i], nbp) + g * 16), sb);
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[i][r]);
+                }
+            }
+        }
+        for (size_t i = 0; i < mr; i++) {
+            __m128 sum = hsum4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            float* c = C + i * N + n0;
+            if (nr == 4) {
+                _mm_storeu_ps(c, sum);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, sum);
+                for (size_t r = 0; r < nr; r++) c[r] = t[r];
+            }
+        }
+    }
+}
+
 T512 static void matmul_avx512(const ws_q4_header* h, size_t M, const uint8_t* B, const float* scales, size_t N,
                                float* C, size_t n_begin, size_t n_end) {
     size_t nb = h->nb, ng = (nb + 15) / 16;
+    switch (M <= SMALL_M ? M : 0) {
+        case 1: small512(h, 1, B, scales, N, C, n_begin, n_end); return;
+        case 2: small512(h, 2, B, scales, N, C, n_begin, n_end); return;
+        case 3: small512(h, 3, B, scales, N, C, n_begin, n_end); return;
+        case 4: small512(h, 4, B, scales, N, C, n_begin, n_end); return;
+        default: break;
+    }
     __m512i bb[NR5][KC5][8];
     __m512 sbb[NR5][KC5];
     for (size_t n0 = n_begin; n0 < n_end; n0 += NR5) {
