@@ -375,14 +375,18 @@ T512 static void matmul_avx512(const ws_q4_header* h, size_t M, const uint8_t* B
 
 #define T256 __attribute__((target("avx2,fma")))
 
-T256 static inline void expand256(const uint8_t* bg, const float* sg, size_t nvalid, __m256i out[8], __m256* sb) {
+T256 static inline __attribute__((always_inline)) void expand256(const uint8_t* bg, const float* sg, size_t nvalid, __m256i out[8], __m256* sb) {
     const __m256i lo = _mm256_set1_epi8(0x0F);
     __m256i r[4];
-    for (int p = 0; p < 4; p++) {
-        /* Piece p = blocks 2p, 2p+1; only the file's blocks are read (maskload touches no masked word). */
-        int v0 = (size_t)(2 * p) < nvalid ? -1 : 0, v1 = (size_t)(2 * p + 1) < nvalid ? -1 : 0;
-        __m256i mk = _mm256_setr_epi32(v0, v0, v0, v0, v1, v1, v1, v1);
-        r[p] = _mm256_maskload_epi32((const int*)(bg + 32 * p), mk);
+    if (nvalid >= 8) {
+        for (int p = 0; p < 4; p++) r[p] = _mm256_loadu_si256((const __m256i*)(bg + 32 * p));
+    } else {
+        for (int p = 0; p < 4; p++) {
+            /* Piece p = blocks 2p, 2p+1; only the file's blocks are read (maskload touches no masked word). */
+            int v0 = (size_t)(2 * p) < nvalid ? -1 : 0, v1 = (size_t)(2 * p + 1) < nvalid ? -1 : 0;
+            __m256i mk = _mm256_setr_epi32(v0, v0, v0, v0, v1, v1, v1, v1);
+            r[p] = _mm256_maskload_epi32((const int*)(bg + 32 * p), mk);
+        }
     }
     __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
@@ -392,9 +396,14 @@ T256 static inline void expand256(const uint8_t* bg, const float* sg, size_t nva
         out[2 * j] = _mm256_and_si256(s[j], lo);
         out[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(s[j], 4), lo);
     }
-    int sm[8];
-    for (int i = 0; i < 8; i++) sm[i] = (size_t)i < nvalid ? -1 : 0;
-    __m256 sv = _mm256_maskload_ps(sg, _mm256_loadu_si256((const __m256i*)sm));
+    __m256 sv;
+    if (nvalid >= 8) {
+        sv = _mm256_loadu_ps(sg);
+    } else {
+        int sm[8];
+        for (int i = 0; i < 8; i++) sm[i] = (size_t)i < nvalid ? -1 : 0;
+        sv = _mm256_maskload_ps(sg, _mm256_loadu_si256((const __m256i*)sm));
+    }
     *sb = _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
 }
 
@@ -444,9 +453,53 @@ T256 static inline __attribute__((always_inline)) void tile256(const ws_q4_heade
     }
 }
 
+T256 static inline float hsum256(__m256 x) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+/* One or two rows of A: B expanded in registers and used at once, as small512. */
+T256 static inline __attribute__((always_inline)) void small256(const ws_q4_header* h, size_t mr, const uint8_t* B,
+                                                                 const float* scales, size_t N, float* C,
+                                                                 size_t n_begin, size_t n_end) {
+    size_t nb = h->nb, nbp = h->nbp, ng = (nb + 7) / 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const char* rows[2];
+    for (size_t i = 0; i < mr; i++) rows[i] = (const char*)h + HEADER + i * h->row_bytes;
+    for (size_t n = n_begin; n < n_end; n++) {
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (size_t g = 0; g < ng; g++) {
+            size_t b0 = g * 8, nvalid = nb - b0 < 8 ? nb - b0 : 8;
+            __m256i bx[8];
+            __m256 sb;
+            expand256(B + (n * nb + b0) * 16, scales + n * nb + b0, nvalid, bx, &sb);
+            for (size_t i = 0; i < mr; i++) {
+                const int8_t* qa = ROW_QA(rows[i]) + g * 256;
+                __m256i s16 = _mm256_maddubs_epi16(bx[0], _mm256_load_si256((const __m256i*)qa));
+                for (int s = 1; s < 8; s++)
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(bx[s], _mm256_load_si256((const __m256i*)(qa + s * 32))));
+                __m256i ns = _mm256_load_si256((const __m256i*)(ROW_NSUM(rows[i], nbp) + g * 8));
+                __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), ns);
+                __m256 sc = _mm256_mul_ps(_mm256_load_ps(ROW_SA(rows[i], nbp) + g * 8), sb);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[i]);
+            }
+        }
+        for (size_t i = 0; i < mr; i++) C[i * N + n] = hsum256(acc[i]);
+    }
+}
+
 T256 static void matmul_avx2(const ws_q4_header* h, size_t M, const uint8_t* B, const float* scales, size_t N,
                              float* C, size_t n_begin, size_t n_end) {
     size_t nb = h->nb, ng = (nb + 7) / 8;
+    if (M == 1) {
+        small256(h, 1, B, scales, N, C, n_begin, n_end);
+        return;
+    }
+    if (M == 2) {
+        small256(h, 2, B, scales, N, C, n_begin, n_end);
+        return;
+    }
     __m256i bb[NR2][KC2][8];
     __m256 sbb[NR2][KC2];
     for (size_t n0 = n_begin; n0 < n_end; n0 += NR2) {
