@@ -60,7 +60,9 @@ def graph(k: int, n: int, mats: list[tuple[Any, Any]]) -> bytes:
     for i, (b, s) in enumerate(mats):
         inits += [numpy_helper.from_array(b, f"B{i}"), numpy_helper.from_array(s, f"S{i}")]
         attrs = {"K": k, "N": n, "bits": 4, "block_size": 32, "accuracy_level": 4}
-        nodes.append(helper.make_node("MatMulNBits", ["A", f"B{i}", f"S{i}"], [f"Y{i}"], domain="com.microsoft", **attrs))
+        nodes.append(
+            helper.make_node("MatMulNBits", ["A", f"B{i}", f"S{i}"], [f"Y{i}"], domain="com.microsoft", **attrs)
+        )
         outs.append(helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, ["M", n]))
     ins = [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
