@@ -109,10 +109,11 @@ static void quantize_block(const float* a, int8_t* q, float* sa, int32_t* nsum) 
         float v = fabsf(a[i]);
         amax = v > amax ? v : amax;
     }
-    /* MLAS's CompInt8 quantization: scale = max / 127, values times 1 / scale rounded to nearest even, so that
-     * the int32 sums are the ones ONNX Runtime's MatMulNBits computes. */
+    /* MLAS's CompInt8 quantization: scale = max / 127, values times 127 / max (not 1 / scale: that rounds values
+     * on a grid of max / 127 to the neighbouring int) rounded to nearest even, so that the int32 sums are the
+     * ones ONNX Runtime's MatMulNBits computes. */
     float scale = amax / 127.0f;
-    float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (int i = 0; i < QBLK; i++) {
         float r = nearbyintf(a[i] * inv);

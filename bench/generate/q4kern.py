@@ -87,8 +87,9 @@ def reference(a: Any, b: Any, s: Any) -> Any:
 
     m, k = a.shape
     blocks = a.reshape(m, k // 32, 32)
-    sa = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(sa != 0, np.float32(1) / np.where(sa != 0, sa, np.float32(1)), np.float32(0)).astype(np.float32)
+    amax = np.abs(blocks).max(-1)
+    sa = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, np.float32(1)), np.float32(0))
     q = np.rint(blocks * inv[..., None]).astype(np.float64)
     w = np.empty((*b.shape[:2], 32), np.float64)
     w[..., 0::2], w[..., 1::2] = b & 15, b >> 4

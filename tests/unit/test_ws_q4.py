@@ -33,18 +33,21 @@ def case(m: int, k: int, n: int, seed: int = 0) -> tuple[Any, Any, Any]:
     # rows of different magnitude (and one all-zero block) so that per-block scales matter
     a = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
     a[0, :32] = 0
+    if m > 1:  # a row on a grid of 1/127 of its largest value: values land on integers, where quantizers part
+        a[1] = rng.integers(-127, 128, k) * np.float32(0.013)
     b = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
     s = (rng.random((n, k // 32)) * 0.05 + 0.001).astype(np.float32)
     return a, b, s
 
 
 def reference(a: Any, b: Any, s: Any) -> tuple[Any, Any]:
-    """(float64 product, sum of |terms|): A quantized per block of 32 with scale max/127 and round-to-even, W from
-    the nibbles (low = even element, high = odd) minus 8, times the block scales."""
+    """(float64 product, sum of |terms|): A quantized per block of 32 as MLAS does (times 127 / max, rounded to
+    even; scale max / 127), W from the nibbles (low = even element, high = odd) minus 8, times the block scales."""
     m, k = a.shape
     blocks = a.reshape(m, k // 32, 32)
-    sa = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(sa != 0, np.float32(1) / np.where(sa != 0, sa, np.float32(1)), np.float32(0)).astype(np.float32)
+    amax = np.abs(blocks).max(-1)
+    sa = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, np.float32(1)), np.float32(0))
     q = np.rint(blocks * inv[..., None]).astype(np.int64)
     w = np.empty((*b.shape[:2], 32), np.int64)
     w[..., 0::2], w[..., 1::2] = b & 15, b >> 4
@@ -130,8 +133,11 @@ def test_same_bytes_as_onnx_runtime_matmulnbits(lib: WsQ4) -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    m, k, n = 5, 1024, 48
+    m, k, n = 64, 1024, 48
     a, b, s = case(m, k, n, seed=9)
+    # half the rows on a grid of 1/127 of their largest value: a * 127 / max lands on integers, where 1 / (max /
+    # 127) would round some values to the neighbouring int (MLAS's quantizer takes 127 / max)
+    a[::2] = (np.random.default_rng(9).integers(-127, 128, (m // 2, k)) * np.float32(0.013)).astype(np.float32)
     node = helper.make_node(
         "MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4, block_size=32, accuracy_level=4
     )
