@@ -229,6 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.rounds} rounds, CPU time per matrix, 1-min load average {Stat.of(loads).fmt(1)}\n")
     print(table(head, out))
 
+    if set(shapes) == set(SHAPES):
+        step = []
+        for m in rows:
+            tot = {
+                side: sum(Stat.of(cpu_s[(side, name, m)]).median * PER_MODEL[name] for name in shapes) for side in SIDES
+            }
+            step.append(
+                [m, f"{tot['ours'] * 1e3:.1f}", f"{tot['mlas'] * 1e3:.1f}", f"{tot['mlas'] / tot['ours']:.2f}x"]
+            )
+        print("\nThe 28 layers' 140 int4 products of one step (medians x matrices per shape; no LM head), CPU ms:\n")
+        print(table(["M", "ours", "MLAS", "MLAS/ours"], step))
+
     print("\nLoad: ONNX Runtime session creation of one matrix (wall ms, median and range); ours: no work\n")
     load_rows, total = [], 0.0
     for name in shapes:

@@ -199,3 +199,25 @@ def test_scratch_size_covers_the_padded_rows(lib: WsQ4) -> None:
     assert size(1, 32) == 128 + 16 * 40
     assert size(3, 544) == 128 + 3 * 32 * 40
     assert ctypes.sizeof(ctypes.c_size_t) == 8
+
+
+def test_threads_share_one_quantized_a(lib: WsQ4) -> None:
+    """The op's split: A quantized once, then N ranges computed at once on several threads from the same scratch
+    (ctypes drops the GIL for the call), each writing its own columns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    m, k, n = 9, 2048, 203
+    a, b, s = case(m, k, n, seed=11)
+    scratch = np.zeros(lib.lib.ws_q4_scratch_size(m, k), np.uint8)
+    out = np.full((m, n), np.nan, np.float32)
+    lib.lib.ws_q4_quantize_a(a.ctypes.data, m, k, scratch.ctypes.data)
+    cuts = [0, 1, 50, 51, 130, 203]
+
+    def part(i: int) -> None:
+        lib.lib.ws_q4_matmul_q(
+            scratch.ctypes.data, m, k, b.ctypes.data, s.ctypes.data, n, out.ctypes.data, cuts[i], cuts[i + 1]
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(part, range(len(cuts) - 1)))
+    close(out, a, b, s)
