@@ -1,6 +1,6 @@
 """ctypes access to native/ws_q4_kernels.c, the int4 MatMul that computes from MatMulNBits' bytes as a pack holds
 them (no prepack): build it with gcc, call it on numpy arrays, pick its code path. For the benchmark
-(bench/generate/q4kern.py) and the tests; the engine does not load it (an experiment, issue 35).
+(bench/generate/q4kern.py) and the tests; the engine does not load it (an experiment).
 
     lib = WsQ4(build(Path("build/native")))
     c = lib.matmul(a, b, scales)       # a float32 [M, K], b uint8 [N, K/32, 16], scales float32 [N, K/32]
