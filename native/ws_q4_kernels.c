@@ -60,7 +60,8 @@ static int best_isa(void) {
 #if WS_Q4_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
         return WS_Q4_ISA_AVX512VNNI;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return WS_Q4_ISA_AVX2;
 #endif
@@ -259,7 +260,7 @@ static void matmul_scalar(const ws_q4_header* h, size_t M, const uint8_t* B, con
 #define MR5 3  /* rows of A per tile: 12 int32 + 12 float accumulators + 4 B slices fit the 32 registers */
 #define KC5 8  /* groups per chunk of K (128 blocks, K = 4096): the buffer stays 18 KB */
 
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma")))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 
 T512 static inline __attribute__((always_inline)) void expand512(const uint8_t* bg, const float* sg, size_t nvalid,
                                                                   __m512i out[8], __m512* sb) {

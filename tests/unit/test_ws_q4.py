@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,28 @@ def test_threads_share_one_quantized_a(lib: WsQ4) -> None:
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(part, range(len(cuts) - 1)))
     close(out, a, b, s)
+
+
+def test_the_library_exports_the_header_only(lib_path: Path) -> None:
+    """Loaded into ONNX Runtime's process beside libonnxruntime: nothing but the ws_q4_ names may be visible."""
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib_path)], capture_output=True, text=True, check=True)
+    names = {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+    want = {"ws_q4_scratch_size", "ws_q4_quantize_a", "ws_q4_matmul_q", "ws_q4_matmul", "ws_q4_isa", "ws_q4_set_isa"}
+    assert names == want
+
+
+def test_only_the_avx512_code_uses_avx512_registers(lib_path: Path) -> None:
+    """An AVX2-only CPU (Lambda's x86 hosts vary) runs every function but the AVX-512 ones: an EVEX instruction
+    (zmm, a mask register, a vector register above 15) anywhere else would be SIGILL there, which this host (it has
+    AVX-512) cannot show by running the code."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    evex = re.compile(r"%zmm|%k[1-7]\b|%[xy]mm(1[6-9]|2\d|3[01])\b")
+    fn, users = "", set()
+    for line in out.stdout.splitlines():
+        head = re.match(r"[0-9a-f]+ <(.+)>:$", line)
+        if head:
+            fn = head.group(1)
+        elif evex.search(line):
+            users.add(fn)
+    assert users and all("512" in name for name in users), users
