@@ -77,9 +77,11 @@ def isa(request: pytest.FixtureRequest, lib: WsQ4) -> Any:
     lib.set_isa(before)
 
 
-# M: one decode row, the two-row register path, a tile remainder, a prompt step; N: not a multiple of the row
-# blocking; K: one block, a partial vector group (17 blocks), one past a buffered chunk of K (129 blocks)
-SHAPES = [(1, 32, 5), (2, 544, 9), (3, 96, 37), (4, 1024, 6), (64, 1024, 37), (5, 4128, 7), (1, 3072, 11), (200, 544, 9)]
+# M: one decode row, the two-row register path, a tile remainder, a prompt step, two passes of 96 rows and a
+# remainder; N: not a multiple of the row blocking; K: one block, a partial vector group (17 blocks), one past a
+# buffered chunk of K (129 blocks)
+SHAPES = [(1, 32, 5), (2, 544, 9), (3, 96, 37), (4, 1024, 6), (64, 1024, 37), (5, 4128, 7), (1, 3072, 11)]
+SHAPES += [(200, 544, 9)]
 
 
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
