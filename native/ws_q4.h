@@ -5,7 +5,8 @@
  * low nibble and 2j+1 in its high nibble; scales is float [N, K/32]; W[n, k] = (q - 8) * scale[n, k/32].
  * C[M, N] = A[M, K] @ W^T, with A quantized to int8 per block of 32 (symmetric, round to nearest even), as
  * MatMulNBits does at accuracy_level 4: the int32 block sums are exact, only the float sums of
- * scale_a * scale_b * int_dot differ from ONNX Runtime's in rounding.
+ * scale_a * scale_b * int_dot differ from ONNX Runtime's in rounding. A NaN or an infinity in A makes every output
+ * of its row NaN (MatMulNBits gives NaN for an infinity, and finite values for a NaN).
  *
  * Preconditions (not checked here; the callers check them): K % 32 == 0, K > 0, M > 0,
  * n_begin <= n_end <= N. B and scales need no alignment. C is row-major with row stride N and only its columns

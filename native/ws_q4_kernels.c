@@ -106,8 +106,10 @@ static size_t lane_block(int isa, size_t L) {
  */
 static void quantize_block(const float* a, int8_t* q, float* sa, int32_t* nsum) {
     float amax = 0.0f;
+    int bad = 0;
     for (int i = 0; i < QBLK; i++) {
         float v = fabsf(a[i]);
+        bad |= !(v <= 3.40282347e38f); /* NaN or infinity */
         amax = v > amax ? v : amax;
     }
     /* MLAS's CompInt8 quantization: scale = max / 127, values times 127 / max (not 1 / scale: that rounds values
@@ -126,7 +128,7 @@ static void quantize_block(const float* a, int8_t* q, float* sa, int32_t* nsum) 
         q[i] = (int8_t)v;
         sum += v;
     }
-    *sa = scale;
+    *sa = bad ? NAN : scale; /* a NaN or infinity in A makes its row's outputs NaN, not finite values */
     *nsum = -8 * sum;
 }
 
@@ -154,7 +156,13 @@ __attribute__((target("avx2,fma"))) static void quantize_row_vec(int isa, size_t
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
             float amax = _mm_cvtss_f32(m4);
             float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-            sa[g * lanes + L] = amax / 127.0f;
+            /* |x| not below infinity, or unordered: a NaN or infinity makes the row's outputs NaN, as scalar */
+            const __m256 inf = _mm256_set1_ps(INFINITY);
+            __m256 bad = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(x0, absmask), inf, _CMP_NLT_UQ),
+                                                   _mm256_cmp_ps(_mm256_and_ps(x1, absmask), inf, _CMP_NLT_UQ)),
+                                      _mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(x2, absmask), inf, _CMP_NLT_UQ),
+                                                   _mm256_cmp_ps(_mm256_and_ps(x3, absmask), inf, _CMP_NLT_UQ)));
+            sa[g * lanes + L] = _mm256_movemask_ps(bad) ? NAN : amax / 127.0f;
             __m256 vi = _mm256_set1_ps(inv);
             /* cvtps rounds to nearest even (the default MXCSR mode), |values| <= 127 */
             __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, vi)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, vi));

@@ -249,3 +249,13 @@ def test_only_the_avx512_code_uses_avx512_registers(lib_path: Path) -> None:
         elif evex.search(line):
             users.add(fn)
     assert users and all("512" in name for name in users), users
+
+
+def test_a_nan_or_an_infinity_in_a_makes_its_row_nan(lib: WsQ4, isa: str) -> None:
+    """Not finite values made up from a quantized NaN (MatMulNBits gives finite ones for a NaN, NaN for an
+    infinity): on every path the row holding one is NaN, the other rows are the product as usual."""
+    a, b, s = case(4, 1024, 7, seed=13)
+    a[0, 5], a[1, 700], a[2, 0], a[2, 1] = np.nan, np.inf, np.inf, -np.inf
+    got = lib.matmul(a, b, s)
+    assert np.isnan(got[:3]).all()
+    close(got[3:], a[3:], b, s)
