@@ -22,6 +22,8 @@
 extern "C" {
 #endif
 
+/* The scalar path is a reference, not a fast path: 0.06-0.09x MLAS (bench/generate/q4kern.py --isa scalar). Where
+ * ws_q4_isa() says scalar (arm64, x86 without AVX2 + FMA), a caller keeps ONNX Runtime's MatMulNBits. */
 #define WS_Q4_ISA_SCALAR 0
 #define WS_Q4_ISA_AVX2 1       /* AVX2 + FMA */
 #define WS_Q4_ISA_AVX512VNNI 2 /* AVX-512 F/BW/VL + VNNI */
