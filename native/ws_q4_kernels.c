@@ -17,11 +17,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* -DWS_Q4_X86=0 builds the scalar path alone, as on arm64 (the tests build it so on x86 too) */
+#ifndef WS_Q4_X86
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
 #define WS_Q4_X86 1
 #else
 #define WS_Q4_X86 0
+#endif
+#endif
+#if WS_Q4_X86
+#include <immintrin.h>
 #endif
 
 #define QBLK 32   /* elements per block */
@@ -92,14 +97,6 @@ int ws_q4_set_isa(int isa) {
     return isa;
 }
 
-/* Block (within its group) whose int32 sum lands in vector lane L. The vector paths load 4 consecutive pieces of
- * B (each 4 blocks for AVX-512, 2 for AVX2), one block per 128-bit lane, and transpose 4-byte words with
- * unpack{lo,hi}_epi{32,64}, which works within 128-bit lanes: lane L = 4q + r holds a word of piece r's block in
- * 128-bit lane q. */
-static size_t lane_block(int isa, size_t L) {
-    if (isa == WS_Q4_ISA_AVX512VNNI) return 4 * (L % 4) + L / 4; /* 16 lanes, piece r = blocks 4r..4r+3 */
-    return 2 * (L % 4) + L / 4;                                   /* 8 lanes, piece r = blocks 2r, 2r+1 */
-}
 
 /* ---------------------------------------------------------------------------------------------------------------
  * A's quantization (once per call; M * K work against the product's M * K * N).
@@ -133,8 +130,19 @@ static void quantize_block(const float* a, int8_t* q, float* sa, int32_t* nsum) 
 }
 
 #if WS_Q4_X86
-/* The vector paths' A: quantize_block and the slice layout below, in AVX2 (which every AVX-512 CPU has): the
- * scalar version cost a quarter of a 64-row call. Values identical to quantize_block's (the tests compare). */
+/* Block (within its group) whose int32 sum lands in vector lane L. The vector paths load 4 consecutive pieces of
+ * B (each 4 blocks for AVX-512, 2 for AVX2), one block per 128-bit lane, and transpose 4-byte words with
+ * unpack{lo,hi}_epi{32,64}, which works within 128-bit lanes: lane L = 4q + r holds a word of piece r's block in
+ * 128-bit lane q. */
+static size_t lane_block(int isa, size_t L) {
+    if (isa == WS_Q4_ISA_AVX512VNNI) return 4 * (L % 4) + L / 4; /* 16 lanes, piece r = blocks 4r..4r+3 */
+    return 2 * (L % 4) + L / 4;                                   /* 8 lanes, piece r = blocks 2r, 2r+1 */
+}
+
+/* The vector paths' A: quantize_block's values, laid out in slices (below), in AVX2 (which every AVX-512 CPU has):
+ * done in scalar code it cost a quarter of a 64-row call. Slice s = 2j + h (j: B's 4-byte word of a block, h: its
+ * low / high nibbles) is `lanes` words of 4 bytes; byte t of lane L's word meets nibble h of B's byte 4j + t,
+ * element 2(4j + t) + h of block lane_block(L). */
 __attribute__((target("avx2,fma"))) static void quantize_row_vec(int isa, size_t lanes, const float* a, size_t nb,
                                                                    int8_t* qa, float* sa, int32_t* nsum) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -207,27 +215,11 @@ void ws_q4_quantize_a(const float* A, size_t M, size_t K, void* scratch) {
             for (size_t b = 0; b < nb; b++) quantize_block(a + b * QBLK, qa + b * QBLK, sa + b, nsum + b);
             continue;
         }
+#if WS_Q4_X86
         size_t lanes = isa == WS_Q4_ISA_AVX512VNNI ? 16 : 8;
         if (nb % lanes) memset(row, 0, h->row_bytes); /* the padded blocks contribute 0 */
-#if WS_Q4_X86
         quantize_row_vec(isa, lanes, a, nb, qa, sa, nsum);
-        continue;
 #endif
-        for (size_t g = 0; g * lanes < nb; g++) {
-            int8_t* gq = qa + g * lanes * QBLK;
-            for (size_t L = 0; L < lanes; L++) {
-                size_t b = g * lanes + lane_block(isa, L);
-                if (b >= nb) continue;
-                int8_t q[QBLK];
-                quantize_block(a + b * QBLK, q, sa + g * lanes + L, nsum + g * lanes + L);
-                /* Slice s = 2 * j + h (j: B's 4-byte word of the block, h: low / high nibble) is `lanes` words
-                 * of 4 bytes; byte t of lane L's word meets nibble h of B's byte 4j + t = element 2(4j+t)+h. */
-                for (size_t j = 0; j < 4; j++)
-                    for (size_t hh = 0; hh < 2; hh++)
-                        for (size_t t = 0; t < 4; t++)
-                            gq[(2 * j + hh) * lanes * 4 + L * 4 + t] = q[2 * (4 * j + t) + hh];
-            }
-        }
     }
 }
 

@@ -71,7 +71,7 @@ def isa(request: pytest.FixtureRequest, lib: WsQ4) -> Any:
     if name in lib.supported():
         lib.set_isa(name)
     else:
-        with pytest.raises(Q4ArgumentError, match=f"isa '{name}': this CPU runs scalar"):
+        with pytest.raises(Q4ArgumentError, match=f"isa '{name}': this build on this CPU runs scalar"):
             lib.set_isa(name)
     yield lib.isa
     lib.set_isa(before)
@@ -259,3 +259,15 @@ def test_a_nan_or_an_infinity_in_a_makes_its_row_nan(lib: WsQ4, isa: str) -> Non
     got = lib.matmul(a, b, s)
     assert np.isnan(got[:3]).all()
     close(got[3:], a[3:], b, s)
+
+
+def test_a_build_without_the_x86_paths_runs_the_scalar_one(tmp_path: Path) -> None:
+    """What an arm64 build compiles (no immintrin, no target attributes): it builds warning-free, says scalar,
+    refuses the vector paths by name and computes the same product."""
+    lib = WsQ4(build(tmp_path, name="libws_q4_portable.so", flags=("-DWS_Q4_X86=0",)))
+    assert lib.isa == "scalar" and lib.supported() == ["scalar"]
+    with pytest.raises(Q4ArgumentError, match="isa 'avx2': this build on this CPU runs scalar"):
+        lib.set_isa("avx2")
+    for m, k, n in ((1, 544, 9), (3, 1024, 5)):
+        a, b, s = case(m, k, n, seed=m)
+        close(lib.matmul(a, b, s), a, b, s)
