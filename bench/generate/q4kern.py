@@ -1,6 +1,6 @@
 """Our int4 MatMul kernel (handler/backends/native/ws_q4_kernels.c: the pack's MatMulNBits bytes as they are, no
-prepack) against ONNX Runtime's MatMulNBits (MLAS, CompInt8: accuracy_level 4, its weights prepacked at session creation), on the
-Qwen3-0.6B decode step's layer shapes, one thread on one CPU each.
+prepack) against ONNX Runtime's MatMulNBits (MLAS, CompInt8: accuracy_level 4, its weights prepacked at session
+creation), on the Qwen3-0.6B decode step's layer shapes, one thread on one CPU each.
 
     .venv/bin/python bench/generate/q4kern.py [--shapes qkv,o,gate,down] [--rows 1,8,32,64] [--rounds 5]
         [--isa best|avx512vnni|avx2|scalar] [--mbytes 32] [--cpu N] [--head]

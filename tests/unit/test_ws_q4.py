@@ -1,6 +1,6 @@
-"""handler/backends/native/ws_q4_kernels.c, the int4 MatMul on MatMulNBits' bytes as a pack holds them: every code
-path this CPU runs against a float64 product (A quantized per block as the kernel does, so the int32 sums are exact and only
-the float sums round), on odd shapes and N sub-ranges; the same bytes against ONNX Runtime's MatMulNBits; the
+"""handler/backends/native/ws_q4_kernels.c, the int4 MatMul on MatMulNBits' bytes as a pack holds them: every code path
+this CPU runs against a float64 product (A quantized per block as the kernel does, so the int32 sums are exact and
+only the float sums round), on odd shapes and N sub-ranges; the same bytes against ONNX Runtime's MatMulNBits; the
 wrapper's refusals. The library is built with gcc (~1 s) once per session."""
 
 from __future__ import annotations
