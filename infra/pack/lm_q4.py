@@ -346,6 +346,7 @@ def find_library(build: bool = True) -> tuple[Path | None, str]:
     cc = os.environ.get("CC") or "gcc"
     if shutil.which(cc) is None:
         return None, f"{why}; no C compiler ({cc}) to build it"
+    phase(f"building the {q4lib.OP} library (gcc)")
     try:
         return q4lib.build(), ""
     except (OSError, subprocess.CalledProcessError) as e:
@@ -386,33 +387,38 @@ def add(pack_dir: Path, library: Path | None = None) -> dict[str, Any]:
     return entry
 
 
-def _record(pack_dir: Path, entry: dict[str, Any]) -> None:
-    """The q4 file's size and SHA-256 and the entry in the manifest: written aside and renamed."""
+def ensure(pack_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """`warmstart optimize DIR` on a generate pack: the q4 graph added where the pack has none (a pack made before
+    it, or one whose layout was redone), one it has kept as it is; (the entry, what was done) or (None, why not),
+    the reason then recorded as `backends.genai.q4_skipped`."""
+    pack_dir = Path(pack_dir).resolve()
+    genai = load_manifest(pack_dir).backends.get("genai") or {}
+    if genai.get("q4"):
+        return genai["q4"], "kept (the pack has it)"
+    try:
+        return add(pack_dir), "added"
+    except LmQ4Error as e:
+        _record(pack_dir, None, str(e))
+        return None, str(e)
+
+
+def _record(pack_dir: Path, entry: dict[str, Any] | None, skipped: str = "") -> None:
+    """The q4 file's size and SHA-256 and the entry in the manifest (or, with no entry, why it was skipped):
+    written aside and renamed."""
     path = pack_dir / MANIFEST_NAME
     raw = json.loads(path.read_text())
-    for name in entry["files"]:
-        raw["files"][name] = {"size": (pack_dir / name).stat().st_size, "sha256": sha256_file(pack_dir / name)}
     genai = raw["backends"]["genai"]
-    genai.pop("q4_skipped", None)
-    genai["q4"] = entry
+    if entry is None:
+        genai["q4_skipped"] = skipped
+    else:
+        for name in entry["files"]:
+            raw["files"][name] = {"size": (pack_dir / name).stat().st_size, "sha256": sha256_file(pack_dir / name)}
+        genai.pop("q4_skipped", None)
+        genai["q4"] = entry
     tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
     tmp.write_text(json.dumps(raw, indent=2) + "\n")
     os.replace(tmp, path)
     load_manifest(pack_dir)  # what we wrote must read back
 
 
-def drop(raw: dict[str, Any], pack_dir: Path) -> list[str]:
-    """Take the q4 graph out of the manifest dict `raw` (its entry and its files) and delete only those files
-    that are ours (Q4_FILE), whatever names the entry holds; returns the names dropped. For a pack whose
-    model.onnx is rewritten (infra.pack.lm_layout.relayout: new offsets make the q4 graph's references stale)."""
-    entry = raw["backends"].get("genai", {}).pop("q4", None)
-    if not entry:
-        return []
-    names = [n for n in entry.get("files", []) if n == Q4_FILE]
-    for name in names:
-        raw["files"].pop(name, None)
-        (pack_dir / name).unlink(missing_ok=True)
-    return names
-
-
-__all__ = ["GRAPH_LEVEL", "OP_NAME", "Q4_FILE", "TOLERANCE", "LmQ4Error", "add", "attach", "make", "rewrite"]
+__all__ = ["GRAPH_LEVEL", "OP_NAME", "Q4_FILE", "TOLERANCE", "LmQ4Error", "add", "attach", "ensure", "make", "rewrite"]
