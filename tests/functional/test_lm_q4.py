@@ -110,7 +110,7 @@ def _swap_scales(original: Any) -> Any:
     """A rewrite whose first gate_proj Q4MatMul takes up_proj's scales (the same shape): a wrong graph that runs."""
 
     def rewrite(model: Any) -> tuple[int, list[str]]:
-        result = original(model)
+        result: tuple[int, list[str]] = original(model)
         nodes = {n.name: n for n in model.graph.node}
         gate, up = nodes["/model/layers.0/mlp/gate_proj/MatMul_Q4"], nodes["/model/layers.0/mlp/up_proj/MatMul_Q4"]
         assert gate.op_type == up.op_type == q4lib.OP
@@ -168,6 +168,6 @@ def test_a_pack_that_is_not_int4_has_nothing_to_rewrite(tmp_path: Path, library:
     with pytest.raises(lm_q4.LmQ4Error, match=f"a {label} pack; the op computes 4-bit blocks only"):
         lm_q4.add(pack, library)
     if quantize == "int8":  # its MatMulNBits are 8-bit: the rewrite finds none it may take
-        with pytest.raises(lm_q4.LmQ4Error, match="no MatMulNBits the op computes .*kept: .*bits 8"):
+        with pytest.raises(lm_q4.LmQ4Error, match=r"no MatMulNBits the op computes .*kept: .*bits 8"):
             lm_q4.make(pack, library)
     assert not (pack / lm_q4.Q4_FILE).exists()
