@@ -111,9 +111,10 @@ def make(model_dir: Path, library: Path) -> dict[str, Any]:
     model = onnx.load(str(model_dir / MODEL_FILE), load_external_data=False)
     rewritten, kept = rewrite(model)
     if not rewritten:
+        shown = "; ".join(kept[:3]) + (f" (and {len(kept) - 3} more)" if len(kept) > 3 else "")
         raise LmQ4Error(
             f"{model_dir}: no MatMulNBits the op computes (bits 4, block 32, accuracy level 4, no zero points)"
-            + (f"; kept: {'; '.join(kept)}" if kept else "")
+            + (f"; kept: {shown}" if kept else "")
         )
     aside = _aside(model_dir, Q4_FILE, model)  # the graph only: its tensors stay in model.onnx.data
     try:
