@@ -304,10 +304,22 @@ def prove(model_dir: Path, candidate: Path, library: Path) -> dict[str, Any]:
     return {
         "probes": len(prompts),
         "steps": PROBE_STEPS,
+        "kernel": kernel(library),
         **compare(reference, got, [len(p) for p in prompts]),
         "max_op_diff_of_largest": op_worst,
         "op_tolerance": OP_TOLERANCE,
     }
+
+
+ISAS = ("scalar", "avx2", "avx512vnni")  # ws_q4_isa()'s codes (handler/backends/native/ws_q4.h)
+
+
+def kernel(library: Path) -> str:
+    """The kernel path the library runs on this CPU (WS_Q4_ISA may force a lower one): the one the proof ran."""
+    import ctypes  # deferred: only the proof's record names it
+
+    code = int(ctypes.CDLL(str(library)).ws_q4_op_isa())
+    return ISAS[code] if 0 <= code < len(ISAS) else f"unknown ({code})"
 
 
 Run = list[tuple[int, Any]]  # (argmax token, logits) after the prompt and after each greedy step

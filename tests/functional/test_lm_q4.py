@@ -77,6 +77,7 @@ def test_the_int4_pack_carries_the_proved_q4_graph(packed: Path) -> None:
     assert entry["graph_optimization_level"] == "ORT_DISABLE_ALL"
     proof = entry["proof"]
     assert (proof["probes"], proof["steps"]) == (len(lm_q4.PROBE_LENGTHS), lm_q4.PROBE_STEPS)
+    assert proof["kernel"] in lm_q4.ISAS  # the path the proof ran (this CPU's best)
     assert 0 <= proof["max_abs_logit_diff"] <= proof["tolerance"]
     assert 0 < proof["max_op_diff_of_largest"] <= proof["op_tolerance"] == lm_q4.OP_TOLERANCE  # rounding, not equal
 
