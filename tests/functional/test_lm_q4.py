@@ -143,20 +143,29 @@ def test_the_proof_refuses_a_wrong_graph_and_writes_nothing(
         assert not (old / lm_q4.Q4_FILE).exists()
 
 
-def test_without_a_library_the_int4_pack_goes_on_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.pack.hf_pack import pack_from
-    from infra.pack.precision import Precision
+def test_without_a_library_the_int4_pack_goes_on_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`warmstart pack --quantize int4` where the library is not built and cannot be: the pack is written, its
+    manifest and the summary say why it has no q4 graph."""
+    from infra.cli import main
 
     def no_build(*args: Any, **kwargs: Any) -> Path:
         raise OSError("gcc: not here")
 
     monkeypatch.setattr(q4lib, "library", lambda env=None: (None, "the library is not built"))
     monkeypatch.setattr(q4lib, "build", no_build)
-    out = pack_from(source_dir("qwen3"), tmp_path / "pack", precision=Precision(quantize="int4", min_quality=0.0))
-    genai = load_manifest(out).backends["genai"]
-    assert "q4" not in genai and not (out / lm_q4.Q4_FILE).exists()
-    assert genai["q4_skipped"].startswith("the library is not built; ")
-    assert "building it failed (gcc: not here)" in genai["q4_skipped"] or "no C compiler" in genai["q4_skipped"]
+    monkeypatch.delenv("CC", raising=False)  # gcc, found or not: the two reasons below
+    argv = ["pack", "--from", str(source_dir("qwen3")), "--quantize", "int4", "--min-quality", "0"]
+    assert main([*argv, "--out", str(tmp_path / "pack")]) == 0
+    genai = load_manifest(tmp_path / "pack").backends["genai"]
+    assert "q4" not in genai and not (tmp_path / "pack" / lm_q4.Q4_FILE).exists()
+    why = genai["q4_skipped"]
+    assert why in (
+        "the library is not built; building it failed (gcc: not here)",
+        "the library is not built; no C compiler (gcc) to build it",
+    )
+    assert f"  q4 graph: none ({why})" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
@@ -172,3 +181,21 @@ def test_a_pack_that_is_not_int4_has_nothing_to_rewrite(tmp_path: Path, library:
         with pytest.raises(lm_q4.LmQ4Error, match=r"no MatMulNBits the op computes .*kept: .*bits 8"):
             lm_q4.make(pack, library)
     assert not (pack / lm_q4.Q4_FILE).exists()
+
+
+def test_warmstart_optimize_adds_it_and_says_so(
+    packed: Path, library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`warmstart optimize DIR` on a pack made before: the q4 graph added and named on one line; `--remove` (the
+    prepacked copy out again) leaves it in place."""
+    from infra.cli import main
+
+    old = _old(packed, tmp_path)
+    monkeypatch.setenv(q4lib.ENV_LIBRARY, str(library))
+    assert main(["optimize", str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "  q4 graph: model.q4.onnx added, 10 MatMulNBits as ai.warmstart.Q4MatMul, proved on 3 probes x 4" in out
+    assert load_manifest(old).backends["genai"]["q4"]["rewritten"] == 10
+    assert main(["optimize", str(old), "--remove", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["q4_reason"] == "not asked (--remove)"
+    assert "q4" in load_manifest(old).backends["genai"] and (old / lm_q4.Q4_FILE).is_file()
