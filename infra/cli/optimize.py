@@ -1,6 +1,7 @@
 """`warmstart optimize DIR`: save a packed model's ONNX graph pre-optimized, with prepacked weights, for this
 machine's ONNX Runtime and CPU (infra.pack.optimize; a generate pack's decoder: infra.pack.lm_layout), and prove
-the tokenizer shortcut where it holds (infra.pack.wordpiece; a generate pack's BPE merges: infra.pack.bpe_merges).
+the tokenizer shortcut where it holds (infra.pack.wordpiece; a generate pack's BPE merges: infra.pack.bpe_merges);
+an int4 generate pack made without it gains its Q4MatMul graph (infra.pack.lm_q4).
 `--remove` takes the optimized model out again."""
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def _generate(args: argparse.Namespace) -> int:
     from infra.cli.progress import Progress
     from infra.pack.bpe_merges import compact_pack
     from infra.pack.lm_layout import relayout
+    from infra.pack.lm_q4 import ensure
     from infra.pack.opt_layout import LayoutError
 
     try:
@@ -89,17 +91,35 @@ def _generate(args: argparse.Namespace) -> int:
             result = relayout(args.model, optimize=not args.remove)
             # A pack made before the merges were written as strings: its tokenizer parsed faster at init.
             result["tokenizer_merges_rewritten"] = False if args.remove else compact_pack(args.model)
+            # A pack made before the Q4MatMul graph (or whose layout was redone): added, proved, where it applies.
+            result["q4"], result["q4_reason"] = (None, "not asked (--remove)") if args.remove else ensure(args.model)
     except (LayoutError, ModelLoadError, FileNotFoundError) as e:
         print(f"warmstart optimize: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"model": str(args.model), **result}))
-    elif result["optimized"] is None:
+        return 0
+    if result["optimized"] is None:
         print(f"warmstart optimize: no prepacked decoder in {args.model} ({result['optimized_reason']})")
     else:
         print(
             f"warmstart optimize: wrote {', '.join(result['optimized']['files'])} into {args.model}: "
-            f"{result['optimized_reason']}\n"
-            f"next: warmstart local --model {args.model}   (init opens the prepacked decoder on this machine)"
+            f"{result['optimized_reason']}"
         )
+    if not args.remove:
+        print(f"  {q4_line(result['q4'], result['q4_reason'])}")
+    if result["optimized"] is not None or result["q4"] is not None:
+        print(f"next: warmstart local --model {args.model}   (init opens the fastest decoder this machine can run)")
     return 0
+
+
+def q4_line(entry: dict[str, Any] | None, why: str) -> str:
+    """One line on the pack's Q4MatMul graph (infra.pack.lm_q4): what it holds and its proof, or why there is none."""
+    if entry is None:
+        return f"q4 graph: none ({why})"
+    proof = entry["proof"]
+    return (
+        f"q4 graph: {entry['model']} {why}, {entry['rewritten']} MatMulNBits as {entry['op']}, proved on "
+        f"{proof['probes']} probes x {proof['steps']} steps (logits max diff {proof['max_abs_logit_diff']:.3g}, "
+        f"tolerance {proof['tolerance']:.3g})"
+    )

@@ -160,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
         "files": sizes,
         **({"precision": manifest.raw["precision"]} if "precision" in manifest.raw else {}),
     }
+    genai = manifest.backends.get("genai") or {}
+    if "q4" in genai or "q4_skipped" in genai:  # a generate pack: its Q4MatMul graph, or why it has none
+        packed["q4"] = genai.get("q4")
+        packed["q4_skipped"] = genai.get("q4_skipped")
     if args.json:
         print(json.dumps(packed))
     else:
@@ -190,6 +194,10 @@ def summary_lines(packed: dict[str, Any], seconds: float) -> list[str]:
                 more += f"; retrieval top-1 {quality['retrieval_top1_agreement']:.3f}"
                 more += f", top-10 {quality['retrieval_top10_agreement']:.3f}"
             lines.append(more)
+    if "q4" in packed:
+        from infra.cli.optimize import q4_line
+
+        lines.append(f"  {q4_line(packed['q4'], 'written' if packed['q4'] else packed['q4_skipped'])}")
     if "onnx" in packed["backends"]:
         lines.append(f"next: warmstart optimize {out}   (pre-optimize it for this machine; optional)")
     lines.append(f"next: warmstart local --model {out}   (serve it on the local Lambda)")

@@ -32,6 +32,7 @@ from typing import Any
 from handler.backends.fingerprint import cpu_fingerprint
 from handler.backends.genai_load import ort_version
 from handler.core.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from infra.pack.lm_q4 import Q4_FILE
 from infra.pack.opt_layout import LayoutError, copy_range
 from infra.pack.optimize import touched_ranges
 from infra.pack.progress import phase
@@ -224,15 +225,20 @@ def relayout(model_dir: Path, optimize: bool = False, threads: int = 2) -> dict[
         raise LayoutError(f"{model_dir}: not a generate pack for the genai backend")
     entry = dict(manifest.backends["genai"])
     phase("aligning the weights to pages")
+    stale = []
     if aligned(model_dir / MODEL_FILE) or not entry.get("layout"):
         entry["layout"] = align(model_dir)
+        # The Q4MatMul graph (infra.pack.lm_q4) points at the old offsets: dropped (`warmstart optimize` adds it
+        # again); only our own file is ever deleted, whatever the entry names.
+        if entry.pop("q4", None):
+            stale.append(Q4_FILE)
     entry.pop("optimized", None)
     why = "not asked (warmstart optimize)"
     if optimize:
         optimized, why = prepack(model_dir, threads)
         if optimized is not None:
             entry["optimized"] = optimized
-    stale = [] if entry.get("optimized") else [OPT_FILE, OPT_DATA]
+    stale += [] if entry.get("optimized") else [OPT_FILE, OPT_DATA]
     _record(model_dir, entry, stale)
     return {"layout": entry["layout"], "optimized": entry.get("optimized"), "optimized_reason": why}
 

@@ -6,7 +6,8 @@ read_lm_source (check everything, write nothing) -> check the tensors against th
 process (infra/pack/lm_build_child.py: its config fixes, its memory freed when it exits) -> the gate
 (infra.pack.lm_quality: float32 exact, int8/int4 above --min-quality) -> publish: model.onnx, model.onnx.data,
 genai_config.json (eos and search defaults set to the manifest's), the user's tokenizer.json (its BPE merges as
-strings where provably the same tokenizer: infra.pack.bpe_merges), the manifest
+strings where provably the same tokenizer: infra.pack.bpe_merges), for int4 model.q4.onnx (the body's MatMulNBits
+as our Q4MatMul, proved: infra.pack.lm_q4; `backends.genai.q4`, or `q4_skipped` and why), the manifest
 (`generation`: what the task reads). The builder's own tokenizer files are not packed: the handler tokenizes
 with `tokenizers` and feeds ids.
 """
@@ -165,6 +166,12 @@ def pack_lm(
             if reblocked is not None:
                 manifest["precision"]["scheme"]["head_reblocked"] = reblocked
             manifest["source"].update(source_info or {})
+            # The decoder with its int4 MatMulNBits as our Q4MatMul (no prepack at load), where the op's library
+            # is built or builds here and the proof holds; else the pack goes on without it, saying why.
+            from infra.pack import lm_q4
+
+            q4, skipped = lm_q4.attach(tmp, precision.quantize)
+            manifest["backends"][BACKEND].update({"q4": q4} if q4 is not None else {"q4_skipped": skipped})
             if more is not None:
                 manifest["backends"].update(more(source, tmp))
             return manifest

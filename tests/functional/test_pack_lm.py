@@ -109,6 +109,8 @@ def test_generation_fields_are_what_transformers_reads(packs: dict[str, Path], f
     raw = manifest.raw
     assert raw["task"] == "generate" and raw["family"] == family and raw["default_backend"] == "genai"
     layout = raw["backends"]["genai"].pop("layout")  # the weights at page offsets (infra/pack/lm_layout.py)
+    # float32: no int4 MatMulNBits for our Q4MatMul (infra/pack/lm_q4.py), and the manifest says so.
+    assert raw["backends"]["genai"].pop("q4_skipped").startswith("float32 pack: the op computes 4-bit blocks only")
     assert raw["backends"]["genai"] == {
         "config": "genai_config.json",
         "model": "model.onnx",
