@@ -117,7 +117,11 @@ class GenaiEngine:
             try:
                 threads = settings.threads
                 self.model, self.q4, self.optimized = open_first(
-                    entry, settings.own, cuda, lambda d, q4: _model(manifest, threads, cuda, d, entered, q4)
+                    entry,
+                    settings.own,
+                    cuda,
+                    lambda d, q4: _model(manifest, threads, cuda, d, entered, q4),
+                    manifest.root,
                 )
             finally:
                 entered.set()  # a load that failed before its C call must not leave the parse waiting

@@ -80,9 +80,13 @@ class Q4(NamedTuple):
     graph_optimization_level: str
 
 
-def choose_q4(entry: Mapping[str, Any], mode: str, library: str = "", cuda: bool = False) -> tuple[Q4 | None, Any]:
+def choose_q4(
+    entry: Mapping[str, Any], mode: str, library: str = "", cuda: bool = False, root: Path | None = None
+) -> tuple[Q4 | None, Any]:
     """The pack's Q4MatMul decoder when it may be opened here (else None), and the init report's line; `mode`:
-    WARMSTART_GENAI_Q4, `library`: WARMSTART_Q4_LIBRARY (q4lib.library)."""
+    WARMSTART_GENAI_Q4, `library`: WARMSTART_Q4_LIBRARY (q4lib.library). `root`: the pack's folder, when
+    onnxruntime-genai opens it: 0.18 loads a custom op library only from under the working directory or the
+    model's folder ("custom_ops_library path is not within an allowed directory"), so elsewhere it is not tried."""
     q4 = entry.get("q4")
     if not q4:
         return None, {"used": False, "reason": "not packed (infra/pack/lm_q4.py)"}
@@ -93,19 +97,23 @@ def choose_q4(entry: Mapping[str, Any], mode: str, library: str = "", cuda: bool
     path, why = q4lib.library({q4lib.ENV_LIBRARY: library} if library else {})
     if path is None:
         return None, {"used": False, "reason": why}
+    if root is not None and not any(path.resolve().is_relative_to(d.resolve()) for d in (Path.cwd(), root)):
+        where = f"{path} is under neither the working directory {Path.cwd()} nor the pack's folder"
+        return None, {"used": False, "reason": f"onnxruntime-genai would refuse the library: {where}"}
     level = str(q4.get("graph_optimization_level") or "all")
     chosen = Q4(str(q4["model"]), str(path), level)
     return chosen, {"used": True, "model": chosen.model, "library": chosen.library, "graph_passes": level}
 
 
 def open_first(
-    entry: Mapping[str, Any], own: Any, cuda: bool, load: Callable[[str | None, Q4 | None], T]
+    entry: Mapping[str, Any], own: Any, cuda: bool, load: Callable[[str | None, Q4 | None], T], root: Path
 ) -> tuple[T, dict[str, Any], dict[str, Any]]:
     """`load(decoder, q4)` of the first decoder that opens: the Q4MatMul graph where its library loads, then the
     pre-optimized one where made for this ORT and CPU, then the portable one (decoder None). Never a failed start
     over a speed-up: a faster decoder that fails to load is reported and the next one opened. Returns the loaded
-    model and the init report's lines for the Q4 decoder and the optimized one. `own`: GenaiSettings."""
-    q4, q4_report = choose_q4(entry, getattr(own, "q4", "auto"), getattr(own, "q4_library", ""), cuda)
+    model and the init report's lines for the Q4 decoder and the optimized one. `own`: GenaiSettings; `root`: the
+    pack's folder (choose_q4)."""
+    q4, q4_report = choose_q4(entry, getattr(own, "q4", "auto"), getattr(own, "q4_library", ""), cuda, root)
     if q4 is not None:
         try:
             return load(q4.model, q4), q4_report, {"used": False, "reason": "the Q4MatMul decoder was opened"}

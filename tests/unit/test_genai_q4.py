@@ -93,3 +93,21 @@ def test_the_build_writes_a_library_that_exports_the_registration(tmp_path: Path
     lib = ctypes.CDLL(str(out))
     assert hasattr(lib, "RegisterCustomOps")
     assert [p.name for p in out.parent.iterdir()] == ["libws_q4.so"]  # nothing half-written left beside it
+
+
+def test_genai_is_not_handed_a_library_outside_its_allowed_folders(
+    library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime-genai 0.18 loads a custom op library only from under the working directory or the model's
+    folder; elsewhere the Q4 decoder is not tried (a load that would fail), and the report says why."""
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    monkeypatch.chdir(pack)
+    chosen, report = choose_q4(ENTRY, "auto", str(library), root=pack)
+    assert chosen is None and "would refuse the library" in report["reason"]
+    inside = pack / "libws_q4.so"
+    inside.write_bytes(b"\x7fELF")
+    assert choose_q4(ENTRY, "auto", str(inside), root=pack)[0] is not None  # under the pack's folder
+    monkeypatch.chdir(tmp_path)
+    assert choose_q4(ENTRY, "auto", str(library), root=pack)[0] is not None  # under the working directory
+    assert choose_q4(ENTRY, "auto", str(library))[0] is not None  # the batch engine (ONNX Runtime) has no such rule
