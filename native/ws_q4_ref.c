@@ -54,3 +54,5 @@ void ws_q4_matmul(const float* A, size_t M, size_t K, const uint8_t* B, const fl
 }
 
 int ws_q4_isa(void) { return 0; }
+
+int ws_q4_set_isa(int isa) { return isa == 0 ? 0 : -1; }
