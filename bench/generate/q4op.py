@@ -98,7 +98,9 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY) -> dict[str, Any]:
         if why:
             kept.append(f"{node.name}: {why}")
             continue
-        new = helper.make_node(OP, inputs[:3], list(node.output), name=node.name, domain=DOMAIN, K=k, N=n, block_size=32)
+        new = helper.make_node(
+            OP, inputs[:3], list(node.output), name=node.name, domain=DOMAIN, K=k, N=n, block_size=32
+        )
         model.graph.node[i].CopyFrom(new)
         rewritten += 1
     if not rewritten:
@@ -198,11 +200,13 @@ def compare(pack: Path, q4: Path, steps: int, threads: int) -> dict[str, Any]:
 
     from handler.backends import genai, genai_capi
 
+    vocab = json.loads((pack / "genai_config.json").read_text())["model"]["vocab_size"]
+    prompt = [(1000 + 7 * i) % vocab for i in range(16)]  # 16 distinct ids of any vocabulary
     runs = []
     for root in (pack, q4):
         model = genai_capi.Model(str(root), genai.overlay(threads, None))
         gen = genai_capi.Generator(model, {"max_length": 16 + steps + 1, "do_sample": False})
-        gen.append_tokens(list(range(1000, 1016)))
+        gen.append_tokens(prompt)
         tokens, logits = [], []
         for _ in range(steps):
             logits.append(np.array(gen.get_logits(), dtype=np.float32).reshape(-1))
@@ -214,8 +218,16 @@ def compare(pack: Path, q4: Path, steps: int, threads: int) -> dict[str, Any]:
     (ta, la), (tb, lb) = runs
     diffs = [float(np.abs(x - y).max()) for x, y in zip(la, lb, strict=True)]
     parted = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y), None)
-    return {"steps": steps, "equal": ta == tb, "first_parted": parted, "tokens": ta, "q4_tokens": tb,
-            "logits_max_diff": max(diffs), "logits_max_diff_per_step": [round(d, 5) for d in diffs]}
+    return {
+        "steps": steps,
+        "equal": ta == tb,
+        "first_parted": parted,
+        "tokens": ta,
+        "q4_tokens": tb,
+        "logits_max_diff": max(diffs),
+        "logits_max_abs": float(max(np.abs(x).max() for x in la)),
+        "logits_max_diff_per_step": [round(d, 5) for d in diffs],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
