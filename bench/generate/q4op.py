@@ -4,7 +4,7 @@ generate pack rewritten to use it.
     .venv/bin/python bench/generate/q4op.py build [--kernels FILE] [--out DIR]
     .venv/bin/python bench/generate/q4op.py rewrite --pack DIR --out DIR [--library FILE]
     .venv/bin/python bench/generate/q4op.py premise --pack DIR
-    .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1]
+    .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1] [--noopt]
 
 build: gcc the op and a kernel (q4kern's native/ws_q4_kernels.c where it is, else the scalar native/ws_q4_ref.c)
 into one shared library, build/native/libws_q4_op.so.
@@ -194,8 +194,9 @@ def _isa(library: Path) -> int:
     return int(ctypes.CDLL(str(library)).ws_q4_op_isa())
 
 
-def compare(pack: Path, q4: Path, steps: int, threads: int) -> dict[str, Any]:
-    """Greedy decoding of both packs side by side through the engine's genai C API path."""
+def compare(pack: Path, q4: Path, steps: int, threads: int, noopt: bool = False) -> dict[str, Any]:
+    """Greedy decoding of both packs side by side through the engine's genai C API path; `noopt`: the rewritten
+    pack's session without ONNX Runtime's graph passes (load_options.py's q4op-noopt)."""
     import numpy as np  # deferred: the comparison's logits
 
     from handler.backends import genai, genai_capi
@@ -204,7 +205,10 @@ def compare(pack: Path, q4: Path, steps: int, threads: int) -> dict[str, Any]:
     prompt = [(1000 + 7 * i) % vocab for i in range(16)]  # 16 distinct ids of any vocabulary
     runs = []
     for root in (pack, q4):
-        model = genai_capi.Model(str(root), genai.overlay(threads, None))
+        overlay = json.loads(genai.overlay(threads, None))
+        if noopt and root == q4:
+            overlay["model"]["decoder"]["session_options"]["graph_optimization_level"] = "ORT_DISABLE_ALL"
+        model = genai_capi.Model(str(root), json.dumps(overlay))
         gen = genai_capi.Generator(model, {"max_length": 16 + steps + 1, "do_sample": False})
         gen.append_tokens(prompt)
         tokens, logits = [], []
@@ -247,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--q4", type=Path, required=True)
     c.add_argument("--steps", type=int, default=32)
     c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--noopt", action="store_true", help="the rewritten pack without ORT's graph passes")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(build(args.out, args.kernels))
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "premise":
         print(json.dumps(premise(args.pack)))
     else:
-        print(json.dumps(compare(args.pack, args.q4, args.steps, args.threads)))
+        print(json.dumps(compare(args.pack, args.q4, args.steps, args.threads, args.noopt)))
     return 0
 
 
