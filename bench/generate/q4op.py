@@ -12,7 +12,7 @@ rewrite: a copy of a pack whose MatMulNBits that the op computes the same way (b
 accuracy level 4: A quantized to int8 per block) become Q4MatMul on the same initializers; model.onnx.data
 hard-linked (symlinked across file systems), never copied; the lm_head and every other node kept; the library
 copied beside the model and named in genai_config.json's decoder `custom_ops_library` (onnxruntime-genai 0.18
-loads it; it refuses a path outside the model's folder).
+loads it, a relative name from the pack's folder).
 premise: through ONNX Runtime's Python API, one intra-op thread: does a Q4MatMul graph's session hold the weights
 as model.onnx.data's mapped pages (no copy)? Load wall/CPU, minor faults, anonymous and file RSS, and the resident
 part of the data file's mapping, after the load and after one 16-token step.
@@ -121,9 +121,8 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY) -> dict[str, Any]:
     onnx.save(model, str(out / "model.onnx"))  # external data references kept as they were: no tensor is loaded
     shutil.copy2(library, out / LIBRARY_NAME)
     config = json.loads((pack / "genai_config.json").read_text())
-    config["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = str(
-        (out / LIBRARY_NAME).resolve()
-    )
+    # The name alone: onnxruntime-genai 0.18 resolves it against the pack's folder, so the pack can move.
+    config["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = LIBRARY_NAME
     (out / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")
     report = {"rewritten": rewritten, "kept": kept, "library": LIBRARY_NAME}
     (out / "q4op.json").write_text(json.dumps(report, indent=2) + "\n")
