@@ -3,7 +3,7 @@ generate pack rewritten to use it.
 
     .venv/bin/python bench/generate/q4op.py build [--kernels FILE] [--out DIR]
     .venv/bin/python bench/generate/q4op.py rewrite --pack DIR --out DIR [--library FILE]
-    .venv/bin/python bench/generate/q4op.py premise --pack DIR
+    .venv/bin/python bench/generate/q4op.py premise --pack DIR [--noopt]
     .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1] [--noopt]
 
 build: gcc the op and a kernel (q4kern's native/ws_q4_kernels.c where it is, else the scalar native/ws_q4_ref.c)
@@ -131,7 +131,7 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY) -> dict[str, Any]:
 
 PREMISE = """
 import json, resource, sys, time
-pack, library, isa = sys.argv[1], sys.argv[2], sys.argv[3]
+pack, library, isa, noopt = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 import numpy as np, onnxruntime as ort
 config = json.load(open(pack + "/genai_config.json"))["model"]["decoder"]
 def status():
@@ -153,6 +153,8 @@ so.intra_op_num_threads = 1
 so.inter_op_num_threads = 1
 if library:
     so.register_custom_ops_library(library)
+if noopt:
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 s0, (c0, f0), t0 = status(), usage(), time.perf_counter()
 sess = ort.InferenceSession(pack + "/model.onnx", so, providers=["CPUExecutionProvider"])
 t1, (c1, f1), s1 = time.perf_counter(), usage(), status()
@@ -176,13 +178,17 @@ print("premise:" + json.dumps({"isa": isa, "load_ms": (t1 - t0) * 1000, "load_cp
 """
 
 
-def premise(pack: Path) -> dict[str, Any]:
-    """One child per call (a fresh process: its page faults and RSS are the load's alone)."""
+def premise(pack: Path, noopt: bool = False) -> dict[str, Any]:
+    """One child per call (a fresh process: its page faults and RSS are the load's alone); `noopt`: without ORT's
+    graph passes."""
     rewritten = (pack / "q4op.json").exists()
     library = str(pack / LIBRARY_NAME) if rewritten else ""
     isa = str(_isa(pack / LIBRARY_NAME)) if rewritten else "MLAS"
     out = subprocess.run(
-        [sys.executable, "-c", PREMISE, str(pack), library, isa], check=True, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PREMISE, str(pack), library, isa, "1" if noopt else "0"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     ).stdout
     return json.loads(next(x for x in out.splitlines() if x.startswith("premise:"))[len("premise:") :])
 
@@ -245,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--library", type=Path, default=LIBRARY)
     p = sub.add_parser("premise")
     p.add_argument("--pack", type=Path, required=True, help="a pack, rewritten or not")
+    p.add_argument("--noopt", action="store_true", help="without ONNX Runtime's graph passes")
     c = sub.add_parser("compare")
     c.add_argument("--pack", type=Path, required=True)
     c.add_argument("--q4", type=Path, required=True)
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         except RewriteError as e:
             raise SystemExit(f"q4op.py rewrite: {e}") from None
     elif args.cmd == "premise":
-        print(json.dumps(premise(args.pack)))
+        print(json.dumps(premise(args.pack, args.noopt)))
     else:
         print(json.dumps(compare(args.pack, args.q4, args.steps, args.threads, args.noopt)))
     return 0
