@@ -4,7 +4,7 @@ C API path (handler.backends.genai_capi, the engine's overlay) in a fresh child 
 minor page faults, the first step's wall and CPU, and the child's VmHWM. Rounds interleaved.
 
     .venv/bin/python bench/generate/load_options.py [--pack DIR] [--vcpus 1.7] [--rounds 3] [--own-cpus]
-        [--variants opt,opt-2threads,portable] [--no-prepack DIR] [--q4 DIR] [--decode N]
+        [--variants opt,opt-2threads,portable] [--no-prepack DIR] [--q4 DIR] [--decode N] [--release]
 
 variants: opt (the pack's prepacked decoder, model.opt.onnx, 1 intra-op thread: what a 1.7 vCPU start loads),
 opt-2threads (the same on 2 intra-op threads: does the load's prepack run on the session's pool?), opt-parallel and
@@ -15,8 +15,11 @@ whose model.opt.onnx was saved optimized without prepacked weights, session opti
 `session.save_external_prepacked_constant_initializers` 0: `infra.pack.lm_layout.prepack` with that option off),
 q4op and q4op-noopt (with --q4 DIR: a pack rewritten by bench/generate/q4op.py, its body's MatMulNBits computed by
 the custom op `ai.warmstart::Q4MatMul` from model.onnx.data's bytes, no prepack; q4op runs ORT's graph passes at
-load as portable does, q4op-noopt skips them).
---decode N: after the first token, N more, each timed (wall and this process's CPU per token; 1 intra-op thread).
+load as portable does, q4op-noopt skips them; q4op-noopt-2threads: on 2 intra-op threads, the op's columns split
+over ORT's pool).
+--decode N: after the first token, N more, each timed (wall and this process's CPU per token; 1 intra-op thread),
+and the VmRSS after them. --release: right after the load, the file pages it read given back
+(handler.core.pages.release_after_load, as the engine does), so VmRSS and VmHWM are the engine's.
 """
 
 from __future__ import annotations
@@ -42,13 +45,16 @@ VARIANTS = (
     "no-prepack",
     "q4op",
     "q4op-noopt",
+    "q4op-noopt-2threads",
 )
 # The child: the load timed with its rusage, then a 16-token step and one token, VmHWM; one JSON line.
 CHILD = """
 import json, resource, sys, time
 root, decoder, threads, parallel = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4] == "1"
-noopt, decode = sys.argv[5] == "1", int(sys.argv[6])
+noopt, decode, release = sys.argv[5] == "1", int(sys.argv[6]), sys.argv[7] == "1"
+from pathlib import Path
 from handler.backends import genai, genai_capi
+from handler.core import pages
 overlay = json.loads(genai.overlay(threads, decoder))
 if parallel:
     overlay["model"]["decoder"]["session_options"]["session.prepack.enable_parallel"] = "1"
@@ -57,6 +63,8 @@ if noopt:
 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 model = genai_capi.Model(root, json.dumps(overlay))
 r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+if release:  # as the engine does after its load (handler.backends.genai)
+    pages.release_after_load(Path(root))
 generator = genai_capi.Generator(model, {"max_length": 17 + max(decode, 47), "do_sample": False})
 generator.append_tokens(list(range(1000, 1016)))
 generator.generate_next_token()
@@ -65,22 +73,25 @@ for _ in range(decode):
     generator.generate_next_token()
 r3, t3 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) * 1000
-hwm = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+status = open("/proc/self/status").read()
+hwm = int(status.split("VmHWM:")[1].split()[0]) / 1024
+rss = int(status.split("VmRSS:")[1].split()[0]) / 1024
 print(MARK + json.dumps({"load_ms": (t1 - t0) * 1000, "load_cpu_ms": cpu(r0, r1),
     "load_user_ms": (r1.ru_utime - r0.ru_utime) * 1000, "load_sys_ms": (r1.ru_stime - r0.ru_stime) * 1000,
     "load_minflt": r1.ru_minflt - r0.ru_minflt, "first_ms": (t2 - t1) * 1000, "first_cpu_ms": cpu(r1, r2),
     "decode_ms": (t3 - t2) * 1000 / max(decode, 1), "decode_cpu_ms": cpu(r2, r3) / max(decode, 1),
-    "hwm_mb": hwm}), flush=True)
+    "hwm_mb": hwm, "rss_mb": rss}), flush=True)
 """
 KEYS = ("load_ms", "load_cpu_ms", "load_user_ms", "load_sys_ms", "load_minflt", "first_ms", "first_cpu_ms", "hwm_mb")
-DECODE_KEYS = ("decode_ms", "decode_cpu_ms")
+DECODE_KEYS = ("decode_ms", "decode_cpu_ms", "rss_mb")
 
 
-def child(variant: str, pack: Path, no_prepack: Path | None, q4: Path | None = None, decode: int = 0) -> list[str]:
-    root, decoder, threads = pack, "model.opt.onnx", 1
-    if variant in ("opt-2threads", "opt-parallel-2threads"):
-        threads = 2
-    elif variant == "portable":
+def child(
+    variant: str, pack: Path, no_prepack: Path | None, q4: Path | None = None, decode: int = 0, release: bool = False
+) -> list[str]:
+    root, decoder = pack, "model.opt.onnx"
+    threads = 2 if variant.endswith("-2threads") else 1
+    if variant == "portable":
         decoder = ""
     elif variant == "no-prepack":
         if no_prepack is None:
@@ -91,8 +102,8 @@ def child(variant: str, pack: Path, no_prepack: Path | None, q4: Path | None = N
             raise SystemExit(f"variant {variant} needs --q4 DIR (bench/generate/q4op.py rewrite)")
         root, decoder = q4, ""
     parallel = "1" if variant.startswith("opt-parallel") else "0"
-    noopt = "1" if variant == "q4op-noopt" else "0"
-    args = [str(root), decoder, str(threads), parallel, noopt, str(decode)]
+    noopt = "1" if variant.startswith("q4op-noopt") else "0"
+    args = [str(root), decoder, str(threads), parallel, noopt, str(decode), "1" if release else "0"]
     return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, *args]
 
 
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--own-cpus", action="store_true", help="each quota's CPUs its own (bench.runner.Quota.own)")
     ap.add_argument("--q4", type=Path, default=None, help="the pack rewritten by bench/generate/q4op.py")
     ap.add_argument("--decode", type=int, default=0, help="tokens after the first, timed per token")
+    ap.add_argument("--release", action="store_true", help="the load's file pages given back, as the engine does")
     args = ap.parse_args(argv)
     why = need_root()
     if why:
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for name in order(names, rnd):
                 load = os.getloadavg()[0]
-                argv_ = child(name, args.pack, args.no_prepack, args.q4, args.decode)
+                argv_ = child(name, args.pack, args.no_prepack, args.q4, args.decode, args.release)
                 c = Child(qs[name].wrap(argv_), base_env(), MARK)
                 c.close()
                 keys = KEYS + (DECODE_KEYS if args.decode else ())
