@@ -51,15 +51,15 @@ VARIANTS = (
 CHILD = """
 import json, resource, sys, time
 root, decoder, threads, parallel = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4] == "1"
-noopt, decode, release = sys.argv[5] == "1", int(sys.argv[6]), sys.argv[7] == "1"
+noopt, decode, release = sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1"
 from pathlib import Path
 from handler.backends import genai, genai_capi
 from handler.core import pages
 overlay = json.loads(genai.overlay(threads, decoder))
 if parallel:
     overlay["model"]["decoder"]["session_options"]["session.prepack.enable_parallel"] = "1"
-if noopt:
-    overlay["model"]["decoder"]["session_options"]["graph_optimization_level"] = "ORT_DISABLE_ALL"
+if noopt != "":  # the q4 variants name the level either way (a rewritten pack may carry one of its own)
+    overlay["model"]["decoder"]["session_options"]["graph_optimization_level"] = noopt
 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 model = genai_capi.Model(root, json.dumps(overlay))
 r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -102,7 +102,9 @@ def child(
             raise SystemExit(f"variant {variant} needs --q4 DIR (bench/generate/q4op.py rewrite)")
         root, decoder = q4, ""
     parallel = "1" if variant.startswith("opt-parallel") else "0"
-    noopt = "1" if variant.startswith("q4op-noopt") else "0"
+    noopt = ""  # ORT's graph optimization level, where the variant sets one
+    if variant.startswith("q4op"):
+        noopt = "ORT_DISABLE_ALL" if variant.startswith("q4op-noopt") else "ORT_ENABLE_ALL"
     args = [str(root), decoder, str(threads), parallel, noopt, str(decode), "1" if release else "0"]
     return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, *args]
 

@@ -2,7 +2,7 @@
 generate pack rewritten to use it.
 
     .venv/bin/python bench/generate/q4op.py build [--kernels FILE] [--out DIR]
-    .venv/bin/python bench/generate/q4op.py rewrite --pack DIR --out DIR [--library FILE]
+    .venv/bin/python bench/generate/q4op.py rewrite --pack DIR --out DIR [--library FILE] [--no-graph-passes]
     .venv/bin/python bench/generate/q4op.py premise --pack DIR [--noopt]
     .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1] [--noopt]
 
@@ -67,8 +67,10 @@ def _attrs(node: Any) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def rewrite(pack: Path, out: Path, library: Path = LIBRARY) -> dict[str, Any]:
-    """Write `out`, `pack` with its Q4MatMul-able MatMulNBits rewritten; returns what was rewritten and kept."""
+def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool = True) -> dict[str, Any]:
+    """Write `out`, `pack` with its Q4MatMul-able MatMulNBits rewritten; returns what was rewritten and kept.
+    `graph_passes` False: the decoder's session_options say ORT_DISABLE_ALL (the builder's graph needs none of ORT's
+    passes; skipping them skips the load's folding of the tied embedding table, compare --noopt checks the tokens)."""
     import onnx  # deferred: a bench dependency, not the handler's
     from onnx import helper
 
@@ -122,9 +124,12 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY) -> dict[str, Any]:
     shutil.copy2(library, out / LIBRARY_NAME)
     config = json.loads((pack / "genai_config.json").read_text())
     # The name alone: onnxruntime-genai 0.18 resolves it against the pack's folder, so the pack can move.
-    config["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = LIBRARY_NAME
+    session = config["model"]["decoder"].setdefault("session_options", {})
+    session["custom_ops_library"] = LIBRARY_NAME
+    if not graph_passes:
+        session["graph_optimization_level"] = "ORT_DISABLE_ALL"
     (out / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")
-    report = {"rewritten": rewritten, "kept": kept, "library": LIBRARY_NAME}
+    report = {"rewritten": rewritten, "kept": kept, "library": LIBRARY_NAME, "graph_passes": graph_passes}
     (out / "q4op.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -249,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--pack", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--library", type=Path, default=LIBRARY)
+    r.add_argument("--no-graph-passes", action="store_true", help="the decoder opened with ORT_DISABLE_ALL")
     p = sub.add_parser("premise")
     p.add_argument("--pack", type=Path, required=True, help="a pack, rewritten or not")
     p.add_argument("--noopt", action="store_true", help="without ONNX Runtime's graph passes")
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         print(build(args.out, args.kernels))
     elif args.cmd == "rewrite":
         try:
-            print(json.dumps(rewrite(args.pack, args.out, args.library)))
+            print(json.dumps(rewrite(args.pack, args.out, args.library, not args.no_graph_passes)))
         except RewriteError as e:
             raise SystemExit(f"q4op.py rewrite: {e}") from None
     elif args.cmd == "premise":
