@@ -2,7 +2,7 @@
 on the same weights, same bits, same CPU quota and thread count, rounds interleaved.
 
     .venv/bin/python bench/generate/peers.py prepare [--model qwen3-0.6b|smollm2]
-    .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8]
+    .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8] [--ours-pack DIR]
     .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2]
     .venv/bin/python bench/generate/peers.py plot --runs RUNS.json [--runs ...] [--png FILE]
 
@@ -20,6 +20,7 @@ speed: per --vcpus quota and round, every variant a fresh long-lived child (benc
   images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: bench/generate/build_llama.sh,
   never on warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
   count warmstart takes from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
+  --ours-pack DIR: ours' and genai's int4 pack instead of prepare's (e.g. bench/generate/q4op.py's rewrite).
 quality: greedy agreement with float32 transformers (the prefix before the first divergence, on the pack gate's
   built-in prompts through the chat template, 16 tokens each) and perplexity on built-in text, for our int4 and
   int8 packs (the engine's own greedy loop) beside llama.cpp's Q4_0 and Q8_0 of the same directory.
@@ -393,6 +394,8 @@ def speed(args: argparse.Namespace) -> int:
     if args.optimized:  # ours on its `warmstart optimize` copy (prepacked weights mapped); genai keeps model.onnx
         for q in PAIRS:
             p[f"ours-{q}"] = optimized_copy(p[f"ours-{q}"])
+    if args.ours_pack is not None:  # e.g. a pack rewritten by bench/generate/q4op.py (its own int4 MatMul)
+        p["ours-int4"] = args.ours_pack
     names = variants(csv(args.pairs, PAIRS, "pairs"), genai=not args.no_genai)
     missing = [str(p[n if n.startswith("llama") else "ours-" + n.split("-", 1)[1]]) for n in names]
     missing = [m for m in missing if not Path(m).exists()]
@@ -704,6 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each side's quota its own (cpu.shares raised: the host's other jobs yield, as on a Lambda)",
     )
+    sp.add_argument("--ours-pack", type=Path, default=None, help="ours' (and genai's) int4 pack instead of prepare's")
     sp.add_argument("--prompt-tokens", type=int, default=512)
     sp.add_argument("--max-tokens", type=int, default=64)
     sp.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers")

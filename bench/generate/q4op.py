@@ -111,7 +111,7 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool =
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(pack.iterdir()):
-        if f.name.startswith("model.") or f.name == "genai_config.json" or not f.is_file():
+        if f.name.startswith("model.") or f.name in ("genai_config.json", "manifest.json") or not f.is_file():
             continue  # the graphs: only the portable one is rewritten (model.opt.onnx holds MatMulNBits' prepacks)
         shutil.copy2(f, out / f.name)
     data = out / "model.onnx.data"
@@ -131,7 +131,25 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool =
     (out / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")
     report = {"rewritten": rewritten, "kept": kept, "library": LIBRARY_NAME, "graph_passes": graph_passes}
     (out / "q4op.json").write_text(json.dumps(report, indent=2) + "\n")
+    if (pack / "manifest.json").is_file():
+        _manifest(out, json.loads((pack / "manifest.json").read_text()))
     return report
+
+
+def _manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """The pack's manifest with the changed files' sizes and hashes, the library listed among the genai backend's
+    files (the engine checks every listed size at load), and no pre-optimized decoder (not rewritten: a copy's
+    model.opt.onnx would be MLAS's prepacked MatMulNBits)."""
+    import hashlib  # deferred: only a rewrite hashes
+
+    genai = manifest["backends"]["genai"]
+    genai.pop("optimized", None)
+    if LIBRARY_NAME not in genai["files"]:
+        genai["files"].append(LIBRARY_NAME)
+    for name in ("genai_config.json", "model.onnx", LIBRARY_NAME):
+        data = (out / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 PREMISE = """
