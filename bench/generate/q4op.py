@@ -5,6 +5,7 @@ generate pack rewritten to use it.
     .venv/bin/python bench/generate/q4op.py rewrite --pack DIR --out DIR [--library FILE] [--no-graph-passes]
     .venv/bin/python bench/generate/q4op.py premise --pack DIR [--noopt]
     .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1] [--noopt]
+        [--prompt-tokens 16]
 
 build: gcc the op and a kernel (q4kern's native/ws_q4_kernels.c where it is, else the scalar native/ws_q4_ref.c)
 into one shared library, build/native/libws_q4_op.so.
@@ -17,7 +18,8 @@ premise: through ONNX Runtime's Python API, one intra-op thread: does a Q4MatMul
 as model.onnx.data's mapped pages (no copy)? Load wall/CPU, minor faults, anonymous and file RSS, and the resident
 part of the data file's mapping, after the load and after one 16-token step.
 compare: both packs through the engine's genai C API path in one process: greedy tokens for --steps after a
-16-token prompt, equal or the first step they part, and the logits' max difference per step.
+--prompt-tokens prompt (one run: M = the prompt's length), equal or the first step they part, and the logits' max
+difference per step.
 """
 
 from __future__ import annotations
@@ -222,7 +224,9 @@ def _isa(library: Path) -> int:
     return int(ctypes.CDLL(str(library)).ws_q4_op_isa())
 
 
-def compare(pack: Path, q4: Path, steps: int, threads: int, noopt: bool = False) -> dict[str, Any]:
+def compare(
+    pack: Path, q4: Path, steps: int, threads: int, noopt: bool = False, prompt_tokens: int = 16
+) -> dict[str, Any]:
     """Greedy decoding of both packs side by side through the engine's genai C API path; `noopt`: the rewritten
     pack's session without ONNX Runtime's graph passes (load_options.py's q4op-noopt)."""
     import numpy as np  # deferred: the comparison's logits
@@ -230,14 +234,14 @@ def compare(pack: Path, q4: Path, steps: int, threads: int, noopt: bool = False)
     from handler.backends import genai, genai_capi
 
     vocab = json.loads((pack / "genai_config.json").read_text())["model"]["vocab_size"]
-    prompt = [(1000 + 7 * i) % vocab for i in range(16)]  # 16 distinct ids of any vocabulary
+    prompt = [(1000 + 7 * i) % vocab for i in range(prompt_tokens)]  # distinct ids of any vocabulary
     runs = []
     for root in (pack, q4):
         overlay = json.loads(genai.overlay(threads, None))
         if noopt and root == q4:
             overlay["model"]["decoder"]["session_options"]["graph_optimization_level"] = "ORT_DISABLE_ALL"
         model = genai_capi.Model(str(root), json.dumps(overlay))
-        gen = genai_capi.Generator(model, {"max_length": 16 + steps + 1, "do_sample": False})
+        gen = genai_capi.Generator(model, {"max_length": prompt_tokens + steps + 1, "do_sample": False})
         gen.append_tokens(prompt)
         tokens, logits = [], []
         for _ in range(steps):
@@ -282,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--steps", type=int, default=32)
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--noopt", action="store_true", help="the rewritten pack without ORT's graph passes")
+    c.add_argument("--prompt-tokens", type=int, default=16)
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(build(args.out, args.kernels))
@@ -293,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "premise":
         print(json.dumps(premise(args.pack, args.noopt)))
     else:
-        print(json.dumps(compare(args.pack, args.q4, args.steps, args.threads, args.noopt)))
+        print(json.dumps(compare(args.pack, args.q4, args.steps, args.threads, args.noopt, args.prompt_tokens)))
     return 0
 
 
