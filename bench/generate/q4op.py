@@ -254,12 +254,18 @@ def compare(
     (ta, la), (tb, lb) = runs
     diffs = [float(np.abs(x - y).max()) for x, y in zip(la, lb, strict=True)]
     parted = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y), None)
+    # Where they part: how far apart the two tokens' logits were in each run (a near tie flips on a rounding).
+    margins = None
+    if parted is not None:
+        x, y = la[parted], lb[parted]
+        margins = [float(x[ta[parted]] - x[tb[parted]]), float(y[tb[parted]] - y[ta[parted]])]
     return {
         "steps": steps,
         "equal": ta == tb,
         "first_parted": parted,
         "tokens": ta,
         "q4_tokens": tb,
+        "parted_margins": margins,
         "logits_max_diff": max(diffs),
         "logits_max_abs": float(max(np.abs(x).max() for x in la)),
         "logits_max_diff_per_step": [round(d, 5) for d in diffs],
