@@ -141,6 +141,27 @@ def test_the_rewrite_keeps_the_head_and_links_the_weights(packs: tuple[Path, Pat
     assert [i.name for i in after.graph.initializer] == [i.name for i in before.graph.initializer]
     config = json.loads((q4 / "genai_config.json").read_text())
     assert config["model"]["decoder"]["session_options"]["custom_ops_library"] == q4op.LIBRARY_NAME
+    assert "graph_optimization_level" not in config["model"]["decoder"]["session_options"]
+    # The engine checks every listed file's size at load: the rewritten ones are listed as they are now.
+    manifest = json.loads((q4 / "manifest.json").read_text())
+    for name in ("genai_config.json", "model.onnx", q4op.LIBRARY_NAME):
+        assert manifest["files"][name]["size"] == (q4 / name).stat().st_size
+    assert q4op.LIBRARY_NAME in manifest["backends"]["genai"]["files"]
+    assert "optimized" not in manifest["backends"]["genai"]
+
+
+def test_the_engine_loads_a_rewrite_without_graph_passes(packs: tuple[Path, Path], library: Path) -> None:
+    """handler's manifest check and genai's load, then the same greedy tokens as the MatMulNBits pack."""
+    from handler.core.manifest import load_manifest
+
+    pack, _ = packs
+    out = pack.parent / "q4-nopass"
+    q4op.rewrite(pack, out, library, graph_passes=False)
+    session = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert session["graph_optimization_level"] == "ORT_DISABLE_ALL"
+    assert load_manifest(out).files[q4op.LIBRARY_NAME].size == (out / q4op.LIBRARY_NAME).stat().st_size
+    result = q4op.compare(pack, out, steps=8, threads=1)
+    assert result["equal"], result
 
 
 def test_a_pack_with_nothing_to_rewrite_is_refused(packs: tuple[Path, Path], tmp_path: Path) -> None:
