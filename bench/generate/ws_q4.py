@@ -1,0 +1,116 @@
+"""ctypes access to native/ws_q4_kernels.c, the int4 MatMul that computes from MatMulNBits' bytes as a pack holds
+them (no prepack): build it with gcc, call it on numpy arrays, pick its code path. For the benchmark
+(bench/generate/q4kern.py) and the tests; the engine does not load it (an experiment).
+
+    lib = WsQ4(build(Path("build/native")))
+    c = lib.matmul(a, b, scales)       # a float32 [M, K], b uint8 [N, K/32, 16], scales float32 [N, K/32]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = (ROOT / "native" / "ws_q4_kernels.c", ROOT / "native" / "ws_q4.h")
+BLOCK = 32
+# the code paths, in the order of ws_q4.h's WS_Q4_ISA_* (a lower one always runs where a higher one does)
+ISAS = ("scalar", "avx2", "avx512vnni")
+
+
+class Q4ArgumentError(ValueError):
+    """Arrays or a range the kernel cannot take; the message names the rule and the values seen."""
+
+
+def build(out_dir: Path, cc: str = "gcc") -> Path:
+    """libws_q4.so in out_dir, compiled again when a source is newer. Plain -O3: the vector paths carry their own
+    target attributes (no -march, as the shipped build would be: Lambda's x86 CPUs vary)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / "libws_q4.so"
+    if lib.exists() and all(lib.stat().st_mtime >= src.stat().st_mtime for src in SOURCES):
+        return lib
+    tmp = out_dir / f".libws_q4.{id(out_dir)}.so"
+    cmd = [cc, "-O3", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-o", str(tmp), str(SOURCES[0])]
+    subprocess.run(cmd, check=True)
+    tmp.replace(lib)  # atomic: a concurrent build never leaves a half-written library to load
+    return lib
+
+
+class WsQ4:
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        sz, p = ctypes.c_size_t, ctypes.c_void_p
+        lib.ws_q4_scratch_size.argtypes, lib.ws_q4_scratch_size.restype = [sz, sz], sz
+        lib.ws_q4_quantize_a.argtypes, lib.ws_q4_quantize_a.restype = [p, sz, sz, p], None
+        lib.ws_q4_matmul_q.argtypes = [p, sz, sz, p, p, sz, p, sz, sz]
+        lib.ws_q4_matmul_q.restype = None
+        lib.ws_q4_matmul.argtypes, lib.ws_q4_matmul.restype = [p, sz, sz, p, p, sz, p, p, sz, sz], None
+        lib.ws_q4_isa.argtypes, lib.ws_q4_isa.restype = [], ctypes.c_int
+        lib.ws_q4_set_isa.argtypes, lib.ws_q4_set_isa.restype = [ctypes.c_int], ctypes.c_int
+        self.lib = lib
+        self._scratch: Any = None
+
+    @property
+    def isa(self) -> str:
+        """The code path in effect: one of ISAS."""
+        return ISAS[self.lib.ws_q4_isa()]
+
+    def supported(self) -> list[str]:
+        """The paths this CPU runs, lowest first (the highest is the default)."""
+        now = self.lib.ws_q4_isa()
+        out = [name for i, name in enumerate(ISAS) if self.lib.ws_q4_set_isa(i) == i]
+        self.lib.ws_q4_set_isa(now)
+        return out
+
+    def set_isa(self, name: str) -> None:
+        if name not in ISAS:
+            raise Q4ArgumentError(f"isa {name!r}: one of {', '.join(ISAS)}")
+        if self.lib.ws_q4_set_isa(ISAS.index(name)) < 0:
+            raise Q4ArgumentError(f"isa {name!r}: this CPU runs {', '.join(self.supported())}")
+
+    def check(self, a: Any, b: Any, scales: Any, n_range: tuple[int, int] | None = None) -> tuple[int, int, int]:
+        """(M, K, N) after the checks the C code leaves to its callers, each refusal naming the rule."""
+        import numpy as np  # deferred as everywhere in bench: the module is imported by --help too
+
+        if a.ndim != 2 or a.dtype != np.float32:
+            raise Q4ArgumentError(f"A: float32 [M, K], got {a.dtype} {list(a.shape)}")
+        m, k = a.shape
+        if m < 1 or k < 1 or k % BLOCK:
+            raise Q4ArgumentError(f"A: K = {k} must be a positive multiple of the block size {BLOCK}, M = {m} >= 1")
+        nb = k // BLOCK
+        if b.dtype != np.uint8 or b.ndim != 3 or b.shape[1:] != (nb, BLOCK // 2):
+            raise Q4ArgumentError(f"B: uint8 [N, K/32 = {nb}, 16] (MatMulNBits bits 4), got {b.dtype} {list(b.shape)}")
+        n = b.shape[0]
+        if scales.dtype != np.float32 or scales.size != n * nb:
+            raise Q4ArgumentError(f"scales: float32 [N = {n}, K/32 = {nb}], got {scales.dtype} {list(scales.shape)}")
+        if n_range is not None and not 0 <= n_range[0] <= n_range[1] <= n:
+            raise Q4ArgumentError(f"n_range {n_range}: 0 <= begin <= end <= N = {n}")
+        return m, k, n
+
+    def matmul(self, a: Any, b: Any, scales: Any, n_range: tuple[int, int] | None = None, out: Any = None) -> Any:
+        """C [M, N] = a @ dequant(b)^T, columns n_range only (the rest of `out` untouched; zeros when new)."""
+        import numpy as np
+
+        m, k, n = self.check(a, b, scales, n_range)
+        a, b, scales = (np.ascontiguousarray(x) for x in (a, b, scales))
+        if out is None:
+            out = np.zeros((m, n), np.float32)
+        if out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise Q4ArgumentError(f"out: C-contiguous float32 [M = {m}, N = {n}], got {out.dtype} {list(out.shape)}")
+        begin, end = n_range if n_range is not None else (0, n)
+        scratch = self.scratch(m, k)
+        self.lib.ws_q4_matmul(
+            a.ctypes.data, m, k, b.ctypes.data, scales.ctypes.data, n, out.ctypes.data, scratch.ctypes.data, begin, end
+        )
+        return out
+
+    def scratch(self, m: int, k: int) -> Any:
+        """A buffer of ws_q4_scratch_size(m, k) bytes, kept between calls (the benchmark times no allocation)."""
+        import numpy as np
+
+        size = self.lib.ws_q4_scratch_size(m, k)
+        if self._scratch is None or self._scratch.size < size:
+            self._scratch = np.empty(size, np.uint8)
+        return self._scratch
