@@ -19,7 +19,14 @@ from tests.fixtures.lm_pack import pack_tiny_lm
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The op with the kernels the tree has (native/ws_q4_kernels.c)."""
     return q4op.build(tmp_path_factory.mktemp("q4lib") / "libws_q4_op.so")
+
+
+@pytest.fixture(scope="module")
+def reference_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The op with native/ws_q4_ref.c, the scalar reference the model-level comparisons are checked against."""
+    return q4op.build(tmp_path_factory.mktemp("q4ref") / "libws_q4_op.so", q4op.NATIVE / "ws_q4_ref.c")
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +81,15 @@ def _session(model: bytes, library: Path | None, threads: int = 1) -> Any:
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_op_agrees_with_matmulnbits(library: Path, threads: int) -> None:
+@pytest.mark.parametrize(("kernels", "threads"), [("tree", 1), ("tree", 2), ("reference", 1)])
+def test_the_op_agrees_with_matmulnbits(library: Path, reference_library: Path, kernels: str, threads: int) -> None:
     """N = 1000: four ParallelFor ranges of 256 columns, the last one short; M = 1, 3, 64 and a rank-3 A."""
     K, N = 1024, 1000
     ours, b, scales = _graph(q4op.OP, K, N, block_size=32)
     theirs, b2, _ = _graph("MatMulNBits", K, N)
     assert (b == b2).all()
-    q4, mlas = _session(ours, library, threads), _session(theirs, None, threads)
+    lib = library if kernels == "tree" else reference_library
+    q4, mlas = _session(ours, lib, threads), _session(theirs, None, threads)
     w = (np.stack([b & 15, b >> 4], -1).reshape(N, K).astype(np.float64) - 8) * np.repeat(scales, 32, 1)
     rng = np.random.default_rng(1)
     for shape in [(1, K), (3, K), (64, K), (2, 5, K)]:
