@@ -3,7 +3,7 @@ on the same weights, same bits, same CPU quota and thread count, rounds interlea
 
     .venv/bin/python bench/generate/peers.py prepare [--model qwen3-0.6b|smollm2]
     .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8] [--ours-pack DIR]
-    .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2]
+    .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2] [--ours-pack DIR]
     .venv/bin/python bench/generate/peers.py plot --runs RUNS.json [--runs ...] [--png FILE]
 
 prepare: the source directory (qwen3-0.6b: bench/pack/models.py's Qwen3-0.6B-shaped random model; smollm2: the
@@ -614,6 +614,8 @@ def quality(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {"float32": {"greedy": 1.0, "ppl": perplexity(ref_nll)}}
     engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in pairs]
     engines += [(scheme_name(o), "genai", scheme_pack(source, p["ours-int4"].parent, o)) for o in schemes]
+    if args.ours_pack is not None:  # e.g. bench/generate/q4op.py's rewrite of the int4 pack, beside it
+        engines.append((f"ours-{args.ours_pack.name}", "genai", args.ours_pack))
     engines += [(f"llama-{PAIRS[q]}", "llama", p[f"llama-{PAIRS[q]}"]) for q in pairs]
     for name, kind, path in engines:
         python = str(LLAMA_VENV / "bin" / "python") if kind == "llama" else sys.executable
@@ -717,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     # One thread: the figures do not depend on it, and torch's OpenMP worker spun as much CPU as the reference's
     # own thread on a loaded host (the pack's gate hung there: docs/benchmarks.md "An 8-bit LM head").
     qu.add_argument("--threads", type=int, default=1)
+    qu.add_argument("--ours-pack", type=Path, default=None, help="one more int4 pack of ours, measured beside")
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
     qu.add_argument(
