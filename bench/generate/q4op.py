@@ -6,6 +6,7 @@ generate pack rewritten to use it.
     .venv/bin/python bench/generate/q4op.py premise --pack DIR [--noopt]
     .venv/bin/python bench/generate/q4op.py compare --pack DIR --q4 DIR [--steps 32] [--threads 1] [--noopt]
         [--prompt-tokens 16]
+    .venv/bin/python bench/generate/q4op.py gate --source DIR --pack DIR [--pack DIR ...]
 
 build: gcc the op and a kernel (q4kern's native/ws_q4_kernels.c where it is, else the scalar native/ws_q4_ref.c)
 into one shared library, build/native/libws_q4_op.so.
@@ -20,6 +21,8 @@ part of the data file's mapping, after the load and after one 16-token step.
 compare: both packs through the engine's genai C API path in one process: greedy tokens for --steps after a
 --prompt-tokens prompt (one run: M = the prompt's length), equal or the first step they part, and the logits' max
 difference per step.
+gate: the packer's quality gate (greedy and top-1 agreement with float32 transformers on the built-in prompts) of
+each pack, e.g. a real model's MatMulNBits pack and its rewrite.
 """
 
 from __future__ import annotations
@@ -272,6 +275,21 @@ def compare(
     }
 
 
+def gate(source: Path, packs: list[Path]) -> dict[str, Any]:
+    """The packer's quality gate (infra.pack.lm_quality: greedy and top-1 agreement with float32 transformers on the
+    built-in prompts) for each pack: a real model's figures for the rewrite beside its MatMulNBits pack's."""
+    from infra.pack import lm_quality
+    from infra.pack.lm_calibration import NEW_TOKENS, builtin_prompts
+    from infra.pack.lm_source import read_lm_source
+
+    src = read_lm_source(source)
+    out = {}
+    for pack in packs:
+        eos = json.loads((pack / "manifest.json").read_text())["generation"]["eos_token_ids"]
+        out[str(pack)] = lm_quality.measure(src, pack, builtin_prompts(), NEW_TOKENS, eos)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -293,8 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--noopt", action="store_true", help="the rewritten pack without ORT's graph passes")
     c.add_argument("--prompt-tokens", type=int, default=16)
+    g = sub.add_parser("gate")
+    g.add_argument("--source", type=Path, required=True, help="the Hugging Face directory the packs were made from")
+    g.add_argument("--pack", type=Path, action="append", required=True, help="a pack (repeatable)")
     args = ap.parse_args(argv)
-    if args.cmd == "build":
+    if args.cmd == "gate":
+        print(json.dumps(gate(args.source, args.pack)))
+    elif args.cmd == "build":
         print(build(args.out, args.kernels))
     elif args.cmd == "rewrite":
         try:
