@@ -5,7 +5,8 @@
  * low nibble and 2j+1 in its high nibble; scales is float [N, K/32]; W[n, k] = (q - 8) * scale[n, k/32].
  * C[M, N] = A[M, K] @ W^T, with A quantized to int8 per block of 32 (symmetric, round to nearest even), as
  * MatMulNBits does at accuracy_level 4: the int32 block sums are exact, only the float sums of
- * scale_a * scale_b * int_dot differ from ONNX Runtime's in rounding.
+ * scale_a * scale_b * int_dot differ from ONNX Runtime's in rounding. A NaN or an infinity in A makes every output
+ * of its row NaN (MatMulNBits gives NaN for an infinity, and finite values for a NaN).
  *
  * Preconditions (not checked here; the callers check them): K % 32 == 0, K > 0, M > 0,
  * n_begin <= n_end <= N. B and scales need no alignment. C is row-major with row stride N and only its columns
@@ -21,6 +22,8 @@
 extern "C" {
 #endif
 
+/* The scalar path is a reference, not a fast path: 0.06-0.09x MLAS (bench/generate/q4kern.py --isa scalar). Where
+ * ws_q4_isa() says scalar (arm64, x86 without AVX2 + FMA), a caller keeps ONNX Runtime's MatMulNBits. */
 #define WS_Q4_ISA_SCALAR 0
 #define WS_Q4_ISA_AVX2 1       /* AVX2 + FMA */
 #define WS_Q4_ISA_AVX512VNNI 2 /* AVX-512 F/BW/VL + VNNI */

@@ -3,7 +3,7 @@ ONNX Runtime's MatMulNBits (MLAS, CompInt8: accuracy_level 4, its weights prepac
 Qwen3-0.6B decode step's layer shapes, one thread on one CPU each.
 
     .venv/bin/python bench/generate/q4kern.py [--shapes qkv,o,gate,down] [--rows 1,8,32,64] [--rounds 5]
-        [--isa best|avx512vnni|avx2|scalar] [--mbytes 32] [--cpu N]
+        [--isa best|avx512vnni|avx2|scalar] [--mbytes 32] [--cpu N] [--head]
 
 Per shape, `--mbytes` of distinct weights (several matrices of the shape, each with its own random bytes and
 scales) are run in turn per call, so that the weights stream from beyond L2 as the model's ~300 MB do, not from
@@ -16,7 +16,8 @@ the per-round ratio MLAS time / ours (> 1: ours faster). The process is pinned t
 Also, before timing: the largest difference between the two sides' outputs (same bytes, same A) and between
 ours and a float64 product of the dequantized weights with A quantized as the kernel does; and the load cost:
 ONNX Runtime's session creation per weight matrix with prepacking (the default) and with
-session.disable_prepacking, where ours has nothing to do (it reads the bytes as ONNX Runtime maps them).
+session.disable_prepacking, where ours has nothing to do (it reads the bytes as ONNX Runtime maps them); with
+--head also the 8-bit LM head's (blocks of 128), which stays MLAS's.
 The library is built with gcc into build/native/. Needs onnxruntime, onnx, numpy (.venv).
 """
 
@@ -38,6 +39,7 @@ from bench.runner import ROOT, Stat, csv, fmt_ratio, order, table
 
 # the decode step's int4 products (K -> N), as the 0.6B pack's 141 MatMulNBits hold them (gate and up share one)
 SHAPES = {"qkv": (1024, 4096), "o": (2048, 1024), "gate": (1024, 3072), "down": (3072, 1024)}
+HIDDEN, VOCAB = 1024, 151_936
 PER_MODEL = {"qkv": 28, "o": 28, "gate": 56, "down": 28}  # matrices of each shape in the 28 layers
 SIDES = ("ours", "mlas")
 
@@ -52,14 +54,14 @@ def weights(k: int, n: int, seed: int) -> tuple[Any, Any]:
     return b, s
 
 
-def graph(k: int, n: int, mats: list[tuple[Any, Any]]) -> bytes:
+def graph(k: int, n: int, mats: list[tuple[Any, Any]], bits: int = 4, block: int = 32) -> bytes:
     """One MatMulNBits node per matrix, all on input A [M, K] (M dynamic), as the packer writes them."""
     from onnx import TensorProto, helper, numpy_helper
 
     nodes, inits, outs = [], [], []
     for i, (b, s) in enumerate(mats):
         inits += [numpy_helper.from_array(b, f"B{i}"), numpy_helper.from_array(s, f"S{i}")]
-        attrs = {"K": k, "N": n, "bits": 4, "block_size": 32, "accuracy_level": 4}
+        attrs = {"K": k, "N": n, "bits": bits, "block_size": block, "accuracy_level": 4}
         nodes.append(
             helper.make_node("MatMulNBits", ["A", f"B{i}", f"S{i}"], [f"Y{i}"], domain="com.microsoft", **attrs)
         )
@@ -152,16 +154,29 @@ class Shape:
         )
 
     def load_ms(self, prepack: bool, rounds: int) -> list[float]:
-        """Session creation (wall ms) of a one-matrix graph of this shape."""
-        model = graph(self.k, self.n, self.mats[:1])
-        out = []
-        for _ in range(rounds):
-            t = time.perf_counter()
-            sess = session(model, prepack)
-            out.append((time.perf_counter() - t) * 1000)
-            del sess
-            gc.collect()
-        return out
+        return load_ms(graph(self.k, self.n, self.mats[:1]), prepack, rounds)
+
+
+def load_ms(model: bytes, prepack: bool, rounds: int) -> list[float]:
+    """Session creation of `model`, CPU ms of the process (steadier than wall time on a shared host)."""
+    out = []
+    for _ in range(rounds):
+        t = time.process_time()
+        sess = session(model, prepack)
+        out.append((time.process_time() - t) * 1000)
+        del sess
+        gc.collect()
+    return out
+
+
+def head_model() -> bytes:
+    """The 0.6B's LM head as the int4 pack holds it (8-bit, blocks of 128, 1024 -> 151,936): left to MLAS."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    b = rng.integers(0, 256, size=(VOCAB, HIDDEN // 128, 128), dtype=np.uint8)
+    s = (rng.random((VOCAB, HIDDEN // 128), dtype=np.float32) * np.float32(0.01)).astype(np.float32)
+    return graph(HIDDEN, VOCAB, [(b, s)], bits=8, block=128)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU both sides run on (default: the last)")
     ap.add_argument("--build", type=Path, default=ROOT / "build" / "native")
+    ap.add_argument("--head", action="store_true", help="also the load cost of the 8-bit LM head (~155 MB)")
     args = ap.parse_args(argv)
     shapes = csv(args.shapes, SHAPES, "shapes")
     try:
@@ -241,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nThe 28 layers' 140 int4 products of one step (medians x matrices per shape; no LM head), CPU ms:\n")
         print(table(["M", "ours", "MLAS", "MLAS/ours"], step))
 
-    print("\nLoad: ONNX Runtime session creation of one matrix (wall ms, median and range); ours: no work\n")
+    print("\nLoad: ONNX Runtime session creation of one matrix (CPU ms, median and range); ours: no work\n")
     load_rows, total = [], 0.0
     for name in shapes:
         pre, raw = by[name].load_ms(True, args.rounds), by[name].load_ms(False, args.rounds)
@@ -250,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         load_rows.append([name, Stat.of(pre).fmt(2), Stat.of(raw).fmt(2), f"{extra:.2f}", PER_MODEL[name]])
     print(table(["shape", "prepack (default)", "disable_prepacking", "prepack's cost", "in the 0.6B"], load_rows))
     print(f"\nprepack's cost x the 0.6B model's matrices of these shapes: {total:.0f} ms")
+    if args.head:
+        model = head_model()
+        pre, raw = load_ms(model, True, args.rounds), load_ms(model, False, args.rounds)
+        extra = Stat.of(pre).median - Stat.of(raw).median
+        head = f"prepack {Stat.of(pre).fmt(0)} ms, disable_prepacking {Stat.of(raw).fmt(0)} ms"
+        print(f"\nThe LM head (8-bit, blocks of 128; MLAS's), CPU: {head}, prepack's cost {extra:.0f} ms")
     return 0
 
 

@@ -24,15 +24,16 @@ class Q4ArgumentError(ValueError):
     """Arrays or a range the kernel cannot take; the message names the rule and the values seen."""
 
 
-def build(out_dir: Path, cc: str = "gcc") -> Path:
-    """libws_q4.so in out_dir, compiled again when a source is newer. Plain -O3: the vector paths carry their own
-    target attributes (no -march, as the shipped build would be: Lambda's x86 CPUs vary)."""
+def build(out_dir: Path, cc: str = "gcc", name: str = "libws_q4.so", flags: tuple[str, ...] = ()) -> Path:
+    """`name` in out_dir, compiled again when a source is newer. Plain -O3: the vector paths carry their own
+    target attributes (no -march, as the shipped build would be: Lambda's x86 CPUs vary). `flags`: e.g.
+    -DWS_Q4_X86=0, the scalar path alone as an arm64 build has it."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / "libws_q4.so"
+    lib = out_dir / name
     if lib.exists() and all(lib.stat().st_mtime >= src.stat().st_mtime for src in SOURCES):
         return lib
-    tmp = out_dir / f".libws_q4.{id(out_dir)}.so"
-    cmd = [cc, "-O3", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-o", str(tmp), str(SOURCES[0])]
+    tmp = out_dir / f".{name}.{id(out_dir)}.tmp"
+    cmd = [cc, "-O3", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", *flags, "-o", str(tmp), str(SOURCES[0])]
     subprocess.run(cmd, check=True)
     tmp.replace(lib)  # atomic: a concurrent build never leaves a half-written library to load
     return lib
@@ -68,7 +69,7 @@ class WsQ4:
         if name not in ISAS:
             raise Q4ArgumentError(f"isa {name!r}: one of {', '.join(ISAS)}")
         if self.lib.ws_q4_set_isa(ISAS.index(name)) < 0:
-            raise Q4ArgumentError(f"isa {name!r}: this CPU runs {', '.join(self.supported())}")
+            raise Q4ArgumentError(f"isa {name!r}: this build on this CPU runs {', '.join(self.supported())}")
 
     def check(self, a: Any, b: Any, scales: Any, n_range: tuple[int, int] | None = None) -> tuple[int, int, int]:
         """(M, K, N) after the checks the C code leaves to its callers, each refusal naming the rule."""

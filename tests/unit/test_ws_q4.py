@@ -71,15 +71,17 @@ def isa(request: pytest.FixtureRequest, lib: WsQ4) -> Any:
     if name in lib.supported():
         lib.set_isa(name)
     else:
-        with pytest.raises(Q4ArgumentError, match=f"isa '{name}': this CPU runs scalar"):
+        with pytest.raises(Q4ArgumentError, match=f"isa '{name}': this build on this CPU runs scalar"):
             lib.set_isa(name)
     yield lib.isa
     lib.set_isa(before)
 
 
-# M: one decode row, the two-row register path, a tile remainder, a prompt step; N: not a multiple of the row
-# blocking; K: one block, a partial vector group (17 blocks), one past a buffered chunk of K (129 blocks)
+# M: one decode row, the two-row register path, a tile remainder, a prompt step, two passes of 96 rows and a
+# remainder; N: not a multiple of the row blocking; K: one block, a partial vector group (17 blocks), one past a
+# buffered chunk of K (129 blocks)
 SHAPES = [(1, 32, 5), (2, 544, 9), (3, 96, 37), (4, 1024, 6), (64, 1024, 37), (5, 4128, 7), (1, 3072, 11)]
+SHAPES += [(200, 544, 9)]
 
 
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
@@ -247,3 +249,25 @@ def test_only_the_avx512_code_uses_avx512_registers(lib_path: Path) -> None:
         elif evex.search(line):
             users.add(fn)
     assert users and all("512" in name for name in users), users
+
+
+def test_a_nan_or_an_infinity_in_a_makes_its_row_nan(lib: WsQ4, isa: str) -> None:
+    """Not finite values made up from a quantized NaN (MatMulNBits gives finite ones for a NaN, NaN for an
+    infinity): on every path the row holding one is NaN, the other rows are the product as usual."""
+    a, b, s = case(4, 1024, 7, seed=13)
+    a[0, 5], a[1, 700], a[2, 0], a[2, 1] = np.nan, np.inf, np.inf, -np.inf
+    got = lib.matmul(a, b, s)
+    assert np.isnan(got[:3]).all()
+    close(got[3:], a[3:], b, s)
+
+
+def test_a_build_without_the_x86_paths_runs_the_scalar_one(tmp_path: Path) -> None:
+    """What an arm64 build compiles (no immintrin, no target attributes): it builds warning-free, says scalar,
+    refuses the vector paths by name and computes the same product."""
+    lib = WsQ4(build(tmp_path, name="libws_q4_portable.so", flags=("-DWS_Q4_X86=0",)))
+    assert lib.isa == "scalar" and lib.supported() == ["scalar"]
+    with pytest.raises(Q4ArgumentError, match="isa 'avx2': this build on this CPU runs scalar"):
+        lib.set_isa("avx2")
+    for m, k, n in ((1, 544, 9), (3, 1024, 5)):
+        a, b, s = case(m, k, n, seed=m)
+        close(lib.matmul(a, b, s), a, b, s)
