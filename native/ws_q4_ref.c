@@ -1,7 +1,8 @@
-/* The scalar reference of ws_q4.h: q4op's stand-in until q4kern's native/ws_q4_kernels.c is linked instead (the
- * build takes that file when it is there). Same math as the fast paths: A per block of 32 to int8 with
- * scale amax / 127 (round to nearest even, as MLAS's CompInt8 quantizer), int32 dot products per block against the
- * nibbles minus 8, times both scales. */
+/* A second scalar implementation of ws_q4.h, written apart from native/ws_q4_kernels.c: the op linked to it
+ * (bench/generate/q4op.py build --kernels native/ws_q4_ref.c) tells what the kernels change in a whole model from
+ * what int8 re-quantization changes. The same math: A per block of 32 to int8 at 127 / amax (round to nearest
+ * even, as MLAS's CompInt8 quantizer), int32 dot products per block against the nibbles minus 8, times both
+ * scales. Plain loops, no layout of its own: not a fast path. */
 #include <math.h>
 #include <string.h>
 

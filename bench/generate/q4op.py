@@ -8,8 +8,8 @@ generate pack rewritten to use it.
         [--prompt-tokens 16]
     .venv/bin/python bench/generate/q4op.py gate --source DIR --pack DIR [--pack DIR ...]
 
-build: gcc the op and a kernel (q4kern's native/ws_q4_kernels.c where it is, else the scalar native/ws_q4_ref.c)
-into one shared library, build/native/libws_q4_op.so.
+build: gcc the op and the kernels (native/ws_q4_kernels.c, or --kernels: e.g. native/ws_q4_ref.c, the separately
+written scalar reference) into one shared library, build/native/libws_q4_op.so.
 rewrite: a copy of a pack whose MatMulNBits that the op computes the same way (bits 4, block 32, no zero points,
 accuracy level 4: A quantized to int8 per block) become Q4MatMul on the same initializers; model.onnx.data
 hard-linked (symlinked across file systems), never copied; the lm_head and every other node kept; the library
@@ -50,17 +50,11 @@ class RewriteError(ValueError):
     """A pack that cannot be rewritten (not a pack, nothing the op computes the same way, the output in place)."""
 
 
-def kernels_source() -> Path:
-    """q4kern's kernels where the tree has them, else the scalar reference of the same interface."""
-    fast = NATIVE / "ws_q4_kernels.c"
-    return fast if fast.exists() else NATIVE / "ws_q4_ref.c"
-
-
 def build(out: Path = LIBRARY, kernels: Path | None = None) -> Path:
     """gcc -O3 the op and `kernels` into `out` (only RegisterCustomOps and ws_q4_op_isa exported). No -march: the
     kernels pick their ISA at run time."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    src = [NATIVE / "ws_q4_op.c", kernels or kernels_source()]
+    src = [NATIVE / "ws_q4_op.c", kernels or NATIVE / "ws_q4_kernels.c"]
     cmd = ["gcc", "-O3", "-Wall", "-Wextra", "-shared", "-fPIC", "-fvisibility=hidden"]
     subprocess.run([*cmd, f"-I{NATIVE}", "-o", str(out), *map(str, src), "-lm"], check=True)
     return out
@@ -84,6 +78,8 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool =
         raise RewriteError(f"{pack}: not a generate pack (model.onnx and genai_config.json expected)")
     if out.resolve() == pack.resolve():
         raise RewriteError(f"--out {out} is the pack itself: the rewrite writes a copy")
+    if not library.is_file():
+        raise RewriteError(f"{library}: no such library (bench/generate/q4op.py build)")
     model = onnx.load(str(model_path), load_external_data=False)
     shapes = {t.name: list(t.dims) for t in model.graph.initializer}
     rewritten, kept = 0, []

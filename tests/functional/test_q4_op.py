@@ -172,14 +172,17 @@ def test_the_engine_loads_a_rewrite_without_graph_passes(packs: tuple[Path, Path
     assert result["equal"], result
 
 
-def test_a_pack_with_nothing_to_rewrite_is_refused(packs: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_pack_with_nothing_to_rewrite_is_refused(packs: tuple[Path, Path], library: Path, tmp_path: Path) -> None:
     pack, q4 = packs
     with pytest.raises(q4op.RewriteError, match="is the pack itself"):
-        q4op.rewrite(pack, pack)
+        q4op.rewrite(pack, pack, library)
     with pytest.raises(q4op.RewriteError, match="not a generate pack"):
-        q4op.rewrite(tmp_path, tmp_path / "out")
+        q4op.rewrite(tmp_path, tmp_path / "out", library)
+    with pytest.raises(q4op.RewriteError, match="no such library"):
+        q4op.rewrite(pack, tmp_path / "out", tmp_path / "missing.so")
+    assert not (tmp_path / "out").exists()  # refused before anything is written
     with pytest.raises(q4op.RewriteError, match="no MatMulNBits of bits 4, block 32"):
-        q4op.rewrite(q4, tmp_path / "again")  # already rewritten: only the 8-bit head is left
+        q4op.rewrite(q4, tmp_path / "again", library)  # already rewritten: only the 8-bit head is left
 
 
 def test_greedy_tokens_and_logits_match_the_matmulnbits_graph(packs: tuple[Path, Path]) -> None:
