@@ -2,8 +2,8 @@
 on the same weights, same bits, same CPU quota and thread count, rounds interleaved.
 
     .venv/bin/python bench/generate/peers.py prepare [--model qwen3-0.6b|smollm2]
-    .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8]
-    .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2]
+    .venv/bin/python bench/generate/peers.py speed [--rounds 3] [--vcpus 1.7,2] [--pairs int4,int8] [--ours-pack DIR]
+    .venv/bin/python bench/generate/peers.py quality [--model qwen3-0.6b|smollm2] [--ours-pack DIR]
     .venv/bin/python bench/generate/peers.py plot --runs RUNS.json [--runs ...] [--png FILE]
 
 prepare: the source directory (qwen3-0.6b: bench/pack/models.py's Qwen3-0.6B-shaped random model; smollm2: the
@@ -20,6 +20,7 @@ speed: per --vcpus quota and round, every variant a fresh long-lived child (benc
   images are; llama = llama-cpp-python on the GGUF, in its own venv (LLAMA_VENV: bench/generate/build_llama.sh,
   never on warmstart's run-time path); genai = onnxruntime-genai's generator loop on the same pack. Each side the thread
   count warmstart takes from the quota. Ratios are taken within a round (ours / llama), their median and range quoted.
+  --ours-pack DIR: ours' and genai's int4 pack instead of prepare's (e.g. bench/generate/q4op.py's rewrite).
 quality: greedy agreement with float32 transformers (the prefix before the first divergence, on the pack gate's
   built-in prompts through the chat template, 16 tokens each) and perplexity on built-in text, for our int4 and
   int8 packs (the engine's own greedy loop) beside llama.cpp's Q4_0 and Q8_0 of the same directory.
@@ -393,6 +394,8 @@ def speed(args: argparse.Namespace) -> int:
     if args.optimized:  # ours on its `warmstart optimize` copy (prepacked weights mapped); genai keeps model.onnx
         for q in PAIRS:
             p[f"ours-{q}"] = optimized_copy(p[f"ours-{q}"])
+    if args.ours_pack is not None:  # e.g. a pack rewritten by bench/generate/q4op.py (its own int4 MatMul)
+        p["ours-int4"] = args.ours_pack
     names = variants(csv(args.pairs, PAIRS, "pairs"), genai=not args.no_genai)
     missing = [str(p[n if n.startswith("llama") else "ours-" + n.split("-", 1)[1]]) for n in names]
     missing = [m for m in missing if not Path(m).exists()]
@@ -611,6 +614,8 @@ def quality(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {"float32": {"greedy": 1.0, "ppl": perplexity(ref_nll)}}
     engines = [(f"ours-{q}", "genai", p[f"ours-{q}"]) for q in pairs]
     engines += [(scheme_name(o), "genai", scheme_pack(source, p["ours-int4"].parent, o)) for o in schemes]
+    if args.ours_pack is not None:  # e.g. bench/generate/q4op.py's rewrite of the int4 pack, beside it
+        engines.append((f"ours-{args.ours_pack.name}", "genai", args.ours_pack))
     engines += [(f"llama-{PAIRS[q]}", "llama", p[f"llama-{PAIRS[q]}"]) for q in pairs]
     for name, kind, path in engines:
         python = str(LLAMA_VENV / "bin" / "python") if kind == "llama" else sys.executable
@@ -704,6 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each side's quota its own (cpu.shares raised: the host's other jobs yield, as on a Lambda)",
     )
+    sp.add_argument("--ours-pack", type=Path, default=None, help="ours' (and genai's) int4 pack instead of prepare's")
     sp.add_argument("--prompt-tokens", type=int, default=512)
     sp.add_argument("--max-tokens", type=int, default=64)
     sp.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate-peers")
@@ -713,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     # One thread: the figures do not depend on it, and torch's OpenMP worker spun as much CPU as the reference's
     # own thread on a loaded host (the pack's gate hung there: docs/benchmarks.md "An 8-bit LM head").
     qu.add_argument("--threads", type=int, default=1)
+    qu.add_argument("--ours-pack", type=Path, default=None, help="one more int4 pack of ours, measured beside")
     qu.add_argument("--pairs", default="int4,int8", help=f"of {', '.join(PAIRS)} (default %(default)s)")
     qu.add_argument("--ppl-tokens", type=int, default=256)
     qu.add_argument(

@@ -21,6 +21,9 @@ op's library registered), on probe prompts of 1, 9 and 40 token ids fed as genai
   int8 step over at the next layer's quantization moves a random model's logits by ~1-2% of the largest.
 Else LmQ4Error and nothing is written: the graph is written aside, renamed after the proof, and the manifest
 replaced atomically.
+
+About one thing: the q4 graph from its rewrite through its proof to the manifest entry; the proof's feeds and
+comparisons serve nothing else.
 """
 
 from __future__ import annotations
