@@ -137,11 +137,14 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool =
 def _manifest(out: Path, manifest: dict[str, Any]) -> None:
     """The pack's manifest with the changed files' sizes and hashes, the library listed among the genai backend's
     files (the engine checks every listed size at load), and no pre-optimized decoder (not rewritten: a copy's
-    model.opt.onnx would be MLAS's prepacked MatMulNBits)."""
+    model.opt.onnx would be MLAS's prepacked MatMulNBits), nor the packer's own q4 graph (the rewrite's model.onnx
+    is this experiment's)."""
     import hashlib  # deferred: only a rewrite hashes
 
     genai = manifest["backends"]["genai"]
     genai.pop("optimized", None)
+    for name in (genai.pop("q4", None) or {}).get("files", []):
+        manifest["files"].pop(name, None)
     if LIBRARY_NAME not in genai["files"]:
         genai["files"].append(LIBRARY_NAME)
     for name in ("genai_config.json", "model.onnx", LIBRARY_NAME):

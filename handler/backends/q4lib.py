@@ -57,16 +57,16 @@ def library(env: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
     return None, f"the library is not built ({LIBRARY}: python -m handler.backends.q4lib build)"
 
 
-def build(out: Path = LIBRARY, cc: str | None = None, kernels: Path | None = None) -> Path:
+def build(out: Path = LIBRARY, cc: str | None = None, kernels: Path | None = None, flags: tuple[str, ...] = ()) -> Path:
     """Compile the op and its kernels into `out` (written aside, then renamed: a reader never maps half a file).
     No -march: the kernels pick AVX-512 VNNI, AVX2 or scalar code at run time, so one build serves any x86-64.
     `kernels`: another implementation of ws_q4.h (native/ws_q4_ref.c, the scalar reference the benchmarks and
-    tests check the kernels against)."""
+    tests check the kernels against); `flags`: e.g. -DWS_Q4_X86=0, the scalar path alone as an arm64 build has it."""
     cc = cc or os.environ.get("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
-    cmd = [cc, "-O3", "-Wall", "-Wextra", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{NATIVE}", "-o", tmp]
+    cmd = [cc, "-O3", "-Wall", "-Wextra", "-shared", "-fPIC", "-fvisibility=hidden", *flags, f"-I{NATIVE}", "-o", tmp]
     try:
         sources = [NATIVE / SOURCES[0], kernels or NATIVE / SOURCES[1]]
         subprocess.run([*cmd, *map(str, sources), "-lm"], check=True)

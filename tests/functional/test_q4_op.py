@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench.generate import q4op
+from handler.backends import q4lib
 from tests.fixtures.lm_pack import pack_tiny_lm
 
 
@@ -84,8 +85,11 @@ def _session(model: bytes, library: Path | None, threads: int = 1) -> Any:
 
 
 @pytest.mark.parametrize(("kernels", "threads"), [("tree", 1), ("tree", 2), ("reference", 1)])
-def test_the_op_agrees_with_matmulnbits(library: Path, reference_library: Path, kernels: str, threads: int) -> None:
+def test_the_op_agrees_with_matmulnbits(
+    library: Path, reference_library: Path, kernels: str, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """N = 1000: four ParallelFor ranges of 256 columns, the last one short; M = 1, 3, 64 and a rank-3 A."""
+    monkeypatch.setenv("WS_Q4_ALLOW_SCALAR", "1")  # the reference is a scalar path: allowed here on purpose
     K, N = 1024, 1000
     ours, b, scales = _graph(q4op.OP, K, N, block_size=32)
     theirs, b2, _ = _graph("MatMulNBits", K, N)
@@ -120,6 +124,25 @@ def test_bad_attributes_are_refused_at_session_creation(library: Path, attrs: di
     model, *_ = _graph(q4op.OP, 1024, 1000, **attrs)
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
         _session(model, library)
+
+
+def test_a_cpu_with_only_the_scalar_path_is_refused_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built as an arm64 (or pre-AVX2 x86) machine builds it, the op runs only its scalar reference path, 11-16x
+    slower than MLAS: the session is refused with the reason, so the engine opens the MatMulNBits decoder; allowed
+    (WS_Q4_ALLOW_SCALAR=1) it runs and agrees with MatMulNBits."""
+    lib = q4lib.build(tmp_path / "libws_q4_scalar.so", flags=("-DWS_Q4_X86=0",))
+    ours, _, _ = _graph(q4op.OP, 64, 8, block_size=32)
+    theirs, _, _ = _graph("MatMulNBits", 64, 8)
+    monkeypatch.delenv("WS_Q4_ISA", raising=False)
+    monkeypatch.delenv("WS_Q4_ALLOW_SCALAR", raising=False)
+    with pytest.raises(Exception, match=r"only the scalar reference path .* not run"):
+        _session(ours, lib)
+    monkeypatch.setenv("WS_Q4_ALLOW_SCALAR", "1")
+    a = np.random.default_rng(3).standard_normal((2, 64), dtype=np.float32)
+    got, want = _session(ours, lib).run(None, {"A": a})[0], _session(theirs, None).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
 def test_a_k_the_weights_do_not_have_is_refused(library: Path) -> None:

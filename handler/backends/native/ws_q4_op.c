@@ -184,6 +184,14 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api, const 
     if (block != 32) return refuse("Q4MatMul: block_size %lld is not supported (valid: 32)", block, 0, 0);
     if (K <= 0 || N <= 0 || K % 32 != 0)
         return refuse("Q4MatMul: K=%lld, N=%lld: K must be a positive multiple of 32 and N positive", K, N, 0);
+    /* The scalar path is a reference, 11-16x slower than MLAS (a decode ~10x slower): where it is all this CPU
+     * has (no AVX2+FMA: arm64, x86 before Haswell) the session is refused, so the engine opens the MatMulNBits
+     * decoder instead. Chosen on purpose (WS_Q4_ISA) or allowed (WS_Q4_ALLOW_SCALAR=1), tests and benchmarks run it. */
+    const char* allow = getenv("WS_Q4_ALLOW_SCALAR");
+    if (ws_q4_isa() == WS_Q4_ISA_SCALAR && getenv("WS_Q4_ISA") == NULL && !(allow && strcmp(allow, "1") == 0))
+        return refuse("Q4MatMul: this CPU has only the scalar reference path (no AVX2+FMA), %lld-%lldx slower than "
+                      "MatMulNBits: not run (WS_Q4_ALLOW_SCALAR=1 runs it)",
+                      11, 16, 0);
     int64_t shape[MAX_DIMS];
     size_t rank = 0;
     int type = 0;
