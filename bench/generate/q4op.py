@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, 
 
 from bench.runner import ROOT
 from handler.backends import q4lib
+from infra.pack import lm_q4
 
 NATIVE = q4lib.NATIVE
 LIBRARY = ROOT / "build" / "native" / "libws_q4_op.so"
@@ -57,18 +58,11 @@ def build(out: Path = LIBRARY, kernels: Path | None = None) -> Path:
     return q4lib.build(out, kernels=kernels)
 
 
-def _attrs(node: Any) -> dict[str, Any]:
-    from onnx import helper  # deferred: only the rewrite reads graphs
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool = True) -> dict[str, Any]:
     """Write `out`, `pack` with its Q4MatMul-able MatMulNBits rewritten; returns what was rewritten and kept.
     `graph_passes` False: the decoder's session_options say ORT_DISABLE_ALL (the builder's graph needs none of ORT's
     passes; skipping them skips the load's folding of the tied embedding table, compare --noopt checks the tokens)."""
     import onnx  # deferred: a bench dependency, not the handler's
-    from onnx import helper
 
     model_path = pack / "model.onnx"
     if not model_path.is_file() or not (pack / "genai_config.json").is_file():
@@ -78,35 +72,9 @@ def rewrite(pack: Path, out: Path, library: Path = LIBRARY, graph_passes: bool =
     if not library.is_file():
         raise RewriteError(f"{library}: no such library (bench/generate/q4op.py build)")
     model = onnx.load(str(model_path), load_external_data=False)
-    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
-    rewritten, kept = 0, []
-    for i, node in enumerate(model.graph.node):
-        if node.op_type != "MatMulNBits":
-            continue
-        a = _attrs(node)
-        k, n = a.get("K", 0), a.get("N", 0)
-        inputs = [x for x in node.input]
-        why = None
-        if (a.get("bits"), a.get("block_size")) != (4, 32):
-            why = f"bits {a.get('bits')}, block {a.get('block_size')}"
-        elif a.get("accuracy_level") != 4:
-            why = f"accuracy_level {a.get('accuracy_level')} (the op quantizes A to int8: level 4 only)"
-        elif len(inputs) > 3 and any(inputs[3:]):
-            why = "zero points or other optional inputs"
-        elif shapes.get(inputs[1]) != [n, k // 32, 16] or shapes.get(inputs[2]) != [n, k // 32]:
-            why = "B or scales not initializers of [N, K/32, 16] and [N, K/32]"
-        if why:
-            kept.append(f"{node.name}: {why}")
-            continue
-        new = helper.make_node(
-            OP, inputs[:3], list(node.output), name=node.name, domain=DOMAIN, K=k, N=n, block_size=32
-        )
-        model.graph.node[i].CopyFrom(new)
-        rewritten += 1
+    rewritten, kept = lm_q4.rewrite(model)  # the packer's own rules: the same nodes, the opset added
     if not rewritten:
         raise RewriteError(f"{pack}: no MatMulNBits of bits 4, block 32, accuracy level 4 without zero points")
-    if all(o.domain != DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(pack.iterdir()):
         if f.name.startswith("model.") or f.name in ("genai_config.json", "manifest.json") or not f.is_file():

@@ -169,7 +169,9 @@ def test_the_rewrite_keeps_the_head_and_links_the_weights(packs: tuple[Path, Pat
     body = [n for n in before.graph.node if n.op_type == "MatMulNBits"]
     report = json.loads((q4 / "q4op.json").read_text())
     assert ops.count(q4op.OP) == report["rewritten"] == len(body) - 1  # every body MatMulNBits
-    assert ops.count("MatMulNBits") == 1 and report["kept"] == ["/lm_head/MatMul_Q8: bits 8, block 64"]
+    assert ops.count("MatMulNBits") == 1 and [k.split(" (")[0] for k in report["kept"]] == [
+        "/lm_head/MatMul_Q8: bits 8, block 64"
+    ]  # the packer's rules (infra.pack.lm_q4.rewrite) and their reason
     assert os.stat(q4 / "model.onnx.data").st_ino == os.stat(pack / "model.onnx.data").st_ino  # a link, no copy
     assert [i.name for i in after.graph.initializer] == [i.name for i in before.graph.initializer]
     config = json.loads((q4 / "genai_config.json").read_text())

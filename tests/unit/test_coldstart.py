@@ -497,13 +497,29 @@ def test_optimize_remove_deletes_only_its_own_files(
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
 
 
+def _prefetched(graph: Any, tmp_path: Path) -> set[str]:
+    """The initializers of `graph` (saved with every tensor as external data) that the prefetch ranges read."""
+    import onnx
+    from onnx import helper
+
+    from infra.pack.optimize import touched_ranges
+
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    spans = touched_ranges(tmp_path / "m.onnx", merge_gap=0)
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    where = {
+        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"} for t in loaded.graph.initializer
+    }
+    return {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
+
+
 def test_prefetch_ranges_leave_out_every_embedding_table(tmp_path: Path) -> None:
     """A Gather's table and a fused EmbedLayerNormalization's word, position and segment tables are looked up a
     few rows at a time: the prefetch ranges leave them out; every other external initializer is read."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from infra.pack.optimize import touched_ranges
 
     tables = {name: np.zeros((64, 256), np.float32) for name in ("gathered", "word", "position", "segment")}
     weights = {
@@ -529,16 +545,7 @@ def test_prefetch_ranges_leave_out_every_embedding_table(tmp_path: Path) -> None
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(v, k) for k, v in {**tables, **weights}.items()],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    )
-    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
-    spans = touched_ranges(tmp_path / "m.onnx", merge_gap=0)
-    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
-    where = {
-        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"} for t in loaded.graph.initializer
-    }
-    read = {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
+    read = _prefetched(graph, tmp_path)
     assert read == set(weights)
 
 
@@ -546,10 +553,7 @@ def test_prefetch_ranges_leave_out_a_block_quantized_table_unless_a_matmul_reads
     """An 8-bit tied head's pack: the optimized graph's GatherBlockQuantized looks up rows of a table ONNX
     Runtime folded out of the head (155.6 MB on the 0.6B model), so the start does not read it; its scales, and a
     table a MatMulNBits also takes (read whole at load to prepack), are read."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from infra.pack.optimize import touched_ranges
 
     arrays = {
         "folded": np.zeros((64, 256), np.uint8),  # GatherBlockQuantized's data only: left out
@@ -586,14 +590,5 @@ def test_prefetch_ranges_leave_out_a_block_quantized_table_unless_a_matmul_reads
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("g", "h", "logits", "y")],
         [numpy_helper.from_array(v, k) for k, v in arrays.items()],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    )
-    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
-    spans = touched_ranges(tmp_path / "m.onnx", merge_gap=0)
-    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
-    where = {
-        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"} for t in loaded.graph.initializer
-    }
-    read = {name for name, info in where.items() if any(o <= info["offset"] < o + n for o, n in spans)}
+    read = _prefetched(graph, tmp_path)
     assert read == set(arrays) - {"folded"}
