@@ -140,6 +140,7 @@ def make(model_dir: Path, library: Path) -> dict[str, Any]:
         shown = "; ".join(kept[:3]) + (f" (and {len(kept) - 3} more)" if len(kept) > 3 else "")
         raise LmQ4Error(
             f"{model_dir}: no MatMulNBits the op computes (bits 4, block 32, accuracy level 4, no zero points)"
+            + (f": {ops[OP_Q8_NAME]} of bits 8 alone, not worth a graph" if ops[OP_Q8_NAME] else "")
             + (f"; kept: {shown}" if kept else "")
         )
     aside = _aside(model_dir, Q4_FILE, model)  # the graph only: its tensors stay in model.onnx.data
