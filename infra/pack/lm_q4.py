@@ -90,7 +90,7 @@ def rewrite(model: Any) -> tuple[int, list[str]]:
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             continue
         a = _attrs(node)
-        k, n, bits, block = int(a.get("K", 0)), int(a.get("N", 0)), a.get("bits"), a.get("block_size")
+        k, n, bits, block = (int(a.get(name, 0)) for name in ("K", "N", "bits", "block_size"))
         inputs = list(node.input)
         b, scales = (inits.get(inputs[j]) if len(inputs) > j else None for j in (1, 2))
         # B's bytes per block: two 4-bit values a byte, one 8-bit value a byte
@@ -104,7 +104,7 @@ def rewrite(model: Any) -> tuple[int, list[str]]:
             why = f"accuracy_level {a.get('accuracy_level')} (the ops quantize A to int8 per block: level 4 only)"
         elif len(inputs) > 3 and any(inputs[3:]):
             why = "zero points or other optional inputs"
-        elif k <= 0 or k % block or n <= 0:
+        elif k <= 0 or n <= 0 or k % block:
             why = f"K={k}, N={n}"
         elif b is None or b.data_type != TensorProto.UINT8 or list(b.dims) != [n, k // block, row]:
             why = f"B is not a uint8 initializer [N, K/{block}, {row}] = [{n}, {k // block}, {row}]"
