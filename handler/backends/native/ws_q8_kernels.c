@@ -140,14 +140,26 @@ static void matmul_scalar(const ws_q8_header* h, size_t M, const uint8_t* B, con
  * AVX-512 VNNI path: MR rows of A x NR columns of B per tile; B's bytes are read once per tile, from memory.
  */
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
-#define MR5 4
-#define NR5 2
+#define MR5 2 /* 2 rows x 4 columns: 8 int32 + 8 float accumulators, 4 B vectors (4x2 measured slower at M = 8) */
+#define NR5 4
 
+/* The sums of 4 vectors' lanes, as 4 floats (one store for a tile row's 4 columns). */
+T512 static inline __m128 hsum4_512(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+    __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1)); /* v0 v1 v0 v1 */
+    __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3)); /* v2 v3 v2 v3 */
+    __m512 c = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
+    __m256 d = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+}
+
+/* mr, nr and block are constants where this is inlined (matmul_avx512's switch): the chunk loop then unrolls and
+ * the accumulators stay in registers (with a run-time chunk count gcc copies every accumulator each chunk). */
 T512 static inline __attribute__((always_inline)) void tile512(const ws_q8_header* h, size_t m0, size_t mr,
                                                                 const uint8_t* B, const float* scales, size_t N,
-                                                                float* C, size_t n0, size_t nr) {
-    size_t K = h->K, nb = h->nb, nu = h->nu, ub = h->ubytes, chunks = ub / 64;
-    int pairs = h->block < 64;
+                                                                float* C, size_t n0, size_t nr, size_t block) {
+    size_t K = h->K, nb = h->nb, nu = h->nu, ub = block < 64 ? 64 : block, chunks = ub / 64;
+    int pairs = block < 64;
     const char* rows[MR5];
     __m512 facc[MR5][NR5];
     for (size_t i = 0; i < mr; i++) {
@@ -185,28 +197,43 @@ T512 static inline __attribute__((always_inline)) void tile512(const ws_q8_heade
                 facc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i][r]), _mm512_mul_ps(sa, sb[r]), facc[i][r]);
         }
     }
-    for (size_t i = 0; i < mr; i++)
-        for (size_t r = 0; r < nr; r++) C[(m0 + i) * N + n0 + r] = _mm512_reduce_add_ps(facc[i][r]);
+    for (size_t i = 0; i < mr; i++) {
+        if (nr == NR5)
+            _mm_storeu_ps(C + (m0 + i) * N + n0, hsum4_512(facc[i][0], facc[i][1], facc[i][2], facc[i][3]));
+        else
+            for (size_t r = 0; r < nr; r++) C[(m0 + i) * N + n0 + r] = _mm512_reduce_add_ps(facc[i][r]);
+    }
 }
 
-T512 static void matmul_avx512(const ws_q8_header* h, size_t M, const uint8_t* B, const float* scales, size_t N,
-                               float* C, size_t n_begin, size_t n_end) {
-    for (size_t n0 = n_begin; n0 < n_end; n0 += NR5) {
-        size_t nr = n_end - n0 < NR5 ? n_end - n0 : NR5;
-        for (size_t m0 = 0; m0 < M; m0 += MR5) {
-            size_t mr = M - m0 < MR5 ? M - m0 : MR5;
-            /* constant shapes, so that the accumulators stay in registers */
-            switch (mr * 4 + nr) {
-                case 4 * 4 + 2: tile512(h, m0, 4, B, scales, N, C, n0, 2); break;
-                case 3 * 4 + 2: tile512(h, m0, 3, B, scales, N, C, n0, 2); break;
-                case 2 * 4 + 2: tile512(h, m0, 2, B, scales, N, C, n0, 2); break;
-                case 1 * 4 + 2: tile512(h, m0, 1, B, scales, N, C, n0, 2); break;
-                case 4 * 4 + 1: tile512(h, m0, 4, B, scales, N, C, n0, 1); break;
-                case 3 * 4 + 1: tile512(h, m0, 3, B, scales, N, C, n0, 1); break;
-                case 2 * 4 + 1: tile512(h, m0, 2, B, scales, N, C, n0, 1); break;
-                default: tile512(h, m0, 1, B, scales, N, C, n0, 1); break;
-            }
-        }
+#define TILES512(BLOCK)                                                              \
+    T512 static void matmul512_##BLOCK(const ws_q8_header* h, size_t M, const uint8_t* B, \
+                                       const float* scales, size_t N, float* C,           \
+                                       size_t n_begin, size_t n_end) {                     \
+        for (size_t n0 = n_begin; n0 < n_end;) {                                          \
+            /* 4 columns a tile; the last 1-3 columns one at a time */                       \
+            size_t nr = n_end - n0 < NR5 ? 1 : NR5;                                         \
+            for (size_t m0 = 0; m0 < M; m0 += MR5) {                                       \
+                size_t mr = M - m0 < MR5 ? M - m0 : MR5;                                   \
+                if (nr == NR5 && mr == 2) tile512(h, m0, 2, B, scales, N, C, n0, NR5, BLOCK); \
+                else if (nr == NR5) tile512(h, m0, 1, B, scales, N, C, n0, NR5, BLOCK);       \
+                else if (mr == 2) tile512(h, m0, 2, B, scales, N, C, n0, 1, BLOCK);           \
+                else tile512(h, m0, 1, B, scales, N, C, n0, 1, BLOCK);                        \
+            }                                                                              \
+            n0 += nr;                                                                      \
+        }                                                                                  \
+    }
+TILES512(32)
+TILES512(64)
+TILES512(128)
+TILES512(256)
+
+static void matmul_avx512(const ws_q8_header* h, size_t M, const uint8_t* B, const float* scales, size_t N, float* C,
+                          size_t n_begin, size_t n_end) {
+    switch (h->block) {
+        case 32: matmul512_32(h, M, B, scales, N, C, n_begin, n_end); break;
+        case 64: matmul512_64(h, M, B, scales, N, C, n_begin, n_end); break;
+        case 128: matmul512_128(h, M, B, scales, N, C, n_begin, n_end); break;
+        default: matmul512_256(h, M, B, scales, N, C, n_begin, n_end); break;
     }
 }
 
