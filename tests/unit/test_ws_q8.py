@@ -29,7 +29,7 @@ def lib(lib_path: Path) -> WsQ4:
 def case(m: int, k: int, n: int, block: int, seed: int = 0) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
-    a[0, :block] = 0  # an all-zero block: scale 0
+    a[0, -block:] = 0  # an all-zero block (the last: row 0 starts the scratch, its first block must count): scale 0
     if m > 1:  # a row on a grid of 1/127 of its largest value: values land on integers, where quantizers part
         a[1] = rng.integers(-127, 128, k) * np.float32(0.013)
     b = rng.integers(0, 256, (n, k // block, block), dtype=np.uint8)

@@ -28,7 +28,7 @@
 #include <immintrin.h>
 #endif
 
-#define HEADER 64 /* bytes at the start of the (aligned) scratch */
+#define HEADER 128 /* bytes at the start of the (aligned) scratch: the header below, a multiple of 64 */
 
 /* What ws_q8_quantize_a leaves at the start of the scratch; then one region of row_bytes per row of A:
  *   sav [nu][16] float: per unit, each int32 lane's A scale (the vector paths' scale_a per lane)
@@ -39,7 +39,19 @@
 typedef struct {
     int isa;
     size_t K, block, nb, nu, ubytes, row_bytes;
+    size_t groups_at, group_bytes; /* the row groups' region (below): its offset from the header, bytes a group */
 } ws_q8_header;
+
+/* After the rows, for the AVX-512 path at M >= GROUP_MIN: A again in groups of 4 rows (rows past M zero), so that
+ * one int32 vector holds 4 rows' partial sums of one block (128-bit lane i = row i): per group
+ *   gqa [K / 16][4][16] int8: 16-byte piece p of each row, the 4 rows side by side
+ *   gns [nb][16] int32: per block, -128 * sum(qa) of row i in lane 4i, else 0
+ *   gsa [nb][16] float: per block, row i's scale in lanes 4i..4i+3
+ * B's 16-byte piece, broadcast to the 4 lanes, then meets 4 rows in one vpdpbusd, and a block's float work (convert,
+ * scale, add) is done once for 4 rows instead of once a row. */
+#define GROUP_MIN 4
+
+_Static_assert(sizeof(ws_q8_header) <= HEADER, "the header overlaps row 0");
 
 #define ROW_SAV(row) ((float*)(row))
 #define ROW_NSV(row, nu) ((int32_t*)((char*)(row) + (nu) * 64))
@@ -57,10 +69,12 @@ static void layout(size_t K, size_t block, size_t* nb, size_t* nu, size_t* ubyte
     *row_bytes = *nu * (128 + *ubytes) + round_up(*nb * sizeof(float), 64);
 }
 
+static size_t group_bytes(size_t K, size_t nb) { return 4 * K + nb * 128; }
+
 size_t ws_q8_scratch_size(size_t M, size_t K, size_t block) {
     size_t nb, nu, ubytes, row_bytes;
     layout(K, block, &nb, &nu, &ubytes, &row_bytes);
-    return 64 /* alignment slack */ + HEADER + M * row_bytes;
+    return 64 /* alignment slack */ + HEADER + M * row_bytes + (M + 3) / 4 * group_bytes(K, nb);
 }
 
 /* One block of A: MLAS's CompInt8 quantization (scale = max / 127, values times 127 / max rounded to nearest even:
@@ -107,6 +121,27 @@ void ws_q8_quantize_a(const float* A, size_t M, size_t K, size_t block, void* sc
             size_t u = block < 64 ? b / 2 : b, lane = block < 64 ? (b % 2) * 8 : 0, lanes = block < 64 ? 8 : 16;
             nsv[u * 16 + lane] = -128 * sum;
             for (size_t l = lane; l < lane + lanes; l++) sav[u * 16 + l] = sa[b];
+        }
+    }
+    h->groups_at = HEADER + M * h->row_bytes;
+    h->group_bytes = group_bytes(K, nb);
+    if (h->isa != WS_Q4_ISA_AVX512VNNI || M < GROUP_MIN) return;
+    for (size_t g = 0; g * 4 < M; g++) {
+        int8_t* gqa = (int8_t*)((char*)h + h->groups_at + g * h->group_bytes);
+        int32_t* gns = (int32_t*)(gqa + 4 * K);
+        float* gsa = (float*)(gns + nb * 16);
+        memset(gqa, 0, h->group_bytes);
+        for (size_t i = 0; i < 4 && g * 4 + i < M; i++) {
+            const char* row = (const char*)h + HEADER + (g * 4 + i) * h->row_bytes;
+            const int8_t* qa = ROW_QA(row, nu);
+            const float* sa = ROW_SA(row, nu, ub);
+            for (size_t p = 0; p < K / 16; p++) memcpy(gqa + p * 64 + i * 16, qa + p * 16, 16);
+            for (size_t b = 0; b < nb; b++) {
+                int32_t sum = 0;
+                for (size_t k = 0; k < block; k++) sum += qa[b * block + k];
+                gns[b * 16 + 4 * i] = -128 * sum;
+                for (size_t l = 0; l < 4; l++) gsa[b * 16 + 4 * i + l] = sa[b];
+            }
         }
     }
 }
@@ -205,10 +240,85 @@ T512 static inline __attribute__((always_inline)) void tile512(const ws_q8_heade
     }
 }
 
+/* GR groups of 4 rows x 4 columns (or 1 column: N's last 1-3), from the row groups. BLOCK and GR are constants. */
+T512 static inline __attribute__((always_inline)) void gtile512(const ws_q8_header* h, size_t g0, size_t gr,
+                                                                 const uint8_t* B, const float* scales, size_t N,
+                                                                 float* C, size_t M, size_t n0, size_t nr,
+                                                                 size_t block) {
+    size_t K = h->K, nb = h->nb, pieces = block / 16;
+    const int8_t* gqa[2];
+    const int32_t* gns[2];
+    const float* gsa[2];
+    __m512 facc[2][4];
+    for (size_t j = 0; j < gr; j++) {
+        gqa[j] = (const int8_t*)((const char*)h + h->groups_at + (g0 + j) * h->group_bytes);
+        gns[j] = (const int32_t*)(gqa[j] + 4 * K);
+        gsa[j] = (const float*)(gns[j] + nb * 16);
+        for (size_t r = 0; r < nr; r++) facc[j][r] = _mm512_setzero_ps();
+    }
+    for (size_t b = 0; b < nb; b++) {
+        __m512i iacc[2][4];
+        for (size_t j = 0; j < gr; j++) {
+            __m512i ns = _mm512_load_si512(gns[j] + b * 16);
+            for (size_t r = 0; r < nr; r++) iacc[j][r] = ns;
+        }
+        for (size_t p = 0; p < pieces; p++) {
+            size_t k = b * block + p * 16;
+            __m512i bv[4];
+            for (size_t r = 0; r < nr; r++)
+                bv[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(B + (n0 + r) * K + k)));
+            for (size_t j = 0; j < gr; j++) {
+                __m512i av = _mm512_load_si512(gqa[j] + k * 4);
+                for (size_t r = 0; r < nr; r++) iacc[j][r] = _mm512_dpbusd_epi32(iacc[j][r], bv[r], av);
+            }
+        }
+        for (size_t j = 0; j < gr; j++) {
+            __m512 sa = _mm512_load_ps(gsa[j] + b * 16);
+            for (size_t r = 0; r < nr; r++) {
+                __m512 sc = _mm512_mul_ps(sa, _mm512_set1_ps(scales[(n0 + r) * nb + b]));
+                facc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j][r]), sc, facc[j][r]);
+            }
+        }
+    }
+    for (size_t j = 0; j < gr; j++) {
+        size_t m0 = (g0 + j) * 4;
+        if (nr == 4) {
+            /* 128-bit lane i of the sums: row i's 4 columns */
+            __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(facc[j][0], facc[j][1]),
+                                     _mm512_unpackhi_ps(facc[j][0], facc[j][1]));
+            __m512 c = _mm512_add_ps(_mm512_unpacklo_ps(facc[j][2], facc[j][3]),
+                                     _mm512_unpackhi_ps(facc[j][2], facc[j][3]));
+            __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c))),
+                                     _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c))));
+            float t[16];
+            _mm512_storeu_ps(t, s);
+            for (size_t i = 0; i < 4 && m0 + i < M; i++) memcpy(C + (m0 + i) * N + n0, t + 4 * i, 16);
+        } else {
+            float t[16];
+            _mm512_storeu_ps(t, facc[j][0]);
+            for (size_t i = 0; i < 4 && m0 + i < M; i++) C[(m0 + i) * N + n0] = t[4 * i] + t[4 * i + 1] + t[4 * i + 2] + t[4 * i + 3];
+        }
+    }
+}
+
 #define TILES512(BLOCK)                                                              \
     T512 static void matmul512_##BLOCK(const ws_q8_header* h, size_t M, const uint8_t* B, \
                                        const float* scales, size_t N, float* C,           \
                                        size_t n_begin, size_t n_end) {                     \
+        if (M >= GROUP_MIN) {                                                              \
+            size_t G = (M + 3) / 4;                                                        \
+            for (size_t n0 = n_begin; n0 < n_end;) {                                      \
+                size_t nr = n_end - n0 < 4 ? 1 : 4;                                        \
+                for (size_t g0 = 0; g0 < G; g0 += 2) {                                     \
+                    if (nr == 4 && G - g0 >= 2) gtile512(h, g0, 2, B, scales, N, C, M, n0, 4, BLOCK); \
+                    else if (nr == 4) gtile512(h, g0, 1, B, scales, N, C, M, n0, 4, BLOCK);  \
+                    else if (G - g0 >= 2) gtile512(h, g0, 2, B, scales, N, C, M, n0, 1, BLOCK); \
+                    else gtile512(h, g0, 1, B, scales, N, C, M, n0, 1, BLOCK);              \
+                }                                                                          \
+                n0 += nr;                                                                  \
+            }                                                                              \
+            return;                                                                        \
+        }                                                                                  \
         for (size_t n0 = n_begin; n0 < n_end;) {                                          \
             /* 4 columns a tile; the last 1-3 columns one at a time */                       \
             size_t nr = n_end - n0 < NR5 ? 1 : NR5;                                         \
