@@ -359,10 +359,11 @@ T256 static inline float hsum256(__m256 x) {
     return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
 
+/* mr and block are constants where this is inlined (as tile512). */
 T256 static inline __attribute__((always_inline)) void tile256(const ws_q8_header* h, size_t m0, size_t mr,
                                                                 const uint8_t* B, const float* scales, size_t N,
-                                                                float* C, size_t n) {
-    size_t K = h->K, block = h->block, nb = h->nb, nu = h->nu, ub = h->ubytes, chunks = block / 32;
+                                                                float* C, size_t n, size_t block) {
+    size_t K = h->K, nb = h->nb, nu = h->nu, ub = h->ubytes, chunks = block / 32;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     const char* rows[MR2];
     __m256 facc[MR2];
@@ -391,17 +392,33 @@ T256 static inline __attribute__((always_inline)) void tile256(const ws_q8_heade
     for (size_t i = 0; i < mr; i++) C[(m0 + i) * N + n] = hsum256(facc[i]);
 }
 
-T256 static void matmul_avx2(const ws_q8_header* h, size_t M, const uint8_t* B, const float* scales, size_t N,
-                             float* C, size_t n_begin, size_t n_end) {
-    for (size_t n = n_begin; n < n_end; n++)
-        for (size_t m0 = 0; m0 < M; m0 += MR2) {
-            switch (M - m0 < MR2 ? M - m0 : MR2) {
-                case 4: tile256(h, m0, 4, B, scales, N, C, n); break;
-                case 3: tile256(h, m0, 3, B, scales, N, C, n); break;
-                case 2: tile256(h, m0, 2, B, scales, N, C, n); break;
-                default: tile256(h, m0, 1, B, scales, N, C, n); break;
-            }
-        }
+#define TILES256(BLOCK)                                                                        \
+    T256 static void matmul256_##BLOCK(const ws_q8_header* h, size_t M, const uint8_t* B,          \
+                                       const float* scales, size_t N, float* C, size_t n_begin,     \
+                                       size_t n_end) {                                              \
+        for (size_t n = n_begin; n < n_end; n++)                                                    \
+            for (size_t m0 = 0; m0 < M; m0 += MR2) {                                                \
+                switch (M - m0 < MR2 ? M - m0 : MR2) {                                              \
+                    case 4: tile256(h, m0, 4, B, scales, N, C, n, BLOCK); break;                    \
+                    case 3: tile256(h, m0, 3, B, scales, N, C, n, BLOCK); break;                    \
+                    case 2: tile256(h, m0, 2, B, scales, N, C, n, BLOCK); break;                    \
+                    default: tile256(h, m0, 1, B, scales, N, C, n, BLOCK); break;                   \
+                }                                                                                   \
+            }                                                                                       \
+    }
+TILES256(32)
+TILES256(64)
+TILES256(128)
+TILES256(256)
+
+static void matmul_avx2(const ws_q8_header* h, size_t M, const uint8_t* B, const float* scales, size_t N, float* C,
+                        size_t n_begin, size_t n_end) {
+    switch (h->block) {
+        case 32: matmul256_32(h, M, B, scales, N, C, n_begin, n_end); break;
+        case 64: matmul256_64(h, M, B, scales, N, C, n_begin, n_end); break;
+        case 128: matmul256_128(h, M, B, scales, N, C, n_begin, n_end); break;
+        default: matmul256_256(h, M, B, scales, N, C, n_begin, n_end); break;
+    }
 }
 #endif /* WS_Q4_X86 */
 
