@@ -5,6 +5,7 @@ minor page faults, the first step's wall and CPU, and the child's VmHWM. Rounds 
 
     .venv/bin/python bench/generate/load_options.py [--pack DIR] [--vcpus 1.7] [--rounds 3] [--own-cpus]
         [--variants opt,opt-2threads,portable] [--no-prepack DIR] [--q4 DIR] [--decode N] [--release]
+        [--q4pack DIR] [--q4pack-library FILE] [--q4pack-base DIR] [--q4pack-base-library FILE]
 
 variants: opt (the pack's prepacked decoder, model.opt.onnx, 1 intra-op thread: what a 1.7 vCPU start loads),
 opt-2threads (the same on 2 intra-op threads: does the load's prepack run on the session's pool?), opt-parallel and
@@ -16,7 +17,11 @@ whose model.opt.onnx was saved optimized without prepacked weights, session opti
 q4op and q4op-noopt (with --q4 DIR: a pack rewritten by bench/generate/q4op.py, its body's MatMulNBits computed by
 the custom op `ai.warmstart::Q4MatMul` from model.onnx.data's bytes, no prepack; q4op runs ORT's graph passes at
 load as portable does, q4op-noopt skips them; q4op-noopt-2threads: on 2 intra-op threads, the op's columns split
-over ORT's pool).
+over ORT's pool). q4pack and q4pack-base (with --q4pack DIR / --q4pack-base DIR): a pack's model.q4.onnx
+(infra/pack/lm_q4.py) opened as the engine opens it (handler.backends.genai_load.overlay with its Q4 entry: the
+library named by --q4pack-library / --q4pack-base-library, default the tree's build; the manifest's graph level),
+e.g. a pack whose 8-bit head is Q8MatMul against one whose head is MatMulNBits; onnxruntime-genai loads a library
+only from under the working directory or the pack's folder, so a baseline's library is copied under build/ first.
 --decode N: after the first token, N more, each timed (wall and this process's CPU per token; 1 intra-op thread),
 and the VmRSS after them. --release: right after the load, the file pages it read given back
 (handler.core.pages.release_after_load, as the engine does), so VmRSS and VmHWM are the engine's.
@@ -33,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `bench.runner`
 
 from bench.runner import ROOT, Child, Results, Stat, base_env, csv, need_root, order, parser, quotas, table
+from handler.backends.q4lib import LIBRARY
 
 MARK = "load-options:"
 PACK = ROOT / "build" / "bench" / "peers-gen" / "qwen3-0.6b" / "ours-int4-opt"
@@ -46,19 +52,22 @@ VARIANTS = (
     "q4op",
     "q4op-noopt",
     "q4op-noopt-2threads",
+    "q4pack",
+    "q4pack-base",
 )
 # The child: the load timed with its rusage, then a 16-token step and one token, VmHWM; one JSON line.
 CHILD = """
 import json, resource, sys, time
 root, decoder, threads, parallel = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4] == "1"
-noopt, decode, release = sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1"
+noopt, decode, release, library = sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1", sys.argv[8]
 from pathlib import Path
-from handler.backends import genai, genai_capi
+from handler.backends import genai, genai_capi, genai_load
 from handler.core import pages
-overlay = json.loads(genai.overlay(threads, decoder))
+q4 = genai_load.Q4(decoder, library, noopt) if library else None
+overlay = json.loads(genai.overlay(threads, decoder, q4))
 if parallel:
     overlay["model"]["decoder"]["session_options"]["session.prepack.enable_parallel"] = "1"
-if noopt != "":  # the q4 variants name the level either way (a rewritten pack may carry one of its own)
+if noopt != "" and q4 is None:  # the q4op variants name the level (a rewritten pack may carry its own)
     overlay["model"]["decoder"]["session_options"]["graph_optimization_level"] = noopt
 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 model = genai_capi.Model(root, json.dumps(overlay))
@@ -87,9 +96,15 @@ DECODE_KEYS = ("decode_ms", "decode_cpu_ms", "rss_mb")
 
 
 def child(
-    variant: str, pack: Path, no_prepack: Path | None, q4: Path | None = None, decode: int = 0, release: bool = False
+    variant: str,
+    pack: Path,
+    no_prepack: Path | None,
+    q4: Path | None = None,
+    decode: int = 0,
+    release: bool = False,
+    q4pack: tuple[Path | None, Path] | None = None,
 ) -> list[str]:
-    root, decoder = pack, "model.opt.onnx"
+    root, decoder, library = pack, "model.opt.onnx", ""
     threads = 2 if variant.endswith("-2threads") else 1
     if variant == "portable":
         decoder = ""
@@ -105,7 +120,13 @@ def child(
     noopt = ""  # ORT's graph optimization level, where the variant sets one
     if variant.startswith("q4op"):
         noopt = "ORT_DISABLE_ALL" if variant.startswith("q4op-noopt") else "ORT_ENABLE_ALL"
-    args = [str(root), decoder, str(threads), parallel, noopt, str(decode), "1" if release else "0"]
+    if variant.startswith("q4pack"):
+        if q4pack is None or q4pack[0] is None:
+            raise SystemExit(f"variant {variant} needs --{variant} DIR (a pack with model.q4.onnx)")
+        root, library = q4pack[0], str(q4pack[1].resolve())
+        q4entry = json.loads((root / "manifest.json").read_text())["backends"]["genai"]["q4"]
+        decoder, noopt = q4entry["model"], q4entry["graph_optimization_level"]
+    args = [str(root), decoder, str(threads), parallel, noopt, str(decode), "1" if release else "0", library]
     return [sys.executable, "-c", f"MARK = {MARK!r}\n" + CHILD, *args]
 
 
@@ -117,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prepack", type=Path, default=None, help="the pack saved without prepacked weights")
     ap.add_argument("--own-cpus", action="store_true", help="each quota's CPUs its own (bench.runner.Quota.own)")
     ap.add_argument("--q4", type=Path, default=None, help="the pack rewritten by bench/generate/q4op.py")
+    ap.add_argument("--q4pack", type=Path, default=None, help="a pack with model.q4.onnx (variant q4pack)")
+    ap.add_argument("--q4pack-library", type=Path, default=LIBRARY, help="its op library (default: the tree's)")
+    ap.add_argument("--q4pack-base", type=Path, default=None, help="another such pack (variant q4pack-base)")
+    ap.add_argument("--q4pack-base-library", type=Path, default=LIBRARY, help="its op library")
     ap.add_argument("--decode", type=int, default=0, help="tokens after the first, timed per token")
     ap.add_argument("--release", action="store_true", help="the load's file pages given back, as the engine does")
     args = ap.parse_args(argv)
@@ -133,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for name in order(names, rnd):
                 load = os.getloadavg()[0]
-                argv_ = child(name, args.pack, args.no_prepack, args.q4, args.decode, args.release)
+                pair = (
+                    (args.q4pack_base, args.q4pack_base_library)
+                    if name == "q4pack-base"
+                    else (args.q4pack, args.q4pack_library)
+                )
+                argv_ = child(name, args.pack, args.no_prepack, args.q4, args.decode, args.release, pair)
                 c = Child(qs[name].wrap(argv_), base_env(), MARK)
                 c.close()
                 keys = KEYS + (DECODE_KEYS if args.decode else ())

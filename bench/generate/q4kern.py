@@ -3,7 +3,7 @@ prepack) against ONNX Runtime's MatMulNBits (MLAS, CompInt8: accuracy_level 4, i
 creation), on the Qwen3-0.6B decode step's layer shapes, one thread on one CPU each.
 
     .venv/bin/python bench/generate/q4kern.py [--shapes qkv,o,gate,down] [--rows 1,8,32,64] [--rounds 5]
-        [--isa best|avx512vnni|avx2|scalar] [--mbytes 32] [--cpu N] [--head]
+        [--isa best|avx512vnni|avx2|scalar] [--mbytes 32] [--cpu N] [--head] [--head-rows 1,8,64]
 
 Per shape, `--mbytes` of distinct weights (several matrices of the shape, each with its own random bytes and
 scales) are run in turn per call, so that the weights stream from beyond L2 as the model's ~300 MB do, not from
@@ -17,7 +17,9 @@ Also, before timing: the largest difference between the two sides' outputs (same
 ours and a float64 product of the dequantized weights with A quantized as the kernel does; and the load cost:
 ONNX Runtime's session creation per weight matrix with prepacking (the default) and with
 session.disable_prepacking, where ours has nothing to do (it reads the bytes as ONNX Runtime maps them); with
---head also the 8-bit LM head's (blocks of 128), which stays MLAS's.
+--head also the 8-bit LM head (blocks of 128, 1024 -> 151,936): its load cost, and our 8-bit kernel
+(handler/backends/native/ws_q8_kernels.c, the engine's Q8MatMul) against MLAS on it at --head-rows, timed as above
+(one matrix of ~155 MB: it streams from memory by itself).
 The library is built with gcc into build/native/. Needs onnxruntime, onnx, numpy (.venv).
 """
 
@@ -169,14 +171,51 @@ def load_ms(model: bytes, prepack: bool, rounds: int) -> list[float]:
     return out
 
 
-def head_model() -> bytes:
-    """The 0.6B's LM head as the int4 pack holds it (8-bit, blocks of 128, 1024 -> 151,936): left to MLAS."""
+def head_weights() -> tuple[Any, Any]:
+    """The 0.6B's LM head as the int4 pack holds it (8-bit, blocks of 128, 1024 -> 151,936), random bytes."""
     import numpy as np
 
     rng = np.random.default_rng(7)
     b = rng.integers(0, 256, size=(VOCAB, HIDDEN // 128, 128), dtype=np.uint8)
     s = (rng.random((VOCAB, HIDDEN // 128), dtype=np.float32) * np.float32(0.01)).astype(np.float32)
-    return graph(HIDDEN, VOCAB, [(b, s)], bits=8, block=128)
+    return b, s
+
+
+def head_model() -> bytes:
+    return graph(HIDDEN, VOCAB, [head_weights()], bits=8, block=128)
+
+
+class Head:
+    """The LM head: our 8-bit kernel (ws_q8_matmul) and MLAS's MatMulNBits bits 8 on the same bytes."""
+
+    def __init__(self, lib: WsQ4, mmax: int) -> None:
+        import numpy as np
+
+        self.lib, self.copies = lib, 1
+        self.b, self.s = head_weights()
+        self.sess = session(graph(HIDDEN, VOCAB, [(self.b, self.s)], bits=8, block=128))
+        self.a = np.random.default_rng(98).standard_normal((mmax, HIDDEN)).astype(np.float32)
+        self.c = np.zeros((mmax, VOCAB), np.float32)
+        self.scratch = np.empty(lib.lib.ws_q8_scratch_size(mmax, HIDDEN, 128), np.uint8)
+
+    def ours(self, m: int) -> None:
+        self.lib.lib.ws_q8_matmul(
+            self.a.ctypes.data, m, HIDDEN, 128, self.b.ctypes.data, self.s.ctypes.data, VOCAB, self.c.ctypes.data,
+            self.scratch.ctypes.data, 0, VOCAB,
+        )  # fmt: skip
+
+    def mlas(self, m: int) -> None:
+        self.sess.run(None, {"A": self.a[:m]})
+
+    timed = Shape.timed
+
+    def agreement(self, m: int) -> float:
+        """max |ours - MLAS| / max |MLAS| at M = m."""
+        import numpy as np
+
+        self.ours(m)
+        theirs = self.sess.run(None, {"A": self.a[:m]})[0]
+        return float(np.abs(self.c[:m] - theirs).max() / np.abs(theirs).max())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU both sides run on (default: the last)")
     ap.add_argument("--build", type=Path, default=ROOT / "build" / "native")
-    ap.add_argument("--head", action="store_true", help="also the load cost of the 8-bit LM head (~155 MB)")
+    ap.add_argument("--head", action="store_true", help="also the 8-bit LM head (~155 MB): load cost, products")
+    ap.add_argument("--head-rows", default="1,8,64", help="M values of the LM head's products (with --head)")
     args = ap.parse_args(argv)
     shapes = csv(args.shapes, SHAPES, "shapes")
     try:
@@ -272,7 +312,48 @@ def main(argv: list[str] | None = None) -> int:
         extra = Stat.of(pre).median - Stat.of(raw).median
         head = f"prepack {Stat.of(pre).fmt(0)} ms, disable_prepacking {Stat.of(raw).fmt(0)} ms"
         print(f"\nThe LM head (8-bit, blocks of 128; MLAS's), CPU: {head}, prepack's cost {extra:.0f} ms")
+        del model
+        gc.collect()
+        head_products(lib, args)
     return 0
+
+
+def head_products(lib: WsQ4, args: argparse.Namespace) -> None:
+    """Our 8-bit kernel against MLAS on the LM head, rounds interleaved as the int4 shapes'."""
+    try:
+        rows = [int(x) for x in args.head_rows.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--head-rows {args.head_rows!r}: comma-separated positive integers, e.g. 1,8,64") from None
+    if not rows or min(rows) < 1:
+        raise SystemExit(f"--head-rows {args.head_rows!r}: comma-separated positive integers, e.g. 1,8,64")
+    head = Head(lib, max(rows))
+    agree = ", ".join(f"M={m} {head.agreement(m):.1e}" for m in rows)
+    print(f"\nThe LM head 1024->151936, 8-bit: ours vs MLAS, max abs difference over max |C|: {agree}")
+    cpu_s: dict[tuple[str, int], list[float]] = {(side, m): [] for side in SIDES for m in rows}
+    ratio: dict[int, list[float]] = {m: [] for m in rows}
+    loads = []
+    for rnd in range(args.rounds):
+        loads.append(os.getloadavg()[0])
+        for m in rows:
+            got = {side: head.timed(side, m, args.budget) for side in order(SIDES, rnd)}
+            for side in SIDES:
+                cpu_s[(side, m)].append(got[side])
+            ratio[m].append(got["mlas"] / got["ours"])
+    out = []
+    for m in rows:
+        med = {side: Stat.of(cpu_s[(side, m)]).median for side in SIDES}
+        out.append(
+            [
+                m,
+                Stat.of(x * 1e3 for x in cpu_s[("ours", m)]).fmt(2),
+                Stat.of(x * 1e3 for x in cpu_s[("mlas", m)]).fmt(2),
+                fmt_ratio(ratio[m]),
+                f"{m * HIDDEN * VOCAB / med['ours'] / 1e9:.1f}",
+                f"{m * HIDDEN * VOCAB / med['mlas'] / 1e9:.1f}",
+            ]
+        )
+    print(f"\n{args.rounds} rounds, CPU ms per call, 1-min load average {Stat.of(loads).fmt(1)}\n")
+    print(table(["M", "ours ms", "MLAS ms", "MLAS/ours", "ours GMAC/s", "MLAS GMAC/s"], out))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Q4MatMul op's library (handler/backends/q4lib.py).
 
     lib = WsQ4(build(Path("build/native")))
     c = lib.matmul(a, b, scales)       # a float32 [M, K], b uint8 [N, K/32, 16], scales float32 [N, K/32]
+    c = lib.matmul8(a, b, scales)      # the 8-bit kernels (ws_q8.h): b uint8 [N, K/block, block], scales [N, K/block]
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 from handler.backends.q4lib import NATIVE
 
-SOURCES = (NATIVE / "ws_q4_kernels.c", NATIVE / "ws_q4.h")
+SOURCES = (NATIVE / "ws_q4_kernels.c", NATIVE / "ws_q8_kernels.c", NATIVE / "ws_q4.h", NATIVE / "ws_q8.h")
 BLOCK = 32
+Q8_BLOCKS = (32, 64, 128, 256)  # the 8-bit kernels' block sizes
 # the code paths, in the order of ws_q4.h's WS_Q4_ISA_* (a lower one always runs where a higher one does)
 ISAS = ("scalar", "avx2", "avx512vnni")
 
@@ -35,7 +37,7 @@ def build(out_dir: Path, cc: str = "gcc", name: str = "libws_q4.so", flags: tupl
     if lib.exists() and all(lib.stat().st_mtime >= src.stat().st_mtime for src in SOURCES):
         return lib
     tmp = out_dir / f".{name}.{id(out_dir)}.tmp"
-    cmd = [cc, "-O3", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", *flags, "-o", str(tmp), str(SOURCES[0])]
+    cmd = [cc, "-O3", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", *flags, "-o", str(tmp), *map(str, SOURCES[:2])]
     subprocess.run(cmd, check=True)
     tmp.replace(lib)  # atomic: a concurrent build never leaves a half-written library to load
     return lib
@@ -52,6 +54,10 @@ class WsQ4:
         lib.ws_q4_matmul.argtypes, lib.ws_q4_matmul.restype = [p, sz, sz, p, p, sz, p, p, sz, sz], None
         lib.ws_q4_isa.argtypes, lib.ws_q4_isa.restype = [], ctypes.c_int
         lib.ws_q4_set_isa.argtypes, lib.ws_q4_set_isa.restype = [ctypes.c_int], ctypes.c_int
+        lib.ws_q8_scratch_size.argtypes, lib.ws_q8_scratch_size.restype = [sz, sz, sz], sz
+        lib.ws_q8_quantize_a.argtypes, lib.ws_q8_quantize_a.restype = [p, sz, sz, sz, p], None
+        lib.ws_q8_matmul_q.argtypes, lib.ws_q8_matmul_q.restype = [p, sz, p, p, sz, p, sz, sz], None
+        lib.ws_q8_matmul.argtypes, lib.ws_q8_matmul.restype = [p, sz, sz, sz, p, p, sz, p, p, sz, sz], None
         self.lib = lib
         self._scratch: Any = None
 
@@ -107,6 +113,49 @@ class WsQ4:
         self.lib.ws_q4_matmul(
             a.ctypes.data, m, k, b.ctypes.data, scales.ctypes.data, n, out.ctypes.data, scratch.ctypes.data, begin, end
         )
+        return out
+
+    def check8(self, a: Any, b: Any, scales: Any, n_range: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+        """(M, K, N, block) of an 8-bit call after the checks the C code leaves to its callers."""
+        import numpy as np
+
+        if a.ndim != 2 or a.dtype != np.float32:
+            raise Q4ArgumentError(f"A: float32 [M, K], got {a.dtype} {list(a.shape)}")
+        m, k = a.shape
+        if b.dtype != np.uint8 or b.ndim != 3 or b.shape[2] not in Q8_BLOCKS:
+            raise Q4ArgumentError(
+                f"B: uint8 [N, K/block, block], block one of {', '.join(map(str, Q8_BLOCKS))} (MatMulNBits bits 8), "
+                f"got {b.dtype} {list(b.shape)}"
+            )
+        n, block = b.shape[0], b.shape[2]
+        if m < 1 or k < 1 or k % block or b.shape[1] != k // block:
+            raise Q4ArgumentError(f"A: K = {k} must be a positive multiple of the block size {block} = B's blocks")
+        if scales.dtype != np.float32 or scales.size != n * (k // block):
+            raise Q4ArgumentError(
+                f"scales: float32 [N = {n}, K/{block} = {k // block}], got {scales.dtype} {list(scales.shape)}"
+            )
+        if n_range is not None and not 0 <= n_range[0] <= n_range[1] <= n:
+            raise Q4ArgumentError(f"n_range {n_range}: 0 <= begin <= end <= N = {n}")
+        return m, k, n, block
+
+    def matmul8(self, a: Any, b: Any, scales: Any, n_range: tuple[int, int] | None = None, out: Any = None) -> Any:
+        """The 8-bit kernels: C [M, N] = a @ ((b - 128) * scales)^T, columns n_range only (as matmul)."""
+        import numpy as np
+
+        m, k, n, block = self.check8(a, b, scales, n_range)
+        a, b, scales = (np.ascontiguousarray(x) for x in (a, b, scales))
+        if out is None:
+            out = np.zeros((m, n), np.float32)
+        if out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise Q4ArgumentError(f"out: C-contiguous float32 [M = {m}, N = {n}], got {out.dtype} {list(out.shape)}")
+        begin, end = n_range if n_range is not None else (0, n)
+        size = self.lib.ws_q8_scratch_size(m, k, block)
+        if self._scratch is None or self._scratch.size < size:
+            self._scratch = np.empty(size, np.uint8)
+        self.lib.ws_q8_matmul(
+            a.ctypes.data, m, k, block, b.ctypes.data, scales.ctypes.data, n, out.ctypes.data,
+            self._scratch.ctypes.data, begin, end,
+        )  # fmt: skip
         return out
 
     def scratch(self, m: int, k: int) -> Any:

@@ -97,6 +97,17 @@ def _tensor_type(elem: int, dims: list[int | str] | None) -> bytes:
     return _field(TYPE_TENSOR, _int_field(TENSOR_ELEM, elem) + _field(TENSOR_SHAPE, shape))
 
 
+def _int_attribute(node: list[tuple[int, int, bytes, bytes]], name: str) -> int | None:
+    """The int attribute `name` of a node's fields, or None."""
+    for number, _, payload, _ in node:
+        attr = _fields(payload) if number == NODE_ATTR else []
+        if _strings(attr, ATTR_NAME) == [name]:
+            for field, wire, _, whole in attr:
+                if field == ATTR_I and wire == 0:
+                    return _varint(whole, _varint(whole, 0)[1])[0]
+    return None
+
+
 def last_logits_model(model: bytes) -> bytes:
     """See the module docstring; ValueError when the graph has no single node writing `logits`."""
     top = _fields(model)
@@ -137,12 +148,16 @@ def last_logits_model(model: bytes) -> bytes:
         else:
             node += whole
     rows_input = _field(VALUE_NAME, ROWS) + _field(VALUE_TYPE, _tensor_type(INT64, ["batch_size", 1]))
+    # A head with an N attribute (MatMulNBits, the pack's Q8MatMul) states the vocabulary: declared, because a
+    # custom op's output has no shape inference, and the engine reads the vocabulary from this output's shape.
+    vocab = _int_attribute(head, "N")
+    logits_type = _tensor_type(FLOAT, ["batch_size", vocab] if vocab else None)
     rebuilt = b""
     for number, _, payload, whole in graph:
         if whole is heads[0][3]:
             rebuilt += _field(GRAPH_NODE, gather) + _field(GRAPH_NODE, node)
         elif number == GRAPH_OUTPUT and _strings(_fields(payload), VALUE_NAME) == [LOGITS]:
-            rebuilt += _field(GRAPH_OUTPUT, _field(VALUE_NAME, LOGITS) + _field(VALUE_TYPE, _tensor_type(FLOAT, None)))
+            rebuilt += _field(GRAPH_OUTPUT, _field(VALUE_NAME, LOGITS) + _field(VALUE_TYPE, logits_type))
         else:
             rebuilt += whole
     rebuilt += _field(GRAPH_INPUT, rows_input)

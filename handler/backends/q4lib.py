@@ -27,8 +27,9 @@ from handler.core.errors import ConfigError
 
 NATIVE = Path(__file__).with_name("native")
 LIBRARY = NATIVE / "libws_q4.so"  # built, never committed (.gitignore)
-SOURCES = ("ws_q4_op.c", "ws_q4_kernels.c")
+SOURCES = ("ws_q4_op.c", "ws_q4_kernels.c", "ws_q8_kernels.c")
 DOMAIN, OP = "ai.warmstart", "Q4MatMul"
+OP_Q8 = "Q8MatMul"  # the 8-bit MatMulNBits (an int4 pack's tied LM head), in the same library
 ENV = "WARMSTART_GENAI_Q4"  # auto (default: where the pack has the graph and the library loads) | off
 ENV_LIBRARY = "WARMSTART_Q4_LIBRARY"  # another build of the library (a path)
 MODES = ("auto", "off")
@@ -61,14 +62,15 @@ def build(out: Path = LIBRARY, cc: str | None = None, kernels: Path | None = Non
     """Compile the op and its kernels into `out` (written aside, then renamed: a reader never maps half a file).
     No -march: the kernels pick AVX-512 VNNI, AVX2 or scalar code at run time, so one build serves any x86-64.
     `kernels`: another implementation of ws_q4.h (native/ws_q4_ref.c, the scalar reference the benchmarks and
-    tests check the kernels against); `flags`: e.g. -DWS_Q4_X86=0, the scalar path alone as an arm64 build has it."""
+    tests check the kernels against; the 8-bit kernels then run their scalar path, as its ws_q4_isa() says);
+    `flags`: e.g. -DWS_Q4_X86=0, the scalar path alone as an arm64 build has it."""
     cc = cc or os.environ.get("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
     cmd = [cc, "-O3", "-Wall", "-Wextra", "-shared", "-fPIC", "-fvisibility=hidden", *flags, f"-I{NATIVE}", "-o", tmp]
     try:
-        sources = [NATIVE / SOURCES[0], kernels or NATIVE / SOURCES[1]]
+        sources = [NATIVE / SOURCES[0], kernels or NATIVE / SOURCES[1], NATIVE / SOURCES[2]]
         subprocess.run([*cmd, *map(str, sources), "-lm"], check=True)
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)

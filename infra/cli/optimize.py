@@ -118,8 +118,10 @@ def q4_line(entry: dict[str, Any] | None, why: str) -> str:
     if entry is None:
         return f"q4 graph: none ({why})"
     proof = entry["proof"]
+    # a pack made before the 8-bit head was rewritten has no `ops`: its one op
+    ops = ", ".join(f"{op} ({n})" for op, n in entry.get("ops", {entry["op"]: entry["rewritten"]}).items() if n)
     return (
-        f"q4 graph: {entry['model']} {why}, {entry['rewritten']} MatMulNBits as {entry['op']}, proved on "
+        f"q4 graph: {entry['model']} {why}, {entry['rewritten']} MatMulNBits as {ops}, proved on "
         f"{proof['probes']} probes x {proof['steps']} steps (logits max diff {proof['max_abs_logit_diff']:.3g}, "
         f"tolerance {proof['tolerance']:.3g})"
     )

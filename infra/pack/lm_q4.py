@@ -1,20 +1,22 @@
-"""A generate pack's decoder with its int4 MatMulNBits rewritten to our op `ai.warmstart::Q4MatMul`, proved (pack
-time: `warmstart pack --quantize int4` of a causal LM, and `warmstart optimize DIR` on a pack made before).
+"""A generate pack's decoder with its int4 MatMulNBits rewritten to our op `ai.warmstart::Q4MatMul` (and its 8-bit
+LM head to `ai.warmstart::Q8MatMul`), proved (pack time: `warmstart pack --quantize int4` of a causal LM, and
+`warmstart optimize DIR` on a pack made before).
 
 ONNX Runtime's MatMulNBits re-packs every int4 weight into MLAS's layout at session creation (~0.6 s of a 0.6B
 model's cold start); Q4MatMul (handler/backends/q4lib.py, handler/backends/native/) computes straight from the
 bytes ONNX Runtime maps from model.onnx.data. model.q4.onnx is model.onnx with every MatMulNBits the op computes
 the same way (bits 4, blocks of 32, accuracy level 4: A quantized to int8 per block, no zero points, B
-[N, K/32, 16] and scales [N, K/32] as initializers) replaced by Q4MatMul on the same initializer names: their
-external data references are copied as they are (the same file, the same offsets: no tensor is loaded, copied or
-written, and the start's prefetch ranges are the portable graph's). The lm_head (8-bit blocks) and every other
-node are kept.
+[N, K/32, 16] and scales [N, K/32] as initializers) replaced by Q4MatMul, and every 8-bit one (the tied lm_head:
+bits 8, blocks of 32-256, accuracy level 4, no zero points, B [N, K/block, block]) by Q8MatMul, on the same
+initializer names: their external data references are copied as they are (the same file, the same offsets: no
+tensor is loaded, copied or written, and the start's prefetch ranges are the portable graph's). Every other node is
+kept, the tied embedding's GatherBlockQuantized (the head's bytes, looked up without a prepack) among them.
 
 It is kept only if proved against model.onnx through ONNX Runtime's Python API (CPU, one intra-op thread, the
 op's library registered), on probe prompts of 1, 9 and 40 token ids fed as genai feeds the decoder:
-- per op (prove_ops): each Q4MatMul against the MatMulNBits it replaces, on the activations that node receives in
-  model.onnx's run of each prompt, within OP_TOLERANCE of the largest output (the same int8 blocks and int32 sums:
-  only the float sums of scale products round differently);
+- per op (prove_ops): each Q4MatMul / Q8MatMul against the MatMulNBits it replaces, on the activations that node
+  receives in model.onnx's run of each prompt, within OP_TOLERANCE of the largest output (the same int8 blocks and
+  int32 sums: only the float sums of scale products round differently);
 - the whole decoder (prove): the same argmax token after each prompt, then the same greedy tokens for PROBE_STEPS
   steps (a later step may part only on a near tie: the reference's margin below the logits' difference there),
   every step's logits within TOLERANCE of the largest logit. A value that rounds differently and then lands one
@@ -42,6 +44,9 @@ from infra.pack.progress import phase
 
 MODEL_FILE, Q4_FILE, CONFIG_FILE = "model.onnx", "model.q4.onnx", "genai_config.json"
 OP_NAME = f"{q4lib.DOMAIN}.{q4lib.OP}"
+OP_Q8_NAME = f"{q4lib.DOMAIN}.{q4lib.OP_Q8}"
+OURS = (q4lib.OP, q4lib.OP_Q8)  # the ops the rewrite makes, in the domain q4lib.DOMAIN
+Q8_BLOCKS = (32, 64, 128, 256)  # the 8-bit blocks Q8MatMul computes (handler/backends/native/ws_q8.h)
 # The graph passes the q4 graph is proved with and opened with (the manifest records it; the runtime reads it):
 # none. The builder's graph needs none of ONNX Runtime's passes for its kernels, and skipping them skips the
 # load's folding of the tied embedding table into a float copy (q4op's load_options.py `q4op-noopt`: less load
@@ -71,37 +76,45 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 
 def rewrite(model: Any) -> tuple[int, list[str]]:
-    """Replace, in the ModelProto `model` (loaded without its external data), every MatMulNBits Q4MatMul computes
-    the same way; returns (how many, ["<node>: <why kept>" for the others]). The domain's opset is added."""
+    """Replace, in the ModelProto `model` (loaded without its external data), every MatMulNBits Q4MatMul (bits 4)
+    or Q8MatMul (bits 8) computes the same way; returns (how many, ["<node>: <why kept>" for the other MatMulNBits
+    and the GatherBlockQuantized lookups]). The domain's opset is added."""
     from onnx import TensorProto, helper
 
     inits = {t.name: t for t in model.graph.initializer}
     rewritten, kept = 0, []
     for i, node in enumerate(model.graph.node):
+        if node.op_type == "GatherBlockQuantized" and node.domain == "com.microsoft":
+            kept.append(f"{node.name}: GatherBlockQuantized (a lookup of the quantized bytes: no prepack)")
+            continue
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             continue
         a = _attrs(node)
-        k, n = int(a.get("K", 0)), int(a.get("N", 0))
+        k, n, bits, block = (int(a.get(name, 0)) for name in ("K", "N", "bits", "block_size"))
         inputs = list(node.input)
         b, scales = (inits.get(inputs[j]) if len(inputs) > j else None for j in (1, 2))
+        # B's bytes per block: two 4-bit values a byte, one 8-bit value a byte
+        op, row = (q4lib.OP, 16) if bits == 4 else (q4lib.OP_Q8, block)
         why = None
-        if (a.get("bits"), a.get("block_size")) != (4, 32):
-            why = f"bits {a.get('bits')}, block {a.get('block_size')} (the op: bits 4, block 32)"
+        if (bits, block) != (4, 32) and not (bits == 8 and block in Q8_BLOCKS):
+            why = (
+                f"bits {bits}, block {block} (the ops: bits 4, block 32; bits 8, block {'/'.join(map(str, Q8_BLOCKS))})"
+            )
         elif a.get("accuracy_level") != 4:
-            why = f"accuracy_level {a.get('accuracy_level')} (the op quantizes A to int8 per block: level 4 only)"
+            why = f"accuracy_level {a.get('accuracy_level')} (the ops quantize A to int8 per block: level 4 only)"
         elif len(inputs) > 3 and any(inputs[3:]):
             why = "zero points or other optional inputs"
-        elif k <= 0 or k % 32 or n <= 0:
+        elif k <= 0 or n <= 0 or k % block:
             why = f"K={k}, N={n}"
-        elif b is None or b.data_type != TensorProto.UINT8 or list(b.dims) != [n, k // 32, 16]:
-            why = f"B is not a uint8 initializer [N, K/32, 16] = [{n}, {k // 32}, 16]"
-        elif scales is None or scales.data_type != TensorProto.FLOAT or list(scales.dims) != [n, k // 32]:
-            why = f"scales is not a float32 initializer [N, K/32] = [{n}, {k // 32}]"
+        elif b is None or b.data_type != TensorProto.UINT8 or list(b.dims) != [n, k // block, row]:
+            why = f"B is not a uint8 initializer [N, K/{block}, {row}] = [{n}, {k // block}, {row}]"
+        elif scales is None or scales.data_type != TensorProto.FLOAT or list(scales.dims) != [n, k // block]:
+            why = f"scales is not a float32 initializer [N, K/{block}] = [{n}, {k // block}]"
         if why:
             kept.append(f"{node.name}: {why}")
             continue
         new = helper.make_node(
-            q4lib.OP, inputs[:3], list(node.output), name=node.name, domain=q4lib.DOMAIN, K=k, N=n, block_size=32
+            op, inputs[:3], list(node.output), name=node.name, domain=q4lib.DOMAIN, K=k, N=n, block_size=block
         )
         model.graph.node[i].CopyFrom(new)
         rewritten += 1
@@ -119,17 +132,22 @@ def make(model_dir: Path, library: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     model = onnx.load(str(model_dir / MODEL_FILE), load_external_data=False)
     rewritten, kept = rewrite(model)
-    if not rewritten:
+    ops = {
+        f"{q4lib.DOMAIN}.{op}": sum(1 for n in model.graph.node if (n.domain, n.op_type) == (q4lib.DOMAIN, op))
+        for op in OURS
+    }
+    if not ops[OP_NAME]:  # the head alone is not worth a second graph: the body's prepack is what the op saves
         shown = "; ".join(kept[:3]) + (f" (and {len(kept) - 3} more)" if len(kept) > 3 else "")
         raise LmQ4Error(
             f"{model_dir}: no MatMulNBits the op computes (bits 4, block 32, accuracy level 4, no zero points)"
+            + (f": {ops[OP_Q8_NAME]} of bits 8 alone, not worth a graph" if ops[OP_Q8_NAME] else "")
             + (f"; kept: {shown}" if kept else "")
         )
     aside = _aside(model_dir, Q4_FILE, model)  # the graph only: its tensors stay in model.onnx.data
     try:
         if touched_ranges(aside) != touched_ranges(model_dir / MODEL_FILE):
             raise LmQ4Error(f"{model_dir}: the rewritten graph reads other ranges of the data than model.onnx")
-        phase(f"proving {Q4_FILE} ({rewritten} MatMulNBits -> {q4lib.OP}) against {MODEL_FILE}")
+        phase(f"proving {Q4_FILE} ({rewritten} MatMulNBits -> {'/'.join(OURS)}) against {MODEL_FILE}")
         proof = prove(model_dir, aside, library)
         os.replace(aside, model_dir / Q4_FILE)
     finally:
@@ -139,6 +157,7 @@ def make(model_dir: Path, library: Path) -> dict[str, Any]:
         "files": [Q4_FILE],
         "op": OP_NAME,
         "rewritten": rewritten,
+        "ops": ops,
         "kept": kept,
         "graph_optimization_level": GRAPH_LEVEL,
         "proof": proof,
@@ -219,7 +238,7 @@ def _aside(model_dir: Path, name: str, model: Any) -> Path:
 
 
 def prove_ops(model_dir: Path, candidate: Any, library: Path, prompts: list[list[int]]) -> float:
-    """Every Q4MatMul of the ModelProto `candidate` against model.onnx's MatMulNBits of the same name, on the
+    """Every Q4MatMul / Q8MatMul of the ModelProto `candidate` against model.onnx's MatMulNBits of the same name, on the
     activations that node receives in model.onnx's run of each prompt: both in one graph over the same
     initializers (each node's own inputs), outputs within OP_TOLERANCE of the MatMulNBits' largest |value|.
     Returns the largest such fraction seen."""
@@ -229,10 +248,12 @@ def prove_ops(model_dir: Path, candidate: Any, library: Path, prompts: list[list
     from onnx import helper
 
     reference = onnx.load(str(model_dir / MODEL_FILE), load_external_data=False)
-    ours = {n.name: n for n in candidate.graph.node if n.domain == q4lib.DOMAIN and n.op_type == q4lib.OP}
+    ours = {n.name: n for n in candidate.graph.node if n.domain == q4lib.DOMAIN and n.op_type in OURS}
     theirs = {n.name: n for n in reference.graph.node if n.name in ours and n.op_type == "MatMulNBits"}
     if set(ours) != set(theirs):
-        raise LmQ4Error(f"Q4MatMul nodes without a MatMulNBits of the same name: {sorted(set(ours) - set(theirs))}")
+        raise LmQ4Error(
+            f"{'/'.join(OURS)} nodes without a MatMulNBits of the same name: {sorted(set(ours) - set(theirs))}"
+        )
     order = sorted(ours)
     acts = {name: theirs[name].input[0] for name in order}
     capture = onnx.ModelProto()
@@ -274,8 +295,8 @@ def prove_ops(model_dir: Path, candidate: Any, library: Path, prompts: list[list
                 worst = max(worst, frac)
                 if not frac <= OP_TOLERANCE:  # `not <=`: a NaN fails too
                     raise LmQ4Error(
-                        f"{name}: Q4MatMul differs from MatMulNBits on probe {n}'s activations by {frac:.3g} of "
-                        f"their largest |value| (> {OP_TOLERANCE:g})"
+                        f"{name}: {ours[name].op_type} differs from MatMulNBits on probe {n}'s activations by "
+                        f"{frac:.3g} of their largest |value| (> {OP_TOLERANCE:g})"
                     )
         del session
     finally:
@@ -458,4 +479,16 @@ def _record(pack_dir: Path, entry: dict[str, Any] | None, skipped: str = "") -> 
     load_manifest(pack_dir)  # what we wrote must read back
 
 
-__all__ = ["GRAPH_LEVEL", "OP_NAME", "Q4_FILE", "TOLERANCE", "LmQ4Error", "add", "attach", "ensure", "make", "rewrite"]
+__all__ = [
+    "GRAPH_LEVEL",
+    "OP_NAME",
+    "OP_Q8_NAME",
+    "Q4_FILE",
+    "TOLERANCE",
+    "LmQ4Error",
+    "add",
+    "attach",
+    "ensure",
+    "make",
+    "rewrite",
+]

@@ -1,7 +1,8 @@
 """A generate pack's Q4MatMul graph (infra.pack.lm_q4): the int4 packer writes model.q4.onnx beside model.onnx, its
-body MatMulNBits as our op on the same initializers (the same data file and offsets, the same prefetch ranges),
-kept only when proved against model.onnx per op and on the whole decoder; a wrong graph is refused with nothing
-written; without the op's library, or for a pack that is not int4, the pack goes on without it and says why.
+body MatMulNBits as our Q4MatMul and its 8-bit head as our Q8MatMul on the same initializers (the same data file
+and offsets, the same prefetch ranges), kept only when proved against model.onnx per op and on the whole decoder; a
+wrong graph is refused with nothing written; without the op's library, or for a pack that is not int4, the pack
+goes on without it and says why.
 
 The int4 pack is tests/fixtures/lm_pack.py's cached tiny Qwen3 (shared with the other int4 tests); the library is
 built once into tmp and passed in where a test calls lm_q4 itself."""
@@ -61,10 +62,16 @@ def test_the_int4_pack_carries_the_proved_q4_graph(packed: Path) -> None:
     body = [n.name for n in portable.graph.node if n.op_type == "MatMulNBits" and "lm_head" not in n.name]
     ours = [n.name for n in q4.graph.node if (n.domain, n.op_type) == (q4lib.DOMAIN, q4lib.OP)]
     assert ours == body and len(body) == 10  # 2 layers x (qkv, o, gate, up, down)
-    assert entry["rewritten"] == 10 and entry["kept"] == [
-        "/lm_head/MatMul_Q8: bits 8, block 64 (the op: bits 4, block 32)"
+    # The tied 8-bit head (blocks of 64 here) as Q8MatMul; the embedding's lookup of the same bytes stays.
+    head = [n for n in q4.graph.node if n.name == "/lm_head/MatMul_Q8"]
+    assert [(n.domain, n.op_type) for n in head] == [(q4lib.DOMAIN, q4lib.OP_Q8)]
+    assert {a.name: a.i for a in head[0].attribute}["block_size"] == 64
+    assert not [n for n in q4.graph.node if n.op_type == "MatMulNBits"]
+    gathers = [n.name for n in q4.graph.node if n.op_type == "GatherBlockQuantized"]
+    assert entry["rewritten"] == 11 and entry["ops"] == {"ai.warmstart.Q4MatMul": 10, "ai.warmstart.Q8MatMul": 1}
+    assert entry["kept"] == [
+        f"{g}: GatherBlockQuantized (a lookup of the quantized bytes: no prepack)" for g in gathers
     ]
-    assert [n.op_type for n in q4.graph.node if n.name == "/lm_head/MatMul_Q8"] == ["MatMulNBits"]
     assert any(o.domain == q4lib.DOMAIN for o in q4.opset_import)
     # No tensor loaded or copied: every initializer refers to the same file and offsets as model.onnx's.
     assert _externals(q4) == _externals(portable)
@@ -177,8 +184,8 @@ def test_a_pack_that_is_not_int4_has_nothing_to_rewrite(tmp_path: Path, library:
     assert genai["q4_skipped"] == f"{label} pack: the op computes 4-bit blocks only (--quantize int4)"
     with pytest.raises(lm_q4.LmQ4Error, match=f"a {label} pack; the op computes 4-bit blocks only"):
         lm_q4.add(pack, library)
-    if quantize == "int8":  # its MatMulNBits are 8-bit: the rewrite finds none it may take
-        with pytest.raises(lm_q4.LmQ4Error, match=r"no MatMulNBits the op computes .*kept: .*bits 8"):
+    if quantize == "int8":  # its MatMulNBits are 8-bit: no int4 body, so no graph for Q8MatMul alone
+        with pytest.raises(lm_q4.LmQ4Error, match=r"no MatMulNBits the op computes .*: \d+ of bits 8 alone"):
             lm_q4.make(pack, library)
     assert not (pack / lm_q4.Q4_FILE).exists()
 
@@ -194,8 +201,11 @@ def test_warmstart_optimize_adds_it_and_says_so(
     monkeypatch.setenv(q4lib.ENV_LIBRARY, str(library))
     assert main(["optimize", str(old)]) == 0
     out = capsys.readouterr().out
-    assert "  q4 graph: model.q4.onnx added, 10 MatMulNBits as ai.warmstart.Q4MatMul, proved on 3 probes x 4" in out
-    assert load_manifest(old).backends["genai"]["q4"]["rewritten"] == 10
+    assert (
+        "  q4 graph: model.q4.onnx added, 11 MatMulNBits as ai.warmstart.Q4MatMul (10), ai.warmstart.Q8MatMul (1), "
+        "proved on 3 probes x 4" in out
+    )
+    assert load_manifest(old).backends["genai"]["q4"]["rewritten"] == 11
     assert main(["optimize", str(old), "--remove", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["q4_reason"] == "not asked (--remove)"
     assert "q4" in load_manifest(old).backends["genai"] and (old / lm_q4.Q4_FILE).is_file()

@@ -222,3 +222,89 @@ def test_greedy_tokens_and_logits_match_the_matmulnbits_graph(packs: tuple[Path,
     # output then quantized to int8 by the next can land one step over: one such flip moved the logits by 1.7e-3 of
     # their largest (the AVX-512 kernel, step 7 of 24; the other steps 0.0).
     assert result["logits_max_diff"] <= 1e-2 * result["logits_max_abs"], result
+
+
+def _graph8(op: str, K: int, N: int, block: int, seed: int = 0, **attrs: Any) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A one-node 8-bit model (MatMulNBits bits 8 or Q8MatMul), A [M, K] -> Y [M, N]; (model, B, scales)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(N, K // block, block), dtype=np.uint8)
+    scales = (rng.random((N, K // block), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    b_init, k_attr = attrs.pop("b_shape", None), attrs.pop("k_attr", K)
+    if op == "MatMulNBits":
+        domain = "com.microsoft"
+        node = helper.make_node(
+            op, ["A", "B", "S"], ["Y"], domain=domain, K=K, N=N, bits=8, block_size=block, accuracy_level=4
+        )
+    else:
+        domain = q4lib.DOMAIN
+        node = helper.make_node(op, ["A", "B", "S"], ["Y"], domain=domain, **{"K": k_attr, "N": N, **attrs})
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+        [
+            numpy_helper.from_array(b if b_init is None else b.reshape(b_init), "B"),
+            numpy_helper.from_array(scales, "S"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString(), b, scales
+
+
+@pytest.mark.parametrize(
+    ("block", "K", "threads"), [(32, 1056, 1), (64, 1024, 1), (128, 1024, 1), (128, 1024, 2), (256, 1280, 1)]
+)
+def test_q8_op_agrees_with_matmulnbits_8bit(library: Path, block: int, K: int, threads: int) -> None:
+    """The 8-bit op against MatMulNBits bits 8 at accuracy level 4 on the same bytes: A quantized per block of the
+    weights' block size (K = 33 blocks of 32: a vector of the AVX-512 path half full), M = 1, 3, 8, 64 and a rank-3
+    A, N = 1000 (four ParallelFor ranges, the last short)."""
+    N = 1000
+    ours, b, scales = _graph8(q4lib.OP_Q8, K, N, block, block_size=block)
+    theirs, b2, _ = _graph8("MatMulNBits", K, N, block)
+    assert (b == b2).all()
+    q8, mlas = _session(ours, library, threads), _session(theirs, None, threads)
+    w = (b.reshape(N, K).astype(np.float64) - 128) * np.repeat(scales, block, 1)
+    rng = np.random.default_rng(1)
+    for shape in [(1, K), (3, K), (8, K), (64, K), (2, 5, K)]:
+        a = (rng.standard_normal(shape, dtype=np.float32) * rng.uniform(0.1, 10, (*shape[:-1], 1))).astype(np.float32)
+        got = q8.run(None, {"A": a.reshape(-1, K)})[0].reshape(*shape[:-1], N)
+        want = mlas.run(None, {"A": a.reshape(-1, K)})[0].reshape(got.shape)
+        exact = a.astype(np.float64) @ w.T
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # the same int8 blocks and int32 sums
+        assert np.abs(got - exact).max() <= 2e-2 * np.abs(exact).max()
+        assert np.abs(got - exact).max() > 0  # quantized A, not a float path
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ({"block_size": 16}, "Q8MatMul: block_size 16 is not supported (valid: 32, 64, 128, 256)"),
+        ({"block_size": 128, "b_shape": (1000, 1024)}, "Q8MatMul: B's shape does not match K=1024, N=1000"),
+        ({"block_size": 64}, "Q8MatMul: B's shape does not match K=1024, N=1000 (expected [N, K/64, 64]"),
+        ({"block_size": 128, "k_attr": 1000}, "Q8MatMul: K=1000, N=1000: K must be a positive multiple of 128"),
+    ],
+)
+def test_q8_bad_attributes_are_refused_at_session_creation(library: Path, attrs: dict[str, Any], message: str) -> None:
+    model, *_ = _graph8(q4lib.OP_Q8, 1024, 1000, 128, **attrs)
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        _session(model, library)
+
+
+def test_q8_on_a_cpu_with_only_the_scalar_path_is_refused_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Q4MatMul: the scalar-only build refuses the session unless WS_Q4_ALLOW_SCALAR=1, then agrees."""
+    lib = q4lib.build(tmp_path / "libws_q4_scalar.so", flags=("-DWS_Q4_X86=0",))
+    ours, _, _ = _graph8(q4lib.OP_Q8, 192, 8, 64, block_size=64)
+    theirs, _, _ = _graph8("MatMulNBits", 192, 8, 64)
+    monkeypatch.delenv("WS_Q4_ISA", raising=False)
+    monkeypatch.delenv("WS_Q4_ALLOW_SCALAR", raising=False)
+    with pytest.raises(Exception, match=r"Q8MatMul: this CPU has only the scalar reference path .* not run"):
+        _session(ours, lib)
+    monkeypatch.setenv("WS_Q4_ALLOW_SCALAR", "1")
+    a = np.random.default_rng(3).standard_normal((2, 192), dtype=np.float32)
+    got, want = _session(ours, lib).run(None, {"A": a})[0], _session(theirs, None).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))

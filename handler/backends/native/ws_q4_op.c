@@ -1,9 +1,11 @@
-/* ONNX Runtime custom op `ai.warmstart::Q4MatMul`: MatMulNBits (bits 4, block 32, no zero points) computed by
- * ws_q4.h straight from the initializers' bytes as ONNX Runtime maps them from model.onnx.data: no prepack, no copy.
+/* ONNX Runtime custom ops `ai.warmstart::Q4MatMul` and `ai.warmstart::Q8MatMul`: MatMulNBits (bits 4, block 32 /
+ * bits 8, blocks of 32-256; no zero points) computed by ws_q4.h / ws_q8.h straight from the initializers' bytes as
+ * ONNX Runtime maps them from model.onnx.data: no prepack, no copy.
  *
- *   inputs  A float [..., K], B uint8 [N, K/32, 16], scales float [N, K/32]
- *   attrs   K, N, block_size (32 only)
- *   output  Y float [..., N]
+ *   Q4MatMul  inputs A float [..., K], B uint8 [N, K/32, 16], scales float [N, K/32]; attrs K, N, block_size (32)
+ *   Q8MatMul  inputs A float [..., K], B uint8 [N, K/block, block], scales float [N, K/block];
+ *             attrs K, N, block_size (32, 64, 128 or 256)
+ *   output    Y float [..., N]
  *
  * Loaded with the session option `custom_ops_library` (or RegisterCustomOpsLibrary_V2), which calls
  * RegisterCustomOps below. No ONNX Runtime header is used: the few OrtApi entries called are taken from the table by
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "ws_q4.h"
+#include "ws_q8.h"
 
 #define WS_ORT_API_VERSION 17
 #define WS_EXPORT __attribute__((visibility("default")))
@@ -150,10 +153,11 @@ static OrtStatus* parallel_for(const OrtKernelContext* c, void (*fn)(void*, size
 #define MAX_DIMS 8
 
 typedef struct {
-    int64_t K, N;
+    int64_t K, N, block;
+    int bits; /* 4: Q4MatMul, 8: Q8MatMul */
 } Kernel;
 
-/* The message of a refusal: "Q4MatMul <what>" (ORT prefixes its own context). */
+/* The message of a refusal: "Q4MatMul: <what>" or "Q8MatMul: <what>" (ORT prefixes its own context). */
 static OrtStatus* refuse(const char* fmt, long long a, long long b, long long c) {
     char msg[320];
     snprintf(msg, sizeof msg, fmt, a, b, c);
@@ -168,49 +172,85 @@ static OrtStatus* declared_shape(const OrtKernelInfo* info, size_t index, int* t
     OrtStatus* s = cast_tensor_info(ti, &t);
     if (s == NULL) s = element_type(t, type);
     if (s == NULL) s = dims_count(t, rank);
-    if (s == NULL && *rank > MAX_DIMS) s = create_status(ORT_INVALID_ARGUMENT, "Q4MatMul: an input of rank > 8");
+    if (s == NULL && *rank > MAX_DIMS) s = create_status(ORT_INVALID_ARGUMENT, "Q4MatMul/Q8MatMul: an input of rank > 8");
     if (s == NULL) s = dims(t, shape, *rank);
     release_type_info(ti);
     return s;
 }
 
-static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
-    (void)op;
-    (void)api;
+/* Q4MatMul (bits 4) or Q8MatMul (bits 8): the same checks, each op's shapes. */
+static OrtStatus* create_kernel_bits(int bits, const OrtKernelInfo* info, void** out) {
+    const char* name = bits == 4 ? "Q4MatMul" : "Q8MatMul";
+    char fmt[320];
     int64_t K = 0, N = 0, block = 0;
     RETURN_IF(attr_int64(info, "K", &K));
     RETURN_IF(attr_int64(info, "N", &N));
     RETURN_IF(attr_int64(info, "block_size", &block));
-    if (block != 32) return refuse("Q4MatMul: block_size %lld is not supported (valid: 32)", block, 0, 0);
-    if (K <= 0 || N <= 0 || K % 32 != 0)
-        return refuse("Q4MatMul: K=%lld, N=%lld: K must be a positive multiple of 32 and N positive", K, N, 0);
+    if (bits == 4 && block != 32) return refuse("Q4MatMul: block_size %lld is not supported (valid: 32)", block, 0, 0);
+    if (bits == 8 && block != 32 && block != 64 && block != 128 && block != 256)
+        return refuse("Q8MatMul: block_size %lld is not supported (valid: 32, 64, 128, 256)", block, 0, 0);
+    if (K <= 0 || N <= 0 || K % block != 0) {
+        snprintf(fmt, sizeof fmt, "%s: K=%%lld, N=%%lld: K must be a positive multiple of %%lld and N positive", name);
+        return refuse(fmt, K, N, block);
+    }
     /* The scalar path is a reference, 11-16x slower than MLAS (a decode ~10x slower): where it is all this CPU
      * has (no AVX2+FMA: arm64, x86 before Haswell) the session is refused, so the engine opens the MatMulNBits
      * decoder instead. Chosen on purpose (WS_Q4_ISA) or allowed (WS_Q4_ALLOW_SCALAR=1), tests and benchmarks run it. */
     const char* allow = getenv("WS_Q4_ALLOW_SCALAR");
-    if (ws_q4_isa() == WS_Q4_ISA_SCALAR && getenv("WS_Q4_ISA") == NULL && !(allow && strcmp(allow, "1") == 0))
-        return refuse("Q4MatMul: this CPU has only the scalar reference path (no AVX2+FMA), %lld-%lldx slower than "
-                      "MatMulNBits: not run (WS_Q4_ALLOW_SCALAR=1 runs it)",
-                      11, 16, 0);
+    if (ws_q4_isa() == WS_Q4_ISA_SCALAR && getenv("WS_Q4_ISA") == NULL && !(allow && strcmp(allow, "1") == 0)) {
+        snprintf(fmt, sizeof fmt,
+                 "%s: this CPU has only the scalar reference path (no AVX2+FMA), %%lld-%%lldx slower than "
+                 "MatMulNBits: not run (WS_Q4_ALLOW_SCALAR=1 runs it)",
+                 name);
+        return refuse(fmt, 11, 16, 0);
+    }
+    /* B per row: bits 4, K/32 blocks of 16 bytes; bits 8, K/block blocks of block bytes */
+    int64_t nb = K / block, bb = bits == 4 ? 16 : block;
     int64_t shape[MAX_DIMS];
     size_t rank = 0;
     int type = 0;
     RETURN_IF(declared_shape(info, 1, &type, shape, &rank));
-    if (type != ELEM_UINT8) return refuse("Q4MatMul: B must be uint8 (element type %lld)", type, 0, 0);
-    if (rank != 3 || shape[0] != N || shape[1] != K / 32 || shape[2] != 16)
-        return refuse("Q4MatMul: B's shape does not match K=%lld, N=%lld (expected [N, K/32, 16], rank %lld given)", K,
-                      N, (long long)rank);
+    if (type != ELEM_UINT8) {
+        snprintf(fmt, sizeof fmt, "%s: B must be uint8 (element type %%lld)", name);
+        return refuse(fmt, type, 0, 0);
+    }
+    if (rank != 3 || shape[0] != N || shape[1] != nb || shape[2] != bb) {
+        snprintf(fmt, sizeof fmt,
+                 "%s: B's shape does not match K=%%lld, N=%%lld (expected [N, K/%lld, %lld], rank %%lld given)", name,
+                 (long long)block, (long long)bb);
+        return refuse(fmt, K, N, (long long)rank);
+    }
     RETURN_IF(declared_shape(info, 2, &type, shape, &rank));
-    if (type != ELEM_FLOAT) return refuse("Q4MatMul: scales must be float (element type %lld)", type, 0, 0);
-    if (rank != 2 || shape[0] != N || shape[1] != K / 32)
-        return refuse("Q4MatMul: scales' shape does not match K=%lld, N=%lld (expected [N, K/32], rank %lld given)", K,
-                      N, (long long)rank);
+    if (type != ELEM_FLOAT) {
+        snprintf(fmt, sizeof fmt, "%s: scales must be float (element type %%lld)", name);
+        return refuse(fmt, type, 0, 0);
+    }
+    if (rank != 2 || shape[0] != N || shape[1] != nb) {
+        snprintf(fmt, sizeof fmt,
+                 "%s: scales' shape does not match K=%%lld, N=%%lld (expected [N, K/%lld], rank %%lld given)", name,
+                 (long long)block);
+        return refuse(fmt, K, N, (long long)rank);
+    }
     Kernel* k = (Kernel*)malloc(sizeof *k);
-    if (k == NULL) return create_status(ORT_FAIL, "Q4MatMul: out of memory");
+    if (k == NULL) return create_status(ORT_FAIL, "Q4MatMul/Q8MatMul: out of memory");
     k->K = K;
     k->N = N;
+    k->block = block;
+    k->bits = bits;
     *out = k;
     return NULL;
+}
+
+static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+    (void)op;
+    (void)api;
+    return create_kernel_bits(4, info, out);
+}
+
+static OrtStatus* create_kernel_q8(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+    (void)op;
+    (void)api;
+    return create_kernel_bits(8, info, out);
 }
 
 /* One call's work for ParallelFor: a range of output columns per index. */
@@ -220,12 +260,16 @@ typedef struct {
     const uint8_t* B;
     const float* scales;
     float* C;
+    int bits;
 } Work;
 
 static void run_range(void* data, size_t i) {
     const Work* w = (const Work*)data;
     size_t begin = i * w->step, end = begin + w->step < w->N ? begin + w->step : w->N;
-    ws_q4_matmul_q(w->qa, w->M, w->K, w->B, w->scales, w->N, w->C, begin, end);
+    if (w->bits == 8)
+        ws_q8_matmul_q(w->qa, w->M, w->B, w->scales, w->N, w->C, begin, end);
+    else
+        ws_q4_matmul_q(w->qa, w->M, w->K, w->B, w->scales, w->N, w->C, begin, end);
 }
 
 /* A's quantized copy: a buffer per calling thread, grown as needed and kept (its size is bounded by the largest
@@ -262,12 +306,15 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     size_t rank = 0;
     OrtStatus* s = dims_count(t, &rank);
     if (s == NULL && (rank < 1 || rank > MAX_DIMS))
-        s = create_status(ORT_INVALID_ARGUMENT, "Q4MatMul: A must have rank 1 to 8");
+        s = create_status(ORT_INVALID_ARGUMENT, k->bits == 8 ? "Q8MatMul: A must have rank 1 to 8"
+                                                             : "Q4MatMul: A must have rank 1 to 8");
     if (s == NULL) s = dims(t, shape, rank);
     release_shape(t);
     RETURN_IF(s);
     if (shape[rank - 1] != k->K)
-        return refuse("Q4MatMul: A's last dimension %lld does not match K=%lld", shape[rank - 1], k->K, 0);
+        return refuse(k->bits == 8 ? "Q8MatMul: A's last dimension %lld does not match K=%lld"
+                                   : "Q4MatMul: A's last dimension %lld does not match K=%lld",
+                      shape[rank - 1], k->K, 0);
     size_t M = 1;
     for (size_t i = 0; i + 1 < rank; i++) M *= (size_t)shape[i];
     shape[rank - 1] = k->N;
@@ -280,10 +327,14 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     RETURN_IF(tensor_data(y, &py));
     if (M == 0) return NULL;
     size_t K = (size_t)k->K, N = (size_t)k->N;
-    void* qa = scratch_for(ws_q4_scratch_size(M, K));
-    if (qa == NULL) return create_status(ORT_FAIL, "Q4MatMul: out of memory for A's quantized copy");
-    ws_q4_quantize_a((const float*)pa, M, K, qa);
-    Work w = {qa, M, K, N, COLUMNS_PER_TASK, (const uint8_t*)pb, (const float*)ps, (float*)py};
+    size_t block = (size_t)k->block;
+    void* qa = scratch_for(k->bits == 8 ? ws_q8_scratch_size(M, K, block) : ws_q4_scratch_size(M, K));
+    if (qa == NULL) return create_status(ORT_FAIL, "Q4MatMul/Q8MatMul: out of memory for A's quantized copy");
+    if (k->bits == 8)
+        ws_q8_quantize_a((const float*)pa, M, K, block, qa);
+    else
+        ws_q4_quantize_a((const float*)pa, M, K, qa);
+    Work w = {qa, M, K, N, COLUMNS_PER_TASK, (const uint8_t*)pb, (const float*)ps, (float*)py, k->bits};
     size_t tasks = (N + COLUMNS_PER_TASK - 1) / COLUMNS_PER_TASK;
     if (tasks == 1) {
         run_range(&w, 0);
@@ -297,6 +348,10 @@ static void destroy_kernel(void* kernel) { free(kernel); }
 static const char* op_name(const OrtCustomOp* op) {
     (void)op;
     return "Q4MatMul";
+}
+static const char* op_name_q8(const OrtCustomOp* op) {
+    (void)op;
+    return "Q8MatMul";
 }
 static const char* op_provider(const OrtCustomOp* op) {
     (void)op;
@@ -363,7 +418,7 @@ static int end_version(const OrtCustomOp* op) {
 
 /* The domain, made once per process and never released: every session registered with it keeps a pointer. */
 static OrtCustomOpDomain* g_domain;
-static OrtCustomOp g_op;
+static OrtCustomOp g_op, g_op_q8;
 
 WS_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
     static volatile int lock;
@@ -380,8 +435,12 @@ WS_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiB
         }
         g_op = q4_op;
         g_op.GetEndVersion = end_version;
+        g_op_q8 = g_op; /* the same op but for its name and kernel */
+        g_op_q8.GetName = op_name_q8;
+        g_op_q8.CreateKernelV2 = create_kernel_q8;
         s = ((OrtStatus * (*)(const char*, OrtCustomOpDomain**)) FN(I_CreateCustomOpDomain))("ai.warmstart", &g_domain);
         if (s == NULL) s = ((OrtStatus * (*)(OrtCustomOpDomain*, const OrtCustomOp*)) FN(I_CustomOpDomain_Add))(g_domain, &g_op);
+        if (s == NULL) s = ((OrtStatus * (*)(OrtCustomOpDomain*, const OrtCustomOp*)) FN(I_CustomOpDomain_Add))(g_domain, &g_op_q8);
         if (s != NULL) g_domain = NULL;
     }
     if (s == NULL) s = ((OrtStatus * (*)(OrtSessionOptions*, OrtCustomOpDomain*)) FN(I_AddCustomOpDomain))(options, g_domain);
