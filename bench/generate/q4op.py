@@ -11,9 +11,9 @@ proved, is infra/pack/lm_q4.py).
 
 build: gcc the op and the kernels (handler/backends/native/ws_q4_kernels.c, or --kernels: e.g. ws_q4_ref.c, the
 separately written scalar reference) into one shared library, build/native/libws_q4_op.so.
-rewrite: a copy of a pack whose MatMulNBits that the op computes the same way (bits 4, block 32, no zero points,
-accuracy level 4: A quantized to int8 per block) become Q4MatMul on the same initializers; model.onnx.data
-hard-linked (symlinked across file systems), never copied; the lm_head and every other node kept; the library
+rewrite: a copy of a pack whose MatMulNBits that our ops compute the same way (the packer's rules,
+infra.pack.lm_q4.rewrite: int4 blocks of 32 become Q4MatMul, the 8-bit head Q8MatMul) on the same initializers;
+model.onnx.data hard-linked (symlinked across file systems), never copied; every other node kept; the library
 copied beside the model and named in genai_config.json's decoder `custom_ops_library` (onnxruntime-genai 0.18
 loads it, a relative name from the pack's folder).
 premise: through ONNX Runtime's Python API, one intra-op thread: does a Q4MatMul graph's session hold the weights
