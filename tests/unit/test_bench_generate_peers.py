@@ -181,10 +181,10 @@ def test_cold_variants_start_as_a_host_as_lambda_and_as_the_before_ref() -> None
         for r, (a, b) in enumerate([(1200, 1000), (900, 1000)])
         for v, ms in (("ours-lambda", a), ("genai", b))
     ]
-    text = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=False), ["ours-lambda", "genai"])
+    text = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=False, cache="warm"), ["ours-lambda", "genai"])
     assert "| ours-lambda / genai | 1.05x (0.90-1.20) |" in text and "its own" not in text
-    own = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=True), ["ours-lambda", "genai"])
-    assert own.startswith("**1.7 vCPU** (each quota its own: cpu.shares raised), 2 rounds")
+    own = cold.markdown(rows, SimpleNamespace(vcpus=1.7, own_cpus=True, cache="cold"), ["ours-lambda", "genai"])
+    assert own.startswith("**1.7 vCPU** (each quota its own: cpu.shares raised), page cache cold, 2 rounds")
 
 
 def test_quality_schemes_parse_to_typed_builder_options_and_refuse_others() -> None:
