@@ -15,11 +15,7 @@ Stdlib only, no library loaded here: the prefetch plans its files before numpy i
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -64,6 +60,9 @@ def build(out: Path = LIBRARY, cc: str | None = None, kernels: Path | None = Non
     `kernels`: another implementation of ws_q4.h (native/ws_q4_ref.c, the scalar reference the benchmarks and
     tests check the kernels against; the 8-bit kernels then run their scalar path, as its ws_q4_isa() says);
     `flags`: e.g. -DWS_Q4_X86=0, the scalar path alone as an arm64 build has it."""
+    import subprocess  # deferred, as tempfile (it imports shutil): the engine's start only reads paths here
+    import tempfile
+
     cc = cc or os.environ.get("CC") or "gcc"
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
@@ -81,6 +80,10 @@ def build(out: Path = LIBRARY, cc: str | None = None, kernels: Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import subprocess
+    import sys
+
     ap = argparse.ArgumentParser(prog="python -m handler.backends.q4lib", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile the library")

@@ -111,3 +111,19 @@ def test_genai_is_not_handed_a_library_outside_its_allowed_folders(
     monkeypatch.chdir(tmp_path)
     assert choose_q4(ENTRY, "auto", str(library), root=pack)[0] is not None  # under the working directory
     assert choose_q4(ENTRY, "auto", str(library))[0] is not None  # the batch engine (ONNX Runtime) has no such rule
+
+
+def test_the_start_path_imports_no_build_machinery() -> None:
+    """q4lib is read on every generate start (the prefetch's plan, the engine's choice): its build's imports
+    (subprocess, tempfile and the shutil it imports, argparse) wait for a build."""
+    import subprocess
+    import sys
+
+    code = "import sys, handler.backends.genai_spec; print(sorted(m for m in {}.split() if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code.format(repr("subprocess tempfile shutil argparse"))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
