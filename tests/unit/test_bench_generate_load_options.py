@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,10 @@ from bench.generate import load_options
 PACK, NO_PREPACK, Q4 = Path("/packs/opt"), Path("/packs/no-prepack"), Path("/packs/q4")
 
 
-def _args(variant: str) -> tuple[str, str, int, bool, str, int, bool]:
-    argv = load_options.child(variant, PACK, NO_PREPACK, Q4, decode=7, release=True)
-    root, decoder, threads, parallel, level, decode, release = argv[3:]
-    return root, decoder, int(threads), parallel == "1", level, int(decode), release == "1"
+def _args(variant: str, **kw: object) -> tuple[str, str, int, bool, str, int, bool, str]:
+    argv = load_options.child(variant, PACK, NO_PREPACK, Q4, decode=7, release=True, **kw)  # type: ignore[arg-type]
+    root, decoder, threads, parallel, level, decode, release, library = argv[3:]
+    return root, decoder, int(threads), parallel == "1", level, int(decode), release == "1", library
 
 
 @pytest.mark.parametrize(
@@ -31,7 +32,15 @@ def _args(variant: str) -> tuple[str, str, int, bool, str, int, bool]:
     ],
 )
 def test_each_variant_loads_its_own_pack_and_options(variant: str, want: tuple[str, str, int, bool, str]) -> None:
-    assert _args(variant) == (*want, 7, True)
+    assert _args(variant) == (*want, 7, True, "")  # no library but the pack's own config names
+
+
+def test_a_q4pack_variant_opens_the_packs_q4_graph_with_its_library_and_proved_passes(tmp_path: Path) -> None:
+    entry = {"model": "model.q4.onnx", "graph_optimization_level": "ORT_DISABLE_ALL"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"backends": {"genai": {"q4": entry}}}))
+    lib = tmp_path / "libws_q4.so"
+    got = _args("q4pack", q4pack=(tmp_path, lib))
+    assert got == (str(tmp_path), "model.q4.onnx", 1, False, "ORT_DISABLE_ALL", 7, True, str(lib.resolve()))
 
 
 def test_the_q4_variants_need_the_rewritten_pack() -> None:
