@@ -104,12 +104,8 @@ class WsQ4:
 
         m, k, n = self.check(a, b, scales, n_range)
         a, b, scales = (np.ascontiguousarray(x) for x in (a, b, scales))
-        if out is None:
-            out = np.zeros((m, n), np.float32)
-        if out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise Q4ArgumentError(f"out: C-contiguous float32 [M = {m}, N = {n}], got {out.dtype} {list(out.shape)}")
-        begin, end = n_range if n_range is not None else (0, n)
-        scratch = self.scratch(m, k)
+        out, (begin, end) = _out(out, m, n), n_range if n_range is not None else (0, n)
+        scratch = self.scratch(self.lib.ws_q4_scratch_size(m, k))
         self.lib.ws_q4_matmul(
             a.ctypes.data, m, k, b.ctypes.data, scales.ctypes.data, n, out.ctypes.data, scratch.ctypes.data, begin, end
         )
@@ -144,25 +140,30 @@ class WsQ4:
 
         m, k, n, block = self.check8(a, b, scales, n_range)
         a, b, scales = (np.ascontiguousarray(x) for x in (a, b, scales))
-        if out is None:
-            out = np.zeros((m, n), np.float32)
-        if out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise Q4ArgumentError(f"out: C-contiguous float32 [M = {m}, N = {n}], got {out.dtype} {list(out.shape)}")
-        begin, end = n_range if n_range is not None else (0, n)
-        size = self.lib.ws_q8_scratch_size(m, k, block)
-        if self._scratch is None or self._scratch.size < size:
-            self._scratch = np.empty(size, np.uint8)
+        out, (begin, end) = _out(out, m, n), n_range if n_range is not None else (0, n)
+        scratch = self.scratch(self.lib.ws_q8_scratch_size(m, k, block))
         self.lib.ws_q8_matmul(
             a.ctypes.data, m, k, block, b.ctypes.data, scales.ctypes.data, n, out.ctypes.data,
-            self._scratch.ctypes.data, begin, end,
+            scratch.ctypes.data, begin, end,
         )  # fmt: skip
         return out
 
-    def scratch(self, m: int, k: int) -> Any:
-        """A buffer of ws_q4_scratch_size(m, k) bytes, kept between calls (the benchmark times no allocation)."""
+    def scratch(self, size: int) -> Any:
+        """A buffer of at least `size` bytes (the kernels' scratch size), kept between calls (the benchmark times no
+        allocation)."""
         import numpy as np
 
-        size = self.lib.ws_q4_scratch_size(m, k)
         if self._scratch is None or self._scratch.size < size:
             self._scratch = np.empty(size, np.uint8)
         return self._scratch
+
+
+def _out(out: Any, m: int, n: int) -> Any:
+    """The result buffer of a call: `out` checked (C-contiguous float32 [M, N]), or zeros when None."""
+    import numpy as np
+
+    if out is None:
+        return np.zeros((m, n), np.float32)
+    if out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise Q4ArgumentError(f"out: C-contiguous float32 [M = {m}, N = {n}], got {out.dtype} {list(out.shape)}")
+    return out
