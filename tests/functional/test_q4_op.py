@@ -44,22 +44,26 @@ def _rewritten(pack: Path, out: Path, library: Path) -> Path:
     return out
 
 
-def _graph(op: str, K: int, N: int, seed: int = 0, **attrs: Any) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """A one-node model, A [M, K] -> Y [M, N], B and scales random initializers; (model, B, scales)."""
+def _graph(
+    op: str, K: int, N: int, seed: int = 0, bits: int = 4, block: int = 32, **attrs: Any
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A one-node model, A [M, K] -> Y [M, N]: MatMulNBits (bits 4 or 8, accuracy level 4) or our op with `attrs`
+    (`k_attr`: another K attribute, `b_shape`: B's initializer reshaped); B and scales random initializers;
+    (model, B, scales)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(N, K // 32, 16), dtype=np.uint8)
-    scales = (rng.random((N, K // 32), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-    b_init = attrs.pop("b_shape", None)
+    b = rng.integers(0, 256, size=(N, K // block, block * bits // 8), dtype=np.uint8)
+    scales = (rng.random((N, K // block), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    b_init, k_attr = attrs.pop("b_shape", None), attrs.pop("k_attr", K)
     if op == "MatMulNBits":
-        node = helper.make_node(
-            op, ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=4, block_size=32, accuracy_level=4
-        )
         domain = "com.microsoft"
+        node = helper.make_node(
+            op, ["A", "B", "S"], ["Y"], domain=domain, K=K, N=N, bits=bits, block_size=block, accuracy_level=4
+        )
     else:
-        node = helper.make_node(op, ["A", "B", "S"], ["Y"], domain=q4op.DOMAIN, **{"K": K, "N": N, **attrs})
-        domain = q4op.DOMAIN
+        domain = q4lib.DOMAIN
+        node = helper.make_node(op, ["A", "B", "S"], ["Y"], domain=domain, **{"K": k_attr, "N": N, **attrs})
     graph = helper.make_graph(
         [node],
         "g",
@@ -223,36 +227,6 @@ def test_greedy_tokens_and_logits_match_the_matmulnbits_graph(packs: tuple[Path,
     assert result["logits_max_diff"] <= 1e-2 * result["logits_max_abs"], result
 
 
-def _graph8(op: str, K: int, N: int, block: int, seed: int = 0, **attrs: Any) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """A one-node 8-bit model (MatMulNBits bits 8 or Q8MatMul), A [M, K] -> Y [M, N]; (model, B, scales)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(N, K // block, block), dtype=np.uint8)
-    scales = (rng.random((N, K // block), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-    b_init, k_attr = attrs.pop("b_shape", None), attrs.pop("k_attr", K)
-    if op == "MatMulNBits":
-        domain = "com.microsoft"
-        node = helper.make_node(
-            op, ["A", "B", "S"], ["Y"], domain=domain, K=K, N=N, bits=8, block_size=block, accuracy_level=4
-        )
-    else:
-        domain = q4lib.DOMAIN
-        node = helper.make_node(op, ["A", "B", "S"], ["Y"], domain=domain, **{"K": k_attr, "N": N, **attrs})
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
-        [
-            numpy_helper.from_array(b if b_init is None else b.reshape(b_init), "B"),
-            numpy_helper.from_array(scales, "S"),
-        ],
-    )
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
-    return helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString(), b, scales
-
-
 @pytest.mark.parametrize(
     ("block", "K", "threads"), [(32, 1056, 1), (64, 1024, 1), (128, 1024, 1), (128, 1024, 2), (256, 1280, 1)]
 )
@@ -261,8 +235,8 @@ def test_q8_op_agrees_with_matmulnbits_8bit(library: Path, block: int, K: int, t
     weights' block size (K = 33 blocks of 32: a vector of the AVX-512 path half full), M = 1, 3, 8, 64 and a rank-3
     A, N = 1000 (four ParallelFor ranges, the last short)."""
     N = 1000
-    ours, b, scales = _graph8(q4lib.OP_Q8, K, N, block, block_size=block)
-    theirs, b2, _ = _graph8("MatMulNBits", K, N, block)
+    ours, b, scales = _graph(q4lib.OP_Q8, K, N, bits=8, block=block, block_size=block)
+    theirs, b2, _ = _graph("MatMulNBits", K, N, bits=8, block=block)
     assert (b == b2).all()
     q8, mlas = _session(ours, library, threads), _session(theirs, None, threads)
     w = (b.reshape(N, K).astype(np.float64) - 128) * np.repeat(scales, block, 1)
@@ -287,7 +261,7 @@ def test_q8_op_agrees_with_matmulnbits_8bit(library: Path, block: int, K: int, t
     ],
 )
 def test_q8_bad_attributes_are_refused_at_session_creation(library: Path, attrs: dict[str, Any], message: str) -> None:
-    model, *_ = _graph8(q4lib.OP_Q8, 1024, 1000, 128, **attrs)
+    model, *_ = _graph(q4lib.OP_Q8, 1024, 1000, bits=8, block=128, **attrs)
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         _session(model, library)
 
@@ -297,8 +271,8 @@ def test_q8_on_a_cpu_with_only_the_scalar_path_is_refused_unless_allowed(
 ) -> None:
     """As Q4MatMul: the scalar-only build refuses the session unless WS_Q4_ALLOW_SCALAR=1, then agrees."""
     lib = q4lib.build(tmp_path / "libws_q4_scalar.so", flags=("-DWS_Q4_X86=0",))
-    ours, _, _ = _graph8(q4lib.OP_Q8, 192, 8, 64, block_size=64)
-    theirs, _, _ = _graph8("MatMulNBits", 192, 8, 64)
+    ours, _, _ = _graph(q4lib.OP_Q8, 192, 8, bits=8, block=64, block_size=64)
+    theirs, _, _ = _graph("MatMulNBits", 192, 8, bits=8, block=64)
     monkeypatch.delenv("WS_Q4_ISA", raising=False)
     monkeypatch.delenv("WS_Q4_ALLOW_SCALAR", raising=False)
     with pytest.raises(Exception, match=r"Q8MatMul: this CPU has only the scalar reference path .* not run"):
